@@ -1,0 +1,201 @@
+//! Publishers: where the relay sends events.
+//!
+//! One trait, [`Publisher`], with a two-phase contract borrowed from async-nats: [`Publisher::send`]
+//! hands a message to the broker client (in the order the relay calls it) and returns an
+//! [`Ack`], a future that resolves when the **broker itself** has acknowledged the message
+//! (JetStream PubAck, AMQP publisher confirm, ...). "Sent" and "acknowledged" are different
+//! things in the type, so the relay can keep a window of messages in flight while sending them
+//! in `seq` order.
+//!
+//! Publishers are picked from a URL at run time ([`connect`]); a scheme whose cargo feature
+//! is compiled out is a clear [`PublishError`], not a panic.
+
+mod message;
+mod simple;
+mod template;
+mod url;
+
+#[cfg(feature = "amqp")]
+pub mod amqp;
+#[cfg(feature = "nats")]
+pub mod nats;
+
+use std::fmt;
+
+use futures::future::BoxFuture;
+
+pub use message::Message;
+pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
+pub use template::{Template, TemplateError};
+pub use url::redact_url;
+
+/// A future that resolves once the broker has acknowledged (or refused) one message.
+pub type Ack = BoxFuture<'static, Result<(), PublishError>>;
+
+/// An [`Ack`] that is already settled: for publishers whose `send` is the acknowledgement.
+pub fn ready_ack(result: Result<(), PublishError>) -> Ack {
+    Box::pin(futures::future::ready(result))
+}
+
+/// Something that delivers events to a broker.
+#[async_trait::async_trait]
+pub trait Publisher: Send + Sync + 'static {
+    /// Short name for logs and metrics, e.g. `nats`.
+    fn kind(&self) -> &'static str;
+
+    /// Hand one message to the broker. Messages handed over by consecutive calls on one
+    /// publisher reach the broker in that order. The returned [`Ack`] resolves when the broker
+    /// has confirmed the message; an error from `send` itself means the message was not sent.
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError>;
+
+    /// Is the broker reachable? Used for readiness and to wait out an outage.
+    async fn check(&self) -> Result<(), PublishError> {
+        Ok(())
+    }
+
+    /// Flush and close. Called once on shutdown.
+    async fn close(&self) -> Result<(), PublishError> {
+        Ok(())
+    }
+}
+
+/// What the relay should do after a failed publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Try again later with backoff; counts towards `max_attempts`.
+    Transient,
+    /// The broker (or the connection to it) is unavailable. Retried with backoff, but never
+    /// dead-letters an event by itself: an outage must not turn every event into a dead letter.
+    Unavailable,
+    /// This message can never be delivered as it is (too large, invalid destination):
+    /// dead-letter it at once.
+    Permanent,
+}
+
+/// A failed publish, with a kind that tells the relay what to do next.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct PublishError {
+    kind: ErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl PublishError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Transient, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Permanent, message)
+    }
+    /// Attach the underlying error (kept as `source()`).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+    pub fn is_permanent(&self) -> bool {
+        self.kind == ErrorKind::Permanent
+    }
+    /// The message followed by its sources, `: `-separated (for `last_error` and logs).
+    pub fn chain(&self) -> String {
+        let mut out = self.message.clone();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            let s = e.to_string();
+            if !out.contains(&s) {
+                out.push_str(": ");
+                out.push_str(&s);
+            }
+            next = e.source();
+        }
+        out
+    }
+}
+
+/// A publisher URL could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("publisher URL {url:?} is not a valid URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, stdout, file, null)")]
+    UnknownScheme { scheme: String },
+    #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
+    FeatureNotEnabled {
+        scheme: String,
+        feature: &'static str,
+    },
+    #[error("publisher URL parameter `{name}`: {reason}")]
+    BadParam { name: String, reason: String },
+    #[error("publisher URL has unknown parameter `{name}` (known: {known})")]
+    UnknownParam { name: String, known: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// Open the publisher named by `url` (`nats://`, `amqp://`, `stdout:`, `file:PATH`, `null:`).
+///
+/// Connection problems are reported as a [`PublishError`]; a malformed URL as a
+/// [`ConfigError`]. Neither message contains the URL's password.
+pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
+    let parsed = url::parse(url)?;
+    match parsed.scheme() {
+        "stdout" => Ok(Box::new(StdoutPublisher::from_url(&parsed)?)),
+        "file" => Ok(Box::new(FilePublisher::from_url(&parsed).await?)),
+        "null" => Ok(Box::new(NullPublisher::from_url(&parsed)?)),
+        #[cfg(feature = "nats")]
+        "nats" => Ok(Box::new(nats::NatsPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "nats"))]
+        "nats" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "nats".into(),
+            feature: "nats",
+        }
+        .into()),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => Ok(Box::new(amqp::AmqpPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "amqp"))]
+        s @ ("amqp" | "amqps") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
+            feature: "amqp",
+        }
+        .into()),
+        other => Err(ConfigError::UnknownScheme {
+            scheme: other.to_string(),
+        }
+        .into()),
+    }
+}
+
+/// Why [`connect`] failed: the URL itself, or reaching the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorKind::Transient => "transient",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Permanent => "permanent",
+        })
+    }
+}

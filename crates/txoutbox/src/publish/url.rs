@@ -1,0 +1,156 @@
+use std::collections::BTreeMap;
+
+use super::ConfigError;
+
+/// A parsed publisher URL: `scheme:...` with query parameters taken out once, so every
+/// publisher can report unknown ones.
+#[derive(Debug, Clone)]
+pub struct PublisherUrl {
+    pub(crate) url: url::Url,
+    raw: String,
+    params: BTreeMap<String, String>,
+}
+
+pub(crate) fn parse(raw: &str) -> Result<PublisherUrl, ConfigError> {
+    let url = url::Url::parse(raw.trim()).map_err(|e| ConfigError::BadUrl {
+        url: redact_url(raw),
+        reason: e.to_string(),
+    })?;
+    let mut params = BTreeMap::new();
+    for (k, v) in url.query_pairs() {
+        if params.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(ConfigError::BadParam {
+                name: k.to_string(),
+                reason: "given twice".into(),
+            });
+        }
+    }
+    Ok(PublisherUrl {
+        url,
+        raw: raw.trim().to_string(),
+        params,
+    })
+}
+
+impl PublisherUrl {
+    pub fn scheme(&self) -> &str {
+        self.url.scheme()
+    }
+    /// The URL exactly as given (may hold a password: never print it).
+    pub(crate) fn raw(&self) -> &str {
+        &self.raw
+    }
+    pub fn url(&self) -> &url::Url {
+        &self.url
+    }
+    /// The URL without its query string (what a client library connects to).
+    pub fn base(&self) -> url::Url {
+        let mut u = self.url.clone();
+        u.set_query(None);
+        u
+    }
+    /// The URL as safe to print: no password.
+    pub fn redacted(&self) -> String {
+        redact_url(self.url.as_str())
+    }
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params.get(name).map(String::as_str)
+    }
+    pub fn bool_param(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.param(name) {
+            None => Ok(default),
+            Some("true" | "1" | "yes" | "on") => Ok(true),
+            Some("false" | "0" | "no" | "off") => Ok(false),
+            Some(v) => Err(ConfigError::BadParam {
+                name: name.into(),
+                reason: format!("expected true or false, got {v:?}"),
+            }),
+        }
+    }
+    pub fn parse_param<T: std::str::FromStr>(
+        &self,
+        name: &str,
+        default: T,
+    ) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.param(name) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|e: T::Err| ConfigError::BadParam {
+                name: name.into(),
+                reason: format!("{v:?}: {e}"),
+            }),
+        }
+    }
+    /// Fail on any parameter not in `known`.
+    pub fn only_params(&self, known: &'static [&'static str]) -> Result<(), ConfigError> {
+        for k in self.params.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(ConfigError::UnknownParam {
+                    name: k.clone(),
+                    known: if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Replace the password of a URL (if any) with `***`. Works on strings that do not parse,
+/// too, so that an error about a malformed URL does not leak the secret in it.
+pub fn redact_url(raw: &str) -> String {
+    if let Ok(mut u) = url::Url::parse(raw) {
+        if u.password().is_some() {
+            let _ = u.set_password(Some("***"));
+        }
+        return u.to_string();
+    }
+    // Fallback: blank out anything between "://user:" and "@".
+    if let Some(scheme_end) = raw.find("://") {
+        let rest = &raw[scheme_end + 3..];
+        if let Some(at) = rest.rfind('@') {
+            let userinfo = &rest[..at];
+            if let Some(colon) = userinfo.find(':') {
+                return format!(
+                    "{}{}:***{}",
+                    &raw[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &rest[at..]
+                );
+            }
+        }
+    }
+    raw.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        let bad = redact_url("amqp://u:s3cret@[bad:host/x");
+        assert!(!bad.contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn params_are_checked() {
+        let u = parse("nats://h:1?stream=S&x=1").unwrap();
+        assert_eq!(u.param("stream"), Some("S"));
+        let e = u.only_params(&["stream"]).unwrap_err().to_string();
+        assert!(e.contains("`x`"), "{e}");
+        assert!(parse("nats://h?a=1&a=2").is_err());
+        let u = parse("null:?ack=maybe").unwrap();
+        assert!(u.bool_param("ack", true).is_err());
+    }
+}
