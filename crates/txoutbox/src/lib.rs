@@ -1,11 +1,46 @@
 //! # txoutbox
 //!
-//! A transactional outbox for PostgreSQL. See the README for the whole story.
+//! A transactional outbox for PostgreSQL. A service writes its business rows and its events
+//! in **one database transaction** ([`Outbox::enqueue`]); the [`relay::Relay`] delivers every
+//! committed event to a message broker **at least once**, and never an event whose
+//! transaction rolled back. Consumers deduplicate with [`Inbox`].
+//!
+//! ```no_run
+//! use txoutbox::{migrate, NewEvent, Outbox, OutboxTable};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+//! let table = OutboxTable::default(); // public.outbox_events
+//! migrate(&pool, &table).await?;
+//!
+//! let outbox = Outbox::new(table);
+//! let mut tx = pool.begin().await?;
+//! // ... business writes in `tx` ...
+//! outbox.enqueue(&mut *tx, &NewEvent::new("order", "42", "order.created", &serde_json::json!({"total": 10}))?).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Cargo features: `postgres` (the store), `nats`, `amqp` (publishers). `stdout:`, `file:`
+//! and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod enqueue;
+pub mod error;
 pub mod event;
 pub mod ident;
+pub mod inbox;
+pub mod migrate;
 pub mod publish;
+pub mod relay;
+pub mod retry;
+pub mod store;
+pub mod table;
 
+pub use enqueue::Outbox;
+pub use error::Error;
 pub use event::{EventState, NewEvent, OutboxEvent};
 pub use ident::{Ident, IdentError};
+pub use inbox::Inbox;
+pub use migrate::{check_schema, migrate, MigrateReport, SCHEMA_VERSION};
+pub use table::OutboxTable;

@@ -1,0 +1,123 @@
+//! The write path: put events into the outbox inside the caller's transaction.
+
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use crate::error::{db_error, Error};
+use crate::{NewEvent, OutboxTable};
+
+/// A handle on one outbox table for writers. Cheap to clone; holds no connection.
+///
+/// Pass your own transaction as the executor: the events commit or roll back with your
+/// business rows. This is the seed's `CreateOrder`, in Rust:
+///
+/// ```no_run
+/// use txoutbox::{NewEvent, Outbox};
+///
+/// async fn create_order(pool: &sqlx::PgPool, outbox: &Outbox, id: &str, customer: &str, total: f64)
+///     -> Result<(), Box<dyn std::error::Error>> {
+///     let mut tx = pool.begin().await?;
+///     sqlx::query("INSERT INTO orders (id, customer_id, total, created_at) VALUES ($1, $2, $3, now())")
+///         .bind(id).bind(customer).bind(total)
+///         .execute(&mut *tx).await?;
+///     let payload = serde_json::json!({"order_id": id, "customer_id": customer, "total": total});
+///     outbox.enqueue(&mut *tx, &NewEvent::new("order", id, "order.created", &payload)?).await?;
+///     tx.commit().await?; // no publish call in business code: the relay does that
+///     Ok(())
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    table: OutboxTable,
+    insert_one: String,
+    insert_many: String,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new(OutboxTable::default())
+    }
+}
+
+impl Outbox {
+    pub fn new(table: OutboxTable) -> Self {
+        let t = table.qualified();
+        Self {
+            insert_one: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+                 VALUES ($1, $2, $3, $4, $5, $6)"
+            ),
+            // One statement for many events; WITH ORDINALITY keeps `seq` in slice order.
+            insert_many: format!(
+                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+                 SELECT id, aggregate_type, aggregate_id, event_type, payload, headers \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) \
+                   WITH ORDINALITY AS e(id, aggregate_type, aggregate_id, event_type, payload, headers, n) \
+                 ORDER BY n"
+            ),
+            table,
+        }
+    }
+
+    pub fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
+    /// Write one event. Returns its id.
+    pub async fn enqueue<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        event: &NewEvent,
+    ) -> Result<Uuid, Error> {
+        sqlx::query(&self.insert_one)
+            .bind(event.id)
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(sqlx::types::Json(&event.headers))
+            .execute(executor)
+            .await
+            .map_err(|e| db_error(&self.table, e))?;
+        Ok(event.id)
+    }
+
+    /// Write many events in one statement, in slice order (their `seq` follows it).
+    pub async fn enqueue_many<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = events.len();
+        let mut ids = Vec::with_capacity(n);
+        let (mut at, mut ai, mut et, mut pl, mut hd) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for e in events {
+            ids.push(e.id);
+            at.push(e.aggregate_type.as_str());
+            ai.push(e.aggregate_id.as_str());
+            et.push(e.event_type.as_str());
+            pl.push(sqlx::types::Json(&e.payload));
+            hd.push(sqlx::types::Json(&e.headers));
+        }
+        sqlx::query(&self.insert_many)
+            .bind(&ids)
+            .bind(&at)
+            .bind(&ai)
+            .bind(&et)
+            .bind(&pl)
+            .bind(&hd)
+            .execute(executor)
+            .await
+            .map_err(|e| db_error(&self.table, e))?;
+        Ok(ids)
+    }
+}

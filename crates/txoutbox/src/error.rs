@@ -1,0 +1,75 @@
+//! The library's database-side error.
+
+use crate::ident::IdentError;
+
+/// An error from the outbox's database side (migrations, enqueue, store, inbox).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The outbox table (or its schema) is missing.
+    #[error("the outbox table {table} does not exist: run `txoutbox migrate` (or `txoutbox::migrate`) first")]
+    NotMigrated { table: String },
+    /// The schema is older than this build expects.
+    #[error("the outbox table {table} is at schema version {found}, this build needs {expected}: run `txoutbox migrate`")]
+    SchemaTooOld {
+        table: String,
+        found: i32,
+        expected: i32,
+    },
+    /// The schema is newer than this build knows: an older binary against a newer database.
+    #[error("the outbox table {table} is at schema version {found}, newer than this build knows ({expected}): upgrade txoutbox")]
+    SchemaTooNew {
+        table: String,
+        found: i32,
+        expected: i32,
+    },
+    #[error(transparent)]
+    Ident(#[from] IdentError),
+    #[error("event payload is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Anything else the database said.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl Error {
+    /// Is this worth retrying (connection lost, server restarting, pool timeout)?
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            // Class 08 (connection), 40 (serialization/deadlock), 53 (resources),
+            // 57P0x (admin shutdown, crash shutdown, cannot connect now).
+            db.code().is_some_and(|c| {
+                c.starts_with("08") || c.starts_with("40") || c.starts_with("53") || c.starts_with("57P")
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Map a sqlx error, turning "relation does not exist" into [`Error::NotMigrated`].
+pub(crate) fn db_error(table: &crate::OutboxTable, e: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &e {
+        // 42P01 undefined_table, 3F000 invalid_schema_name
+        if matches!(db.code().as_deref(), Some("42P01") | Some("3F000")) {
+            return Error::NotMigrated {
+                table: table.display(),
+            };
+        }
+    }
+    Error::Database(e)
+}

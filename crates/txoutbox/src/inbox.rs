@@ -1,0 +1,64 @@
+//! The consumer side: deduplicate deliveries by event id in the consumer's own transaction.
+
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+use crate::error::{db_error, Error};
+use crate::OutboxTable;
+
+/// Records processed event ids in `processed_events` (created by the migrations in the outbox's
+/// schema, or by [`Inbox::create_table`] in a consumer's own database).
+///
+/// ```no_run
+/// # async fn handle(pool: &sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// let inbox = txoutbox::Inbox::default();
+/// let mut tx = pool.begin().await?;
+/// if inbox.mark_processed(&mut *tx, event_id).await? {
+///     // first time: apply the event's effects in the same transaction
+/// } // else: a redelivery, already applied; skip
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Inbox {
+    table: OutboxTable,
+}
+
+impl Inbox {
+    /// The inbox of the schema of `table` (`<schema>.processed_events`).
+    pub fn new(table: OutboxTable) -> Self {
+        Self { table }
+    }
+
+    /// Create `processed_events` if it does not exist (for consumers that do not run the
+    /// outbox migrations).
+    pub async fn create_table<'e, E: PgExecutor<'e>>(&self, executor: E) -> Result<(), Error> {
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
+            self.table.processed_events()
+        ))
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
+        Ok(())
+    }
+
+    /// Record `event_id` as processed. `true`: it is new, process the event. `false`: it was
+    /// processed before, skip it. One statement; a concurrent consumer with the same id waits
+    /// on the primary key until this transaction ends, so exactly one of them sees `true`.
+    pub async fn mark_processed<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        event_id: Uuid,
+    ) -> Result<bool, Error> {
+        let done = sqlx::query(&format!(
+            "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
+            self.table.processed_events()
+        ))
+        .bind(event_id)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(&self.table, e))?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,86 @@
+use std::time::Duration;
+
+use crate::retry::Backoff;
+
+/// How a relay behaves. Every field has a production default.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// This relay's name in `locked_by` (default: `host:pid:random`).
+    pub relay_id: String,
+    /// Events claimed per statement.
+    pub batch_size: usize,
+    /// Messages sent but not yet acknowledged by the broker, at most.
+    pub max_in_flight: usize,
+    /// Fallback poll when no wake-up arrives.
+    pub poll_interval: Duration,
+    /// How long a claim holds its events. A relay that dies loses them after this.
+    pub lease: Duration,
+    /// Failed attempts (transient errors) before an event is dead-lettered.
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    /// On shutdown, how long to wait for in-flight acknowledgements before giving up on them
+    /// (they are released and will be redelivered).
+    pub shutdown_timeout: Duration,
+    /// Exit once nothing is pending or leased (scripts, tests, benchmarks).
+    pub exit_when_drained: bool,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            relay_id: default_relay_id(),
+            batch_size: 500,
+            max_in_flight: 1000,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            shutdown_timeout: Duration::from_secs(10),
+            exit_when_drained: false,
+        }
+    }
+}
+
+/// `host:pid:xxxx`: unique per process, readable in `locked_by`.
+pub fn default_relay_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "relay".into());
+    let rand = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    format!("{host}:{}:{rand}", std::process::id())
+}
+
+impl RelayConfig {
+    /// Check the settings, naming the first bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.batch_size == 0 {
+            return Err("batch size must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("max in flight must be at least 1".into());
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err("lease must be at least 1s".into());
+        }
+        if self.poll_interval.is_zero() {
+            return Err("poll interval must be more than 0".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("max attempts must be at least 1".into());
+        }
+        if self.relay_id.is_empty() {
+            return Err("relay id must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// Stop sending a claimed batch this long before its lease runs out, so that an event is
+    /// never published after another relay may have claimed it.
+    pub(crate) fn lease_margin(&self) -> Duration {
+        (self.lease / 5).min(Duration::from_secs(5))
+    }
+}

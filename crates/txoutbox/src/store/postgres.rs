@@ -1,0 +1,401 @@
+//! The PostgreSQL store: set-based claim and settle, fenced leases, LISTEN/NOTIFY wake-ups.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgListener, PgPool, PgRow};
+use sqlx::Row;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use super::{
+    ClaimParams, Counts, DeadFilter, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
+    Wake,
+};
+use crate::error::{db_error, Error};
+use crate::event::headers_from_json;
+use crate::{OutboxEvent, OutboxTable};
+
+const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, \
+     available_at, created_at, processed_at, dead_at, locked_by, locked_until, last_error";
+
+/// "Not yet published and not dead": the rows the partial index covers.
+const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
+
+/// SQL for one outbox table, built once from validated names.
+#[derive(Debug)]
+struct Queries {
+    claim: String,
+    settle: String,
+    release: String,
+    has_unfinished: String,
+    wait_prepare: String,
+    wait_clear: String,
+    deregister: String,
+    counts: String,
+}
+
+impl Queries {
+    fn new(t: &OutboxTable, retention: Retention) -> Self {
+        let q = t.qualified();
+        let waiters = t.derived("waiters");
+        let published = match retention {
+            Retention::Mark => format!(
+                "UPDATE {q} SET processed_at = now(), locked_until = NULL, locked_by = NULL, \
+                 lock_token = NULL, last_error = NULL \
+                 WHERE id = ANY($1) AND lock_token = $5 RETURNING 1"
+            ),
+            Retention::Delete => {
+                format!("DELETE FROM {q} WHERE id = ANY($1) AND lock_token = $5 RETURNING 1")
+            }
+        };
+        Self {
+            // One autocommit statement: pick available rows in seq order, skip rows another
+            // relay holds, and lease them. No transaction stays open while publishing.
+            claim: format!(
+                "WITH c AS (
+                    SELECT id FROM {q}
+                    WHERE {UNFINISHED} AND available_at <= now()
+                      AND (locked_until IS NULL OR locked_until <= now())
+                    ORDER BY seq
+                    LIMIT $1
+                    FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE {q} AS e
+                 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
+                 FROM c WHERE e.id = c.id
+                 RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+                   e.headers, e.attempts, e.available_at, e.created_at, e.processed_at, e.dead_at,
+                   e.locked_by, e.locked_until, e.last_error"
+            ),
+            // The whole batch in one statement: successes and failures, both fenced by the
+            // claim token, so a relay that lost its lease changes nothing.
+            settle: format!(
+                "WITH ok AS ({published}),
+                 bad AS (
+                    UPDATE {q} AS e
+                    SET attempts = e.attempts + 1,
+                        last_error = f.err,
+                        available_at = now() + f.delay_ms * interval '1 millisecond',
+                        dead_at = CASE WHEN f.dead THEN now() END,
+                        locked_until = NULL, locked_by = NULL, lock_token = NULL
+                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[]) AS f(id, err, delay_ms, dead)
+                    WHERE e.id = f.id AND e.lock_token = $5
+                    RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
+            ),
+            release: format!(
+                "UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
+                 WHERE id = ANY($1) AND lock_token = $2"
+            ),
+            has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
+            // Say "I am waiting" (writers notify only then) and learn, in the same round trip,
+            // how long until the earliest backing-off or leased event can be claimed.
+            wait_prepare: format!(
+                "WITH w AS (
+                    INSERT INTO {waiters} (relay_id, waiting_until) VALUES ($1, now() + $2 * interval '1 millisecond')
+                    ON CONFLICT (relay_id) DO UPDATE SET waiting_until = EXCLUDED.waiting_until
+                 )
+                 SELECT extract(epoch FROM min(greatest(available_at, coalesce(locked_until, available_at))) - now())::float8
+                 FROM {q} WHERE {UNFINISHED}"
+            ),
+            wait_clear: format!("DELETE FROM {waiters} WHERE relay_id = $1"),
+            deregister: format!(
+                "WITH w AS (DELETE FROM {waiters} WHERE relay_id = $1)
+                 UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL
+                 WHERE {UNFINISHED} AND locked_by = $1"
+            ),
+            counts: format!(
+                "SELECT
+                    count(*) FILTER (WHERE {UNFINISHED} AND (locked_until IS NULL OR locked_until <= now())),
+                    count(*) FILTER (WHERE {UNFINISHED} AND locked_until > now()),
+                    count(*) FILTER (WHERE dead_at IS NOT NULL AND processed_at IS NULL),
+                    count(*) FILTER (WHERE processed_at IS NOT NULL),
+                    extract(epoch FROM now() - min(created_at) FILTER (WHERE {UNFINISHED}))::float8
+                 FROM {q}"
+            ),
+        }
+    }
+}
+
+/// The outbox on PostgreSQL.
+#[derive(Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    table: OutboxTable,
+    q: Queries,
+    listener: Mutex<Option<PgListener>>,
+}
+
+impl PgStore {
+    pub fn new(pool: PgPool, table: OutboxTable) -> Self {
+        Self::with_retention(pool, table, Retention::Mark)
+    }
+
+    pub fn with_retention(pool: PgPool, table: OutboxTable, retention: Retention) -> Self {
+        Self {
+            q: Queries::new(&table, retention),
+            pool,
+            table,
+            listener: Mutex::new(None),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+    pub fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
+    /// Fail with "run `txoutbox migrate`" unless the schema is in place.
+    pub async fn check_schema(&self) -> Result<(), Error> {
+        crate::migrate::check_schema(&self.pool, &self.table).await
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        db_error(&self.table, e)
+    }
+
+    /// Dead letters (or, with `all_states`, any events) matching `f`, oldest first.
+    pub async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {} ORDER BY seq LIMIT $5",
+            self.table.qualified(),
+            FILTER_SQL
+        );
+        let rows = bind_filter(sqlx::query(&sql), f)
+            .bind(f.limit.unwrap_or(100))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    /// Put matching dead letters back in line: attempts reset, available now. Wakes relays.
+    pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+        let sql = format!(
+            "WITH r AS (
+                UPDATE {} SET dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL
+                WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL} RETURNING 1
+             )
+             SELECT count(*), pg_notify($5, '') FROM r",
+            self.table.qualified()
+        );
+        let n: i64 = bind_filter(sqlx::query(&sql), f)
+            .bind(self.table.channel())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .try_get(0)
+            .map_err(Error::Database)?;
+        Ok(n as u64)
+    }
+
+    /// Delete matching dead letters for good.
+    pub async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL}",
+            self.table.qualified()
+        );
+        let done = bind_filter(sqlx::query(&sql), f)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn listen(&self, slot: &mut Option<PgListener>) -> Result<(), Error> {
+        if slot.is_none() {
+            let mut l = PgListener::connect_with(&self.pool)
+                .await
+                .map_err(Error::Database)?;
+            l.listen(&self.table.channel())
+                .await
+                .map_err(Error::Database)?;
+            *slot = Some(l);
+        }
+        Ok(())
+    }
+}
+
+/// Filters shared by the dead-letter commands: $1 id, $2 event_type, $3 aggregate_type, $4 aggregate_id.
+const FILTER_SQL: &str = "AND ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
+     AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
+
+fn bind_filter<'q>(
+    q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    f: &'q DeadFilter,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    q.bind(f.id)
+        .bind(f.event_type.as_deref())
+        .bind(f.aggregate_type.as_deref())
+        .bind(f.aggregate_id.as_deref())
+}
+
+fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
+    let g = |e| Error::Database(e);
+    Ok(OutboxEvent {
+        id: r.try_get("id").map_err(g)?,
+        seq: r.try_get("seq").map_err(g)?,
+        aggregate_type: r.try_get("aggregate_type").map_err(g)?,
+        aggregate_id: r.try_get("aggregate_id").map_err(g)?,
+        event_type: r.try_get("event_type").map_err(g)?,
+        payload: r.try_get("payload").map_err(g)?,
+        headers: headers_from_json(r.try_get("headers").map_err(g)?),
+        attempts: r.try_get("attempts").map_err(g)?,
+        available_at: r.try_get::<DateTime<Utc>, _>("available_at").map_err(g)?,
+        created_at: r.try_get("created_at").map_err(g)?,
+        processed_at: r.try_get("processed_at").map_err(g)?,
+        dead_at: r.try_get("dead_at").map_err(g)?,
+        locked_by: r.try_get("locked_by").map_err(g)?,
+        locked_until: r.try_get("locked_until").map_err(g)?,
+        last_error: r.try_get("last_error").map_err(g)?,
+    })
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+        let rows = sqlx::query(&self.q.claim)
+            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+            .bind(millis(p.lease) as f64)
+            .bind(p.relay_id)
+            .bind(p.token)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut events = rows
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        events.sort_unstable_by_key(|e| e.seq);
+        Ok(events)
+    }
+
+    async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
+        if p.published.is_empty() && p.failed.is_empty() {
+            return Ok(SettleOutcome::default());
+        }
+        let ids: Vec<Uuid> = p.failed.iter().map(|f| f.id).collect();
+        let errs: Vec<&str> = p.failed.iter().map(|f| f.error.as_str()).collect();
+        let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
+        let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
+        let row = sqlx::query(&self.q.settle)
+            .bind(p.published)
+            .bind(&ids)
+            .bind(&errs)
+            .bind(&delays)
+            .bind(p.token)
+            .bind(&dead)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let ok: i64 = row.try_get(0).map_err(Error::Database)?;
+        let bad: i64 = row.try_get(1).map_err(Error::Database)?;
+        Ok(SettleOutcome {
+            published: ok as u64,
+            failed: bad as u64,
+        })
+    }
+
+    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        if p.ids.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(&self.q.release)
+            .bind(p.ids)
+            .bind(p.token)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn has_unfinished(&self) -> Result<bool, Error> {
+        sqlx::query_scalar(&self.q.has_unfinished)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error> {
+        let mut slot = self.listener.lock().await;
+        if let Err(e) = self.listen(&mut slot).await {
+            // No listener: fall back to polling, but do report the error.
+            tracing::warn!(error = %e, "LISTEN failed; polling only");
+            tokio::time::sleep(max).await;
+            return Ok(Wake::Timeout);
+        }
+        let Some(listener) = slot.as_mut() else {
+            return Ok(Wake::Timeout);
+        };
+        // Notifications that arrived while we were busy are stale: the claim after them saw
+        // their rows.
+        while listener.next_buffered().is_some() {}
+        // Flag first, then look: a commit after this statement either notifies us or was
+        // visible to it.
+        let until: Option<f64> = sqlx::query_scalar(&self.q.wait_prepare)
+            .bind(relay_id)
+            .bind((millis(max) + 1000) as f64)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let sleep = match until {
+            Some(secs) if secs <= 0.0 => None,
+            Some(secs) => Some(Duration::from_secs_f64(secs.min(max.as_secs_f64()))),
+            None => Some(max),
+        };
+        let wake = match sleep {
+            None => Wake::Ready,
+            Some(d) => tokio::select! {
+                n = listener.recv() => match n {
+                    Ok(_) => Wake::Notified,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                        *slot = None;
+                        Wake::Timeout
+                    }
+                },
+                _ = tokio::time::sleep(d) => Wake::Timeout,
+            },
+        };
+        drop(slot);
+        // Stop writers notifying while we work.
+        sqlx::query(&self.q.wait_clear)
+            .bind(relay_id)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(wake)
+    }
+
+    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+        let done = sqlx::query(&self.q.deregister)
+            .bind(relay_id)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn counts(&self) -> Result<Counts, Error> {
+        let r = sqlx::query(&self.q.counts)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let g = |e| Error::Database(e);
+        Ok(Counts {
+            pending: r.try_get(0).map_err(g)?,
+            leased: r.try_get(1).map_err(g)?,
+            dead: r.try_get(2).map_err(g)?,
+            processed: r.try_get(3).map_err(g)?,
+            oldest_pending_age_secs: r.try_get(4).map_err(g)?,
+        })
+    }
+}

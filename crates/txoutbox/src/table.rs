@@ -1,0 +1,111 @@
+//! Where the outbox lives: a validated schema and table name, and every name derived from them.
+
+use crate::ident::{Ident, IdentError, MAX_SCHEMA_LEN, MAX_TABLE_LEN};
+
+/// The outbox's schema and table, validated. Defaults to `public.outbox_events`, the seed's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OutboxTable {
+    schema: Ident,
+    table: Ident,
+}
+
+impl Default for OutboxTable {
+    fn default() -> Self {
+        Self {
+            schema: Ident::new("schema", "public", MAX_SCHEMA_LEN).expect("valid"),
+            table: Ident::new("table", "outbox_events", MAX_TABLE_LEN).expect("valid"),
+        }
+    }
+}
+
+impl OutboxTable {
+    /// Validate a schema and table name (letters, digits, `_`; no quoting tricks).
+    pub fn new(schema: &str, table: &str) -> Result<Self, IdentError> {
+        Ok(Self {
+            schema: Ident::new("schema", schema, MAX_SCHEMA_LEN)?,
+            table: Ident::new("table", table, MAX_TABLE_LEN)?,
+        })
+    }
+
+    pub fn schema(&self) -> &Ident {
+        &self.schema
+    }
+    pub fn table(&self) -> &Ident {
+        &self.table
+    }
+
+    /// `"schema"."table"`.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", self.schema.quoted(), self.table.quoted())
+    }
+
+    /// A schema-qualified, quoted object named after the table: `"schema"."table_suffix"`.
+    /// For `dead_letters` the seed's name comes out: `outbox_events` -> `outbox_dead_letters`.
+    pub fn derived(&self, suffix: &str) -> String {
+        format!("{}.\"{}\"", self.schema.quoted(), self.derived_name(suffix))
+    }
+
+    /// An unqualified derived name (indexes, triggers), quoted.
+    pub fn derived_unqualified(&self, suffix: &str) -> String {
+        format!("\"{}\"", self.derived_name(suffix))
+    }
+
+    fn derived_name(&self, suffix: &str) -> String {
+        let base = self.table.as_str();
+        let base = base.strip_suffix("_events").unwrap_or(base);
+        format!("{base}_{suffix}")
+    }
+
+    /// `schema.table` for humans.
+    pub fn display(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
+
+    /// The LISTEN/NOTIFY channel (at most 63 bytes, as PostgreSQL requires).
+    pub fn channel(&self) -> String {
+        let c = format!("txoutbox.{}.{}", self.schema, self.table);
+        if c.len() <= 63 {
+            return c;
+        }
+        // Stable across processes and versions: FNV-1a, not std's randomised hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in c.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("txoutbox.{h:016x}")
+    }
+
+    /// The seed's processed_events table of this schema (the inbox).
+    pub fn processed_events(&self) -> String {
+        format!("{}.processed_events", self.schema.quoted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_names_follow_the_seed() {
+        let t = OutboxTable::default();
+        assert_eq!(t.qualified(), "\"public\".\"outbox_events\"");
+        assert_eq!(t.derived("dead_letters"), "\"public\".\"outbox_dead_letters\"");
+        assert_eq!(t.channel(), "txoutbox.public.outbox_events");
+        let t = OutboxTable::new("app", "events").unwrap();
+        assert_eq!(t.derived("waiters"), "\"app\".\"events_waiters\"");
+    }
+
+    #[test]
+    fn long_names_make_short_channels() {
+        let t = OutboxTable::new(&"s".repeat(63), &"t".repeat(40)).unwrap();
+        assert!(t.channel().len() <= 63, "{}", t.channel());
+        assert_eq!(t.channel(), t.clone().channel());
+    }
+
+    #[test]
+    fn refuses_injection() {
+        assert!(OutboxTable::new("public", "outbox; DROP TABLE x").is_err());
+        assert!(OutboxTable::new("a\"b", "t").is_err());
+    }
+}
