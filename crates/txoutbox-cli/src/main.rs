@@ -1,1 +1,79 @@
-fn main(){}
+//! `txoutbox`: the relay daemon and the operator's CLI.
+
+mod cli;
+mod cmd;
+mod config;
+mod ctx;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::cli::{Cli, Command, LogFormat};
+use crate::ctx::{Ctx, UsageError};
+
+fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut command = Cli::command();
+    if let Some(path) = config::config_path(&args) {
+        match config::apply_file(command, &path) {
+            Ok(c) => command = c,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let cli = match command
+        .try_get_matches_from(&args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(), // usage errors exit 2, --help/--version 0
+    };
+    init_logging(cli.global.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let ctx = Ctx::new(&cli.global)?;
+    match cli.command {
+        Command::Migrate => cmd::migrate::run(&ctx).await,
+        Command::Enqueue(a) => cmd::enqueue::run(&ctx, a).await,
+        Command::Relay(a) => cmd::relay::run(&ctx, a).await,
+        Command::Status(a) => cmd::status::run(&ctx, a).await,
+        Command::Dlq(a) => cmd::dlq::run(&ctx, a).await,
+        Command::Demo(a) => cmd::demo::run(&ctx, a).await,
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,222 @@
+//! The seed's order service, end to end, on a real database and a real publisher.
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::FutureExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use sqlx::PgPool;
+use txoutbox::publish::{Ack, Message, PublishError, Publisher};
+use txoutbox::relay::Relay;
+use txoutbox::store::postgres::PgStore;
+use txoutbox::{NewEvent, Outbox};
+use uuid::Uuid;
+
+use super::{open_publisher, relay_config};
+use crate::cli::{DemoArgs, RelayTuning};
+use crate::ctx::{connect, Ctx};
+
+const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+const DEFAULT_DB: &str = "txoutbox_demo";
+
+pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
+    let url = match ctx.database_url() {
+        Some(u) => u.to_string(),
+        None => {
+            let url = format!("{DEFAULT_SERVER}/{DEFAULT_DB}");
+            eprintln!("No DATABASE_URL given: using the local PostgreSQL at {url} (created if missing).");
+            ensure_database(DEFAULT_SERVER, DEFAULT_DB).await?;
+            url
+        }
+    };
+    let pool = connect(&url, 6).await?;
+    txoutbox::migrate(&pool, &ctx.table).await?;
+    let orders = format!("{}.orders", ctx.table.schema().quoted());
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {orders} (id text PRIMARY KEY, customer_id text NOT NULL, \
+         total double precision NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+    ))
+    .execute(&pool)
+    .await
+    .context("creating the demo's orders table")?;
+
+    // The relay runs beside the writers, as it would in a service.
+    let delivered = Arc::new(Mutex::new(HashSet::new()));
+    let publisher = Recording {
+        inner: Arc::from(open_publisher(&a.publisher).await?),
+        delivered: delivered.clone(),
+    };
+    let tuning = demo_tuning();
+    let relay = Relay::new(
+        PgStore::new(pool.clone(), ctx.table.clone()),
+        Box::new(publisher),
+        relay_config(&tuning, false)?,
+    )
+    .spawn();
+
+    let outbox = Outbox::new(ctx.table.clone());
+    let bar = bar_for(a.orders as u64, "writing orders (every 5th is rolled back)");
+    let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+    for i in 1..=a.orders {
+        let (event_id, commit) = create_order(&pool, &outbox, &orders, i).await?;
+        if commit {
+            committed.push(event_id);
+        } else {
+            rolled_back.push(event_id);
+        }
+        bar.inc(1);
+    }
+    bar.finish();
+
+    let bar = bar_for(committed.len() as u64, "waiting for the relay to deliver");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = {
+            let d = delivered.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+            committed.iter().filter(|id| d.contains(*id)).count()
+        };
+        bar.set_position(done as u64);
+        if done == committed.len() || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bar.finish();
+    relay.shutdown().await.context("relay failed")?;
+
+    let d = delivered.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let got = committed.iter().filter(|id| d.contains(*id)).count();
+    let phantom = rolled_back.iter().filter(|id| d.contains(*id)).count();
+    eprintln!();
+    eprintln!("orders committed:                 {}", committed.len());
+    eprintln!("orders rolled back:               {}", rolled_back.len());
+    eprintln!("events delivered (committed):     {got} of {}", committed.len());
+    eprintln!("events from rolled-back orders:   {phantom}");
+    if got == committed.len() && phantom == 0 {
+        eprintln!("OK: every committed event was delivered, nothing from a rolled-back transaction was.");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("FAILED: the outbox did not deliver exactly the committed events.");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The seed's CreateOrder: the order row and its event in one transaction. Every 5th order
+/// fails after both writes (say, payment declined) and is rolled back.
+async fn create_order(
+    pool: &PgPool,
+    outbox: &Outbox,
+    orders: &str,
+    i: u32,
+) -> anyhow::Result<(Uuid, bool)> {
+    let id = Uuid::now_v7().to_string();
+    let customer = format!("customer-{}", i % 7);
+    let total = f64::from(i) * 10.5;
+    let mut tx = pool.begin().await?;
+    sqlx::query(&format!(
+        "INSERT INTO {orders} (id, customer_id, total, created_at) VALUES ($1, $2, $3, now())"
+    ))
+    .bind(&id)
+    .bind(&customer)
+    .bind(total)
+    .execute(&mut *tx)
+    .await?;
+    let payload = serde_json::json!({"order_id": id, "customer_id": customer, "total": total});
+    let event = NewEvent::new("order", &id, "order.created", &payload)?;
+    let event_id = outbox.enqueue(&mut *tx, &event).await?;
+    let commit = i % 5 != 0;
+    if commit {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok((event_id, commit))
+}
+
+async fn ensure_database(server: &str, name: &str) -> anyhow::Result<()> {
+    let admin = connect(&format!("{server}/postgres"), 1).await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&admin)
+            .await?;
+    if !exists {
+        // `name` is our own constant, not input.
+        if let Err(e) = sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&admin).await {
+            // Another demo may have created it meanwhile.
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(name)
+                .fetch_one(&admin)
+                .await?;
+            if !exists {
+                return Err(e).context("creating the demo database");
+            }
+        }
+    }
+    admin.close().await;
+    Ok(())
+}
+
+fn demo_tuning() -> RelayTuning {
+    RelayTuning {
+        batch_size: 100,
+        max_in_flight: 100,
+        poll_interval: Duration::from_millis(500),
+        lease: Duration::from_secs(30),
+        max_attempts: 10,
+        backoff_base: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(5),
+        shutdown_timeout: Duration::from_secs(5),
+        retention: crate::cli::RetentionArg::Mark,
+        relay_id: None,
+    }
+}
+
+
+fn bar_for(len: u64, msg: &'static str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template("{msg:42} [{bar:30}] {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b.set_message(msg);
+    b
+}
+
+/// Passes messages to the real publisher and remembers which ones the broker acknowledged.
+struct Recording {
+    inner: Arc<dyn Publisher>,
+    delivered: Arc<Mutex<HashSet<Uuid>>>,
+}
+
+#[async_trait::async_trait]
+impl Publisher for Recording {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        let ack = self.inner.send(message).await?;
+        let delivered = self.delivered.clone();
+        let id = message.id;
+        Ok(ack
+            .map(move |r| {
+                if r.is_ok() {
+                    if let Ok(mut d) = delivered.lock() {
+                        d.insert(id);
+                    }
+                }
+                r
+            })
+            .boxed())
+    }
+    async fn check(&self) -> Result<(), PublishError> {
+        self.inner.check().await
+    }
+    async fn close(&self) -> Result<(), PublishError> {
+        self.inner.close().await
+    }
+}

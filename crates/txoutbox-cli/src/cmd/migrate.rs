@@ -1,0 +1,23 @@
+use std::process::ExitCode;
+
+use crate::ctx::Ctx;
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let pool = ctx.pool(1).await?;
+    let report = txoutbox::migrate(&pool, &ctx.table).await?;
+    if report.applied.is_empty() {
+        println!(
+            "{} is up to date (schema version {})",
+            ctx.table.display(),
+            report.version
+        );
+    } else {
+        println!(
+            "{}: applied migration(s) {:?}; schema version {}",
+            ctx.table.display(),
+            report.applied,
+            report.version
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

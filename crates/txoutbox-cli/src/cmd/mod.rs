@@ -1,0 +1,59 @@
+//! One file per subcommand.
+
+pub mod demo;
+pub mod dlq;
+pub mod enqueue;
+pub mod migrate;
+pub mod relay;
+pub mod status;
+
+use txoutbox::publish::{self, ConnectError, Publisher};
+use txoutbox::relay::{default_relay_id, RelayConfig};
+use txoutbox::retry::Backoff;
+use txoutbox::store::Retention;
+
+use crate::cli::{RelayTuning, RetentionArg};
+use crate::ctx::UsageError;
+
+/// Relay settings from the command line, checked.
+pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig> {
+    let mut c = RelayConfig::default();
+    c.relay_id = t.relay_id.clone().unwrap_or_else(default_relay_id);
+    c.batch_size = t.batch_size as usize;
+    c.max_in_flight = t.max_in_flight as usize;
+    c.poll_interval = t.poll_interval;
+    c.lease = t.lease;
+    c.max_attempts = t.max_attempts;
+    c.backoff = Backoff {
+        base: t.backoff_base,
+        max: t.backoff_max,
+        jitter: true,
+    };
+    c.shutdown_timeout = t.shutdown_timeout;
+    c.exit_when_drained = drain;
+    c.validate().map_err(UsageError)?;
+    if t.backoff_base > t.backoff_max {
+        return Err(UsageError("--backoff-base must not exceed --backoff-max".into()).into());
+    }
+    Ok(c)
+}
+
+pub fn retention(t: &RelayTuning) -> Retention {
+    match t.retention {
+        RetentionArg::Mark => Retention::Mark,
+        RetentionArg::Delete => Retention::Delete,
+    }
+}
+
+/// Open a publisher; a malformed URL is a usage error (exit 2), an unreachable broker not.
+pub async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
+    match publish::connect(url).await {
+        Ok(p) => Ok(p),
+        Err(ConnectError::Config(e)) => Err(UsageError(format!("--publisher: {e}")).into()),
+        Err(ConnectError::Publish(e)) => Err(anyhow::anyhow!(
+            "cannot reach the broker at {}: {}",
+            publish::redact_url(url),
+            e.chain()
+        )),
+    }
+}

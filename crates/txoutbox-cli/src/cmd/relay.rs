@@ -1,0 +1,63 @@
+use std::process::ExitCode;
+
+use anyhow::Context;
+use txoutbox::relay::Relay;
+use txoutbox::store::postgres::PgStore;
+
+use super::{open_publisher, relay_config, retention};
+use crate::cli::RelayArgs;
+use crate::ctx::{Ctx, UsageError};
+
+pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
+    let url = a.publisher.as_deref().ok_or_else(|| {
+        UsageError("no publisher given: pass --publisher URL or set TXOUTBOX_PUBLISHER (e.g. nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, stdout:)".into())
+    })?;
+    let config = relay_config(&a.tuning, a.drain)?;
+    let db_url = ctx.require_url()?;
+    // Claim + settle, the LISTEN connection, and one spare.
+    let pool = ctx.pool(4).await?;
+    let store = PgStore::with_retention(pool, ctx.table.clone(), retention(&a.tuning));
+    store.check_schema().await?;
+    let publisher = open_publisher(url).await?;
+    tracing::info!(
+        table = %ctx.table.display(),
+        database = %txoutbox::publish::redact_url(db_url),
+        publisher = %txoutbox::publish::redact_url(url),
+        relay_id = %config.relay_id,
+        "starting relay"
+    );
+    let handle = Relay::new(store, publisher, config).spawn();
+    let cancel = handle.cancel_token();
+    let signals = tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested: finishing in-flight events");
+        cancel.cancel();
+    });
+    let stats = handle.join().await.context("relay failed")?;
+    signals.abort();
+    tracing::info!(published = stats.published, failed = stats.failed, dead = stats.dead, "relay exited");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM or SIGINT (Ctrl-C).
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

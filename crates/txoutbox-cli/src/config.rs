@@ -1,0 +1,127 @@
+//! The optional TOML file: its values become clap defaults, so flags and environment
+//! variables still win (flags > env > file > built-in default).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Command;
+
+/// Where `--config` / `TXOUTBOX_CONFIG` points, if anywhere (read before clap parses).
+pub fn config_path(args: &[OsString]) -> Option<PathBuf> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let a = a.to_string_lossy();
+        if a == "--config" {
+            return it.next().map(PathBuf::from);
+        }
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(PathBuf::from(v));
+        }
+        if a == "--" {
+            break;
+        }
+    }
+    std::env::var_os("TXOUTBOX_CONFIG").map(PathBuf::from)
+}
+
+/// Apply the file's settings as defaults on `cmd`. Top-level keys apply wherever an option of
+/// that name exists; a `[relay]` (or other subcommand) table applies to that subcommand only.
+pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<Command> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("config file {}: cannot read", path.display()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("config file {}: not valid TOML", path.display()))?;
+    for (key, value) in table {
+        if let toml::Value::Table(section) = value {
+            let Some(sub) = cmd.find_subcommand(&key).map(|s| s.get_name().to_string()) else {
+                bail!("config file {}: unknown section [{key}]", path.display());
+            };
+            for (k, v) in section {
+                let (id, v) = setting(path, &format!("{key}.{k}"), &k, v)?;
+                let has = cmd
+                    .find_subcommand(&sub)
+                    .is_some_and(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()));
+                if !has {
+                    bail!("config file {}: unknown setting `{key}.{k}`", path.display());
+                }
+                cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
+            }
+        } else {
+            let (id, v) = setting(path, &key, &key, value)?;
+            let mut found = false;
+            if cmd.get_arguments().any(|a| a.get_id() == id.as_str()) {
+                cmd = cmd.mut_arg(&id, |a| a.default_value(v.clone()));
+                found = true;
+            }
+            let subs: Vec<String> = cmd
+                .get_subcommands()
+                .filter(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()))
+                .map(|s| s.get_name().to_string())
+                .collect();
+            for sub in subs {
+                cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
+                found = true;
+            }
+            if !found {
+                bail!("config file {}: unknown setting `{key}`", path.display());
+            }
+        }
+    }
+    Ok(cmd)
+}
+
+fn setting(path: &Path, full: &str, key: &str, v: toml::Value) -> anyhow::Result<(String, String)> {
+    let id = key.replace('-', "_");
+    let v = match v {
+        toml::Value::String(s) => s,
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => bail!(
+            "config file {}: setting `{full}` must be a string, number or boolean, not {}",
+            path.display(),
+            other.type_str()
+        ),
+    };
+    Ok((id, v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command as Cmd};
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn parse(file: &str, args: &[&str]) -> anyhow::Result<Cli> {
+        let dir = std::env::temp_dir().join(format!("txoutbox-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("c.toml");
+        std::fs::write(&path, file)?;
+        let cmd = apply_file(Cli::command(), &path);
+        std::fs::remove_dir_all(&dir)?;
+        let m = cmd?.try_get_matches_from(args)?;
+        Ok(Cli::from_arg_matches(&m)?)
+    }
+
+    #[test]
+    fn file_values_are_defaults_and_flags_win() {
+        let cli = parse(
+            "schema = \"app\"\n[relay]\nbatch_size = 7\npublisher = \"null:\"\n",
+            &["txoutbox", "relay", "--batch-size", "9"],
+        )
+        .unwrap();
+        assert_eq!(cli.global.schema, "app");
+        let Cmd::Relay(r) = cli.command else { panic!() };
+        assert_eq!(r.tuning.batch_size, 9);
+        assert_eq!(r.publisher.as_deref(), Some("null:"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = parse("batch_sise = 3\n", &["txoutbox", "status"]).unwrap_err().to_string();
+        assert!(e.contains("batch_sise"), "{e}");
+        let e = parse("[relay]\nfoo = 1\n", &["txoutbox", "status"]).unwrap_err().to_string();
+        assert!(e.contains("relay.foo"), "{e}");
+    }
+}
