@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Start the services the tests need (PostgreSQL, NATS JetStream, RabbitMQ) when they are not
+# answering on loopback, installing them from Debian packages when they are missing.
+# Safe to run again: it only acts on what is down.
+set -euo pipefail
+
+log() { echo "services: $*" >&2; }
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() {
+  local port=$1 name=$2 i
+  for i in $(seq 1 90); do
+    up "$port" && return 0
+    sleep 1
+  done
+  log "$name did not start listening on 127.0.0.1:$port"
+  return 1
+}
+apt_updated=
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then log "need root to install $*"; return 1; fi
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- PostgreSQL ----------------------------------------------------------------------------
+if ! up 5432; then
+  if ! command -v pg_ctlcluster >/dev/null || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+    log "installing PostgreSQL"
+    apt_install postgresql
+    ver=$(ls /etc/postgresql | sort -V | tail -1)
+    # Trust loopback connections, as the tests expect (a fresh install wants passwords).
+    hba=/etc/postgresql/$ver/main/pg_hba.conf
+    sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' "$hba"
+  fi
+  log "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -1)" main start || true
+  wait_port 5432 PostgreSQL
+fi
+for _ in $(seq 1 30); do
+  psql -h 127.0.0.1 -U postgres -d postgres -Atc 'select 1' >/dev/null 2>&1 && break
+  sleep 1
+done
+if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc "select 1 from pg_database where datname = 'test'" | grep -q 1; then
+  psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' || true
+fi
+
+# --- NATS with JetStream -------------------------------------------------------------------
+if ! up 4222; then
+  command -v nats-server >/dev/null || { log "installing nats-server"; apt_install nats-server; }
+  log "starting NATS"
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  wait_port 4222 NATS
+fi
+
+# --- RabbitMQ ------------------------------------------------------------------------------
+if ! up 5672; then
+  command -v rabbitmq-server >/dev/null || { log "installing RabbitMQ"; apt_install rabbitmq-server; }
+  log "starting RabbitMQ"
+  rabbitmq-server -detached || true
+  wait_port 5672 RabbitMQ
+fi
+log "PostgreSQL, NATS and RabbitMQ are answering"

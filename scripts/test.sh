@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite, against real services: starts what is not running, then runs every
+# test of the workspace. Extra arguments go to `cargo test` (e.g. a test name filter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/services.sh
+export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
+export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+cargo test --workspace --all-features "$@"
