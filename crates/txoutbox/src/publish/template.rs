@@ -42,9 +42,7 @@ impl Template {
             }
             lit.push_str(&rest[..i]);
             let after = &rest[i + 1..];
-            let end = after
-                .find('}')
-                .ok_or_else(|| err("unclosed `{`".into()))?;
+            let end = after.find('}').ok_or_else(|| err("unclosed `{`".into()))?;
             let name = &after[..end];
             let part = match name {
                 "aggregate_type" => Part::AggregateType,

@@ -83,6 +83,21 @@ impl PublisherUrl {
             }),
         }
     }
+    /// A duration parameter: a bare number is milliseconds; `ms`, `s`, `m` and `h` suffixes
+    /// are accepted too (`250ms`, `5s`, `1.5s`, `2m`). Zero is refused.
+    pub fn duration_param(
+        &self,
+        name: &str,
+        default: std::time::Duration,
+    ) -> Result<std::time::Duration, ConfigError> {
+        match self.param(name) {
+            None => Ok(default),
+            Some(v) => parse_duration(v).map_err(|reason| ConfigError::BadParam {
+                name: name.into(),
+                reason: format!("{v:?}: {reason}"),
+            }),
+        }
+    }
     /// Fail on any parameter not in `known`.
     pub fn only_params(&self, known: &'static [&'static str]) -> Result<(), ConfigError> {
         for k in self.params.keys() {
@@ -99,6 +114,29 @@ impl PublisherUrl {
         }
         Ok(())
     }
+}
+
+/// Parse `250`, `250ms`, `5s`, `1.5s`, `2m`, `1h` (a bare number is milliseconds).
+pub(crate) fn parse_duration(v: &str) -> Result<std::time::Duration, String> {
+    let v = v.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let num: f64 = num
+        .parse()
+        .map_err(|_| "expected a duration such as 500ms, 5s or 2m".to_string())?;
+    let secs = match unit.trim() {
+        "" | "ms" => num / 1000.0,
+        "s" => num,
+        "m" | "min" => num * 60.0,
+        "h" => num * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 * 365.0 {
+        return Err("must be more than zero and less than a year".into());
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Replace the password of a URL (if any) with `***`. Works on strings that do not parse,
@@ -129,6 +167,7 @@ pub fn redact_url(raw: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -141,6 +180,30 @@ mod tests {
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
         let bad = redact_url("amqp://u:s3cret@[bad:host/x");
         assert!(!bad.contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn parses_durations() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "0", "5x", "s", "-1s", "1..2s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        let u = parse("nats://h?ack_timeout=5s&bad=forever").unwrap();
+        assert_eq!(
+            u.duration_param("ack_timeout", Duration::from_secs(1))
+                .unwrap(),
+            Duration::from_secs(5)
+        );
+        assert!(u.duration_param("bad", Duration::from_secs(1)).is_err());
+        assert_eq!(
+            u.duration_param("nope", Duration::from_secs(1)).unwrap(),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

@@ -1,0 +1,640 @@
+//! `amqp://` and `amqps://` — RabbitMQ (AMQP 0-9-1) with publisher confirms.
+//!
+//! ```text
+//! amqp://guest:guest@127.0.0.1:5672/%2f?exchange=outbox&routing_key={event_type}
+//! ```
+//!
+//! Parameters: `exchange` (default `outbox`; empty means the default exchange), `routing_key`
+//! (a [`Template`], default `{event_type}`), `exchange_type` (default `topic`), `declare`
+//! (default `true`: declare the exchange durable; `amq.*` and the default exchange are never
+//! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`).
+//!
+//! One connection with one channel in confirm mode, behind a mutex: messages are published in
+//! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
+//! `mandatory`, so a message no queue is bound for comes back as an error instead of vanishing.
+//! lapin does not reconnect by itself: a closed channel is reopened (and a dead connection
+//! re-established) on the next `send`.
+
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::AMQPErrorKind;
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Mutex;
+
+use super::url::PublisherUrl;
+use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
+
+const PARAMS: &[&str] = &[
+    "exchange",
+    "routing_key",
+    "exchange_type",
+    "declare",
+    "confirm_timeout",
+    "connect_timeout",
+];
+/// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
+/// this many bytes.
+pub const MAX_SHORTSTR: usize = 255;
+const PRECONDITION_FAILED: u16 = 406;
+const NOT_FOUND: u16 = 404;
+
+/// Publishes to a RabbitMQ exchange and waits for the publisher confirm of every message.
+pub struct AmqpPublisher {
+    settings: Settings,
+    redacted_url: String,
+    link: Mutex<Option<Link>>,
+}
+
+impl std::fmt::Debug for AmqpPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpPublisher")
+            .field("url", &self.redacted_url)
+            .field("exchange", &self.settings.exchange)
+            .field("routing_key", &self.settings.routing_key.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One connection and its (only) publishing channel.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+}
+
+struct Settings {
+    /// The URL without query parameters; holds the password, never print it.
+    uri: String,
+    exchange: String,
+    exchange_kind: ExchangeKind,
+    routing_key: Template,
+    declare: bool,
+    confirm_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Settings {
+    fn from_url(url: &PublisherUrl) -> Result<Self, ConfigError> {
+        url.only_params(PARAMS)?;
+        let exchange = url.param("exchange").unwrap_or("outbox").to_string();
+        validate_exchange_name(&exchange).map_err(|reason| ConfigError::BadParam {
+            name: "exchange".into(),
+            reason,
+        })?;
+        let routing_key = Template::parse(url.param("routing_key").unwrap_or("{event_type}"))?;
+        let exchange_kind = match url.param("exchange_type").unwrap_or("topic") {
+            "topic" => ExchangeKind::Topic,
+            "direct" => ExchangeKind::Direct,
+            "fanout" => ExchangeKind::Fanout,
+            "headers" => ExchangeKind::Headers,
+            other if !other.is_empty() && other.len() <= MAX_SHORTSTR => {
+                ExchangeKind::Custom(other.to_string())
+            }
+            other => {
+                return Err(ConfigError::BadParam {
+                    name: "exchange_type".into(),
+                    reason: format!("{other:?} is not an exchange type"),
+                })
+            }
+        };
+        let declare = url.bool_param("declare", true)?;
+        let confirm_timeout = url.duration_param("confirm_timeout", Duration::from_secs(10))?;
+        let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(10))?;
+        if url.url().host_str().unwrap_or_default().is_empty() {
+            return Err(ConfigError::BadUrl {
+                url: url.redacted(),
+                reason: "amqp:// needs a host, e.g. amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            });
+        }
+        Ok(Self {
+            uri: url.base().to_string(),
+            exchange,
+            exchange_kind,
+            routing_key,
+            declare,
+            confirm_timeout,
+            connect_timeout,
+        })
+    }
+
+    /// Should we declare the exchange? Never the default exchange or the reserved `amq.*`.
+    fn declares(&self) -> bool {
+        self.declare && !self.exchange.is_empty() && !self.exchange.starts_with("amq.")
+    }
+}
+
+impl AmqpPublisher {
+    /// Connect, open a confirming channel and declare the exchange (if asked to).
+    pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
+        let settings = Settings::from_url(url)?;
+        let publisher = Self {
+            settings,
+            redacted_url: url.redacted(),
+            link: Mutex::new(None),
+        };
+        let link = publisher.open_link().await?;
+        tracing::info!(
+            url = %publisher.redacted_url,
+            exchange = %publisher.settings.exchange,
+            routing_key = %publisher.settings.routing_key.as_str(),
+            "connected to AMQP broker"
+        );
+        *publisher.link.lock().await = Some(link);
+        Ok(publisher)
+    }
+
+    fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> PublishError {
+        // lapin's errors never hold the URI, so `e` is safe to print.
+        PublishError::unavailable(format!("AMQP broker at {}: {what}: {e}", self.redacted_url))
+    }
+
+    async fn open_link(&self) -> Result<Link, PublishError> {
+        let s = &self.settings;
+        let properties =
+            ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
+        let connection =
+            match tokio::time::timeout(s.connect_timeout, Connection::connect(&s.uri, properties))
+                .await
+            {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
+                Err(_) => {
+                    return Err(self.unavailable(
+                        "cannot connect",
+                        format!("timed out after {:?}", s.connect_timeout),
+                    ))
+                }
+            };
+        match self.open_channel(&connection).await {
+            Ok(channel) => Ok(Link {
+                connection,
+                channel,
+            }),
+            Err(e) => {
+                close_in_background(connection);
+                Err(e)
+            }
+        }
+    }
+
+    async fn open_channel(&self, connection: &Connection) -> Result<Channel, PublishError> {
+        let s = &self.settings;
+        let open = async {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| self.unavailable("cannot open a channel", e))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| self.unavailable("cannot enable publisher confirms", e))?;
+            if s.declares() {
+                let options = ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                channel
+                    .exchange_declare(
+                        &s.exchange,
+                        s.exchange_kind.clone(),
+                        options,
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| {
+                        self.unavailable(
+                            &format!(
+                                "cannot declare exchange {:?} (durable, type {:?})",
+                                s.exchange, s.exchange_kind
+                            ),
+                            e,
+                        )
+                    })?;
+            }
+            Ok::<_, PublishError>(channel)
+        };
+        match tokio::time::timeout(s.connect_timeout, open).await {
+            Ok(res) => res,
+            Err(_) => Err(self.unavailable(
+                "opening the channel",
+                format!("timed out after {:?}", s.connect_timeout),
+            )),
+        }
+    }
+
+    /// A usable link in `slot`: the current one, one with a fresh channel, or a new
+    /// connection.
+    async fn ensure_link<'a>(&self, slot: &'a mut Option<Link>) -> Result<&'a Link, PublishError> {
+        if let Some(link) = slot.take() {
+            let connection_ok = link.connection.status().connected();
+            if connection_ok && link.channel.status().connected() {
+                return Ok(slot.insert(link));
+            }
+            if connection_ok {
+                tracing::info!(url = %self.redacted_url, "AMQP channel closed; opening a new one");
+                if let Ok(channel) = self.open_channel(&link.connection).await {
+                    return Ok(slot.insert(Link {
+                        connection: link.connection,
+                        channel,
+                    }));
+                }
+            }
+            tracing::info!(url = %self.redacted_url, "AMQP connection lost; reconnecting");
+            close_in_background(link.connection);
+        }
+        let link = self.open_link().await?;
+        Ok(slot.insert(link))
+    }
+}
+
+/// Close a connection we no longer use without waiting on a possibly dead socket.
+fn close_in_background(connection: Connection) {
+    if connection.status().connected() {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                connection.close(200, "txoutbox: reconnecting"),
+            )
+            .await;
+        });
+    }
+}
+
+/// What we need to know about a message to judge its confirm.
+struct Sent {
+    id: uuid::Uuid,
+    body_len: usize,
+    exchange: String,
+    routing_key: String,
+}
+
+#[async_trait::async_trait]
+impl Publisher for AmqpPublisher {
+    fn kind(&self) -> &'static str {
+        "amqp"
+    }
+
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        let routing_key = self.settings.routing_key.render(message);
+        let properties = properties(message, &routing_key)?;
+        let sent = Sent {
+            id: message.id,
+            body_len: message.body.len(),
+            exchange: self.settings.exchange.clone(),
+            routing_key,
+        };
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
+        };
+
+        let mut slot = self.link.lock().await;
+        let link = self.ensure_link(&mut slot).await?;
+        let publish = link.channel.basic_publish(
+            &sent.exchange,
+            &sent.routing_key,
+            options,
+            &message.body,
+            properties,
+        );
+        let confirm = match tokio::time::timeout(self.settings.confirm_timeout, publish).await {
+            Ok(Ok(confirm)) => confirm,
+            Ok(Err(e)) => {
+                if let Some(link) = slot.take() {
+                    close_in_background(link.connection);
+                }
+                return Err(self
+                    .unavailable(&format!("event {}: publishing failed", sent.id), &e)
+                    .with_source(e));
+            }
+            Err(_) => {
+                if let Some(link) = slot.take() {
+                    close_in_background(link.connection);
+                }
+                return Err(self.unavailable(
+                    &format!("event {}: publishing", sent.id),
+                    format!("not written within {:?}", self.settings.confirm_timeout),
+                ));
+            }
+        };
+        let status = link.connection.status().clone();
+        drop(slot);
+
+        let timeout = self.settings.confirm_timeout;
+        Ok(Box::pin(async move {
+            match tokio::time::timeout(timeout, confirm).await {
+                Ok(Ok(confirmation)) => judge_confirmation(&sent, confirmation),
+                Ok(Err(e)) => Err(map_confirm_error(&sent, e)),
+                Err(_) if !status.connected() => Err(PublishError::unavailable(format!(
+                    "event {}: no publisher confirm within {timeout:?} (connection to the broker lost)",
+                    sent.id
+                ))),
+                Err(_) => Err(PublishError::transient(format!(
+                    "event {}: no publisher confirm within {timeout:?}",
+                    sent.id
+                ))),
+            }
+        }))
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        let mut slot = self.link.lock().await;
+        self.ensure_link(&mut slot).await.map(|_| ())
+    }
+
+    async fn close(&self) -> Result<(), PublishError> {
+        let Some(link) = self.link.lock().await.take() else {
+            return Ok(());
+        };
+        let timeout = self.settings.confirm_timeout;
+        let _ = tokio::time::timeout(timeout, link.channel.wait_for_confirms()).await;
+        match tokio::time::timeout(timeout, link.connection.close(200, "txoutbox: shutdown")).await
+        {
+            Ok(Ok(())) | Err(_) => Ok(()),
+            Ok(Err(e)) if !link.connection.status().connected() => {
+                tracing::debug!(error = %e, "closing an AMQP connection that was already gone");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(self
+                .unavailable("closing the connection", &e)
+                .with_source(e)),
+        }
+    }
+}
+
+/// The AMQP properties of one message: persistent, JSON, with id, type, timestamp and the
+/// contract and user headers. Refuses what AMQP cannot carry.
+fn properties(m: &Message, routing_key: &str) -> Result<BasicProperties, PublishError> {
+    let too_long = |what: &str, len: usize| {
+        PublishError::permanent(format!(
+            "event {}: {what} is {len} bytes long; AMQP allows at most {MAX_SHORTSTR}",
+            m.id
+        ))
+    };
+    if routing_key.len() > MAX_SHORTSTR {
+        return Err(too_long("routing key", routing_key.len()));
+    }
+    if m.event_type.len() > MAX_SHORTSTR {
+        return Err(too_long(
+            "event type (the AMQP `type` property)",
+            m.event_type.len(),
+        ));
+    }
+    let contract = m.contract_headers();
+    let mut headers = FieldTable::default();
+    for (name, value) in &contract {
+        headers.insert(
+            ShortString::from(*name),
+            AMQPValue::LongString(LongString::from(value.as_str())),
+        );
+    }
+    for (name, value) in &m.headers {
+        if contract.iter().any(|(c, _)| name.eq_ignore_ascii_case(c)) {
+            tracing::debug!(event = %m.id, header = %name, "user header shadows a contract header; dropped");
+            continue;
+        }
+        if name.is_empty() {
+            return Err(PublishError::permanent(format!(
+                "event {}: a header with an empty name cannot be carried by AMQP",
+                m.id
+            )));
+        }
+        if name.len() > MAX_SHORTSTR {
+            return Err(too_long(
+                &format!("header name {:?}…", truncate(name, 32)),
+                name.len(),
+            ));
+        }
+        headers.insert(
+            ShortString::from(name.as_str()),
+            AMQPValue::LongString(LongString::from(value.as_str())),
+        );
+    }
+    Ok(BasicProperties::default()
+        .with_content_type(ShortString::from("application/json"))
+        .with_delivery_mode(2)
+        .with_message_id(ShortString::from(m.id.to_string()))
+        .with_type(ShortString::from(m.event_type.as_str()))
+        .with_timestamp(u64::try_from(m.created_at.timestamp()).unwrap_or(0))
+        .with_app_id(ShortString::from("txoutbox"))
+        .with_headers(headers))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn judge_confirmation(sent: &Sent, confirmation: Confirmation) -> Result<(), PublishError> {
+    match confirmation {
+        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+            Err(PublishError::transient(format!(
+                "event {}: unroutable: no queue bound to exchange {:?} with routing key {:?} ({} {})",
+                sent.id,
+                sent.exchange,
+                sent.routing_key,
+                returned.reply_code,
+                returned.reply_text
+            )))
+        }
+        Confirmation::Nack(None) => Err(PublishError::transient(format!(
+            "event {}: the broker refused (nacked) the message",
+            sent.id
+        ))),
+    }
+}
+
+/// A confirm that failed because the channel or connection went away.
+fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
+    let id = sent.id;
+    let err = match &e {
+        lapin::Error::ProtocolError(amqp) => {
+            let code = amqp.get_id();
+            match amqp.kind() {
+                AMQPErrorKind::Hard(_) => PublishError::unavailable(format!(
+                    "event {id}: the broker closed the connection ({code})"
+                )),
+                AMQPErrorKind::Soft(_)
+                    if code == PRECONDITION_FAILED
+                        && is_too_large(amqp.get_message().as_str(), sent.body_len) =>
+                {
+                    PublishError::permanent(format!(
+                        "event {id}: message of {} bytes is too large for the broker",
+                        sent.body_len
+                    ))
+                }
+                AMQPErrorKind::Soft(_) if code == NOT_FOUND => PublishError::transient(format!(
+                    "event {id}: the broker closed the channel ({code}; exchange {:?} missing?)",
+                    sent.exchange
+                )),
+                AMQPErrorKind::Soft(_) => PublishError::transient(format!(
+                    "event {id}: the broker closed the channel ({code})"
+                )),
+            }
+        }
+        lapin::Error::IOError(_)
+        | lapin::Error::InvalidConnectionState(_)
+        | lapin::Error::MissingHeartbeatError => PublishError::unavailable(format!(
+            "event {id}: connection to the broker lost before the confirm"
+        )),
+        _ => PublishError::transient(format!("event {id}: channel failed before the confirm")),
+    };
+    err.with_source(e)
+}
+
+/// Does RabbitMQ's PRECONDITION_FAILED text say that *this* message (of `body_len` bytes) is
+/// over the size limit? (`message size 134217729 is larger than configured max size 134217728`.)
+/// Other messages in flight on the closed channel get the same text, so the size must match.
+fn is_too_large(text: &str, body_len: usize) -> bool {
+    let number_after = |marker: &str| -> Option<usize> {
+        let start = text.find(marker)? + marker.len();
+        let digits: String = text[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    let size = number_after("message size ");
+    let max = number_after("max size ");
+    size == Some(body_len) || (size.is_none() && max.is_some_and(|m| body_len > m))
+}
+
+/// Exchange names: at most 255 bytes of letters, digits, `-`, `_`, `.` and `:`.
+fn validate_exchange_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_SHORTSTR {
+        return Err(format!(
+            "exchange name is {} bytes long; at most {MAX_SHORTSTR}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!("exchange name {name:?} contains {c:?}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn msg() -> Message {
+        Message {
+            id: uuid::Uuid::nil(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "order.created".into(),
+            body: b"{}".to_vec(),
+            headers: Default::default(),
+            created_at: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+            attempt: 1,
+        }
+    }
+
+    fn settings(url: &str) -> Result<Settings, ConfigError> {
+        Settings::from_url(&super::super::url::parse(url).unwrap())
+    }
+
+    #[test]
+    fn settings_from_url() {
+        let s = settings("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap();
+        assert_eq!(s.exchange, "outbox");
+        assert_eq!(s.routing_key.as_str(), "{event_type}");
+        assert_eq!(s.exchange_kind, ExchangeKind::Topic);
+        assert!(s.declares());
+        assert_eq!(s.confirm_timeout, Duration::from_secs(10));
+        assert_eq!(s.uri, "amqp://guest:guest@127.0.0.1:5672/%2f");
+
+        let s = settings(
+            "amqps://h/vh?exchange=amq.topic&routing_key=x.{aggregate_type}&exchange_type=direct&confirm_timeout=500ms",
+        )
+        .unwrap();
+        assert_eq!(s.exchange_kind, ExchangeKind::Direct);
+        assert!(!s.declares(), "amq.* is never declared");
+        assert_eq!(s.confirm_timeout, Duration::from_millis(500));
+        assert_eq!(s.uri, "amqps://h/vh");
+        assert!(!settings("amqp://h?exchange=").unwrap().declares());
+
+        for bad in [
+            "amqp://h?exchang=x",
+            "amqp://h?exchange=has space",
+            "amqp://h?routing_key={nope}",
+            "amqp://h?exchange_type=",
+            "amqp://h?declare=sometimes",
+            "amqp://h?confirm_timeout=0",
+        ] {
+            assert!(settings(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn properties_follow_the_contract() {
+        let mut m = msg();
+        m.headers.insert("traceparent".into(), "00-x-01".into());
+        m.headers
+            .insert("outbox-event-type".into(), "forged".into());
+        let p = properties(&m, "order.created").unwrap();
+        assert_eq!(p.delivery_mode(), &Some(2));
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.as_str()),
+            Some(m.id.to_string().as_str())
+        );
+        assert_eq!(p.kind().as_ref().map(|s| s.as_str()), Some("order.created"));
+        assert_eq!(p.timestamp(), &Some(1_700_000_000));
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+        let h = p.headers().as_ref().unwrap();
+        let get = |k: &str| match h.inner().get(k) {
+            Some(AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            _ => None,
+        };
+        assert_eq!(get("traceparent").as_deref(), Some("00-x-01"));
+        assert_eq!(get("outbox-event-type").as_deref(), Some("order.created"));
+        assert_eq!(get("outbox-aggregate-id").as_deref(), Some("42"));
+
+        assert!(properties(&m, &"k".repeat(256)).unwrap_err().is_permanent());
+        assert!(properties(&m, &"k".repeat(255)).is_ok());
+        let mut long = msg();
+        long.headers.insert("h".repeat(300), "v".into());
+        assert!(properties(&long, "k").unwrap_err().is_permanent());
+        let mut long = msg();
+        long.event_type = "t".repeat(300);
+        assert!(properties(&long, "k").unwrap_err().is_permanent());
+    }
+
+    #[test]
+    fn size_errors_blame_the_right_message() {
+        let text =
+            "PRECONDITION_FAILED - message size 134217729 is larger than configured max size 134217728";
+        assert!(is_too_large(text, 134_217_729));
+        assert!(!is_too_large(text, 10), "a message sent after the big one");
+        assert!(is_too_large("PRECONDITION_FAILED - over max size 100", 101));
+        assert!(!is_too_large(
+            "PRECONDITION_FAILED - inequivalent arg 'type'",
+            10
+        ));
+    }
+
+    #[test]
+    fn exchange_names() {
+        assert!(validate_exchange_name("outbox").is_ok());
+        assert!(validate_exchange_name("").is_ok());
+        assert!(validate_exchange_name("a.b-c_d:e").is_ok());
+        assert!(validate_exchange_name("a b").is_err());
+        assert!(validate_exchange_name(&"x".repeat(256)).is_err());
+    }
+}
