@@ -11,7 +11,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// Settings come from flags, then environment variables, then the TOML file given with
 /// --config (in that order of precedence).
 #[derive(Debug, Parser)]
-#[command(name = "txoutbox", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "txoutbox",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -25,17 +30,35 @@ pub struct Global {
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// Schema of the outbox table
-    #[arg(long, env = "TXOUTBOX_SCHEMA", global = true, default_value = "public", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TXOUTBOX_SCHEMA",
+        global = true,
+        default_value = "public",
+        hide_env_values = true
+    )]
     pub schema: String,
     /// Name of the outbox table
-    #[arg(long, env = "TXOUTBOX_TABLE", global = true, default_value = "outbox_events", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TXOUTBOX_TABLE",
+        global = true,
+        default_value = "outbox_events",
+        hide_env_values = true
+    )]
     pub table: String,
     /// TOML file with settings (keys are option names, e.g. `batch_size = 500`; relay
     /// options may sit under [relay])
     #[arg(long, env = "TXOUTBOX_CONFIG", global = true, hide_env_values = true)]
     pub config: Option<std::path::PathBuf>,
     /// Log format on stderr
-    #[arg(long, env = "TXOUTBOX_LOG_FORMAT", global = true, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        env = "TXOUTBOX_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
 }
 
@@ -195,7 +218,12 @@ pub struct DlqFilter {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Where to publish (default: stdout:)
-    #[arg(long, env = "TXOUTBOX_PUBLISHER", default_value = "stdout:", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TXOUTBOX_PUBLISHER",
+        default_value = "stdout:",
+        hide_env_values = true
+    )]
     pub publisher: String,
     /// How many orders to write
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -210,7 +238,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             return Ok(Duration::from_secs_f64(secs));
         }
     }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 500ms, 5s or 1m ({e})"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 500ms, 5s or 1m ({e})"))
 }
 
 #[cfg(test)]

@@ -43,7 +43,10 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<Command> {
                     .find_subcommand(&sub)
                     .is_some_and(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()));
                 if !has {
-                    bail!("config file {}: unknown setting `{key}.{k}`", path.display());
+                    bail!(
+                        "config file {}: unknown setting `{key}.{k}`",
+                        path.display()
+                    );
                 }
                 cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
             }
@@ -119,9 +122,13 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let e = parse("batch_sise = 3\n", &["txoutbox", "status"]).unwrap_err().to_string();
+        let e = parse("batch_sise = 3\n", &["txoutbox", "status"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("batch_sise"), "{e}");
-        let e = parse("[relay]\nfoo = 1\n", &["txoutbox", "status"]).unwrap_err().to_string();
+        let e = parse("[relay]\nfoo = 1\n", &["txoutbox", "status"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("relay.foo"), "{e}");
     }
 }

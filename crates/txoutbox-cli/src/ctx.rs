@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{ConnectOptions, Connection, PgPool};
 use txoutbox::publish::redact_url;
 use txoutbox::OutboxTable;
 
@@ -56,17 +56,27 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
             strip_secret(&e.to_string(), url)
         ))
     })?;
-    PgPoolOptions::new()
+    let context = || format!("cannot connect to PostgreSQL at {}", redact_url(url));
+    // One direct connection first: a pool would report only "timed out", not why.
+    let probe = tokio::time::timeout(Duration::from_secs(10), opts.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10s"))
+        .with_context(context)?
+        .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
+        .with_context(context)?;
+    let _ = probe.close().await;
+    Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(opts)
-        .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact_url(url)))
+        .connect_lazy_with(opts))
 }
 
 /// Remove the URL's password from a message, should a library have echoed it.
 fn strip_secret(msg: &str, url: &str) -> String {
-    match url::Url::parse(url).ok().and_then(|u| u.password().map(str::to_string)) {
+    match url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_string))
+    {
         Some(p) if !p.is_empty() => msg.replace(&p, "***"),
         _ => msg.to_string(),
     }

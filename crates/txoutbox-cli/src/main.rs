@@ -32,7 +32,10 @@ fn main() -> ExitCode {
         Err(e) => e.exit(), // usage errors exit 2, --help/--version 0
     };
     init_logging(cli.global.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -27,7 +27,9 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         Some(u) => u.to_string(),
         None => {
             let url = format!("{DEFAULT_SERVER}/{DEFAULT_DB}");
-            eprintln!("No DATABASE_URL given: using the local PostgreSQL at {url} (created if missing).");
+            eprintln!(
+                "No DATABASE_URL given: using the local PostgreSQL at {url} (created if missing)."
+            );
             ensure_database(DEFAULT_SERVER, DEFAULT_DB).await?;
             url
         }
@@ -93,10 +95,15 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
     eprintln!();
     eprintln!("orders committed:                 {}", committed.len());
     eprintln!("orders rolled back:               {}", rolled_back.len());
-    eprintln!("events delivered (committed):     {got} of {}", committed.len());
+    eprintln!(
+        "events delivered (committed):     {got} of {}",
+        committed.len()
+    );
     eprintln!("events from rolled-back orders:   {phantom}");
     if got == committed.len() && phantom == 0 {
-        eprintln!("OK: every committed event was delivered, nothing from a rolled-back transaction was.");
+        eprintln!(
+            "OK: every committed event was delivered, nothing from a rolled-back transaction was."
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!("FAILED: the outbox did not deliver exactly the committed events.");
@@ -145,12 +152,16 @@ async fn ensure_database(server: &str, name: &str) -> anyhow::Result<()> {
             .await?;
     if !exists {
         // `name` is our own constant, not input.
-        if let Err(e) = sqlx::query(&format!("CREATE DATABASE \"{name}\"")).execute(&admin).await {
+        if let Err(e) = sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&admin)
+            .await
+        {
             // Another demo may have created it meanwhile.
-            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(name)
-                .fetch_one(&admin)
-                .await?;
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                    .bind(name)
+                    .fetch_one(&admin)
+                    .await?;
             if !exists {
                 return Err(e).context("creating the demo database");
             }
@@ -174,7 +185,6 @@ fn demo_tuning() -> RelayTuning {
         relay_id: None,
     }
 }
-
 
 fn bar_for(len: u64, msg: &'static str) -> ProgressBar {
     let b = ProgressBar::new(len);

@@ -27,7 +27,11 @@ pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> anyhow::Result<ExitCode> {
     let store = PgStore::new(pool, ctx.table.clone());
     store.check_schema().await?;
     match cmd {
-        DlqCommand::List { filter: f, limit, json } => {
+        DlqCommand::List {
+            filter: f,
+            limit,
+            json,
+        } => {
             let events = store
                 .list_dead(&DeadFilter {
                     limit: Some(limit),

@@ -23,7 +23,9 @@ pub async fn run(ctx: &Ctx, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     let pool = ctx.pool(1).await?;
     txoutbox::check_schema(&pool, &ctx.table).await?;
-    let id = Outbox::new(ctx.table.clone()).enqueue(&pool, &event).await?;
+    let id = Outbox::new(ctx.table.clone())
+        .enqueue(&pool, &event)
+        .await?;
     println!("{id}");
     Ok(ExitCode::SUCCESS)
 }

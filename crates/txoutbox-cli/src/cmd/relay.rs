@@ -14,11 +14,12 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     })?;
     let config = relay_config(&a.tuning, a.drain)?;
     let db_url = ctx.require_url()?;
+    // The publisher first: a malformed URL is reported before anything else is touched.
+    let publisher = open_publisher(url).await?;
     // Claim + settle, the LISTEN connection, and one spare.
     let pool = ctx.pool(4).await?;
     let store = PgStore::with_retention(pool, ctx.table.clone(), retention(&a.tuning));
     store.check_schema().await?;
-    let publisher = open_publisher(url).await?;
     tracing::info!(
         table = %ctx.table.display(),
         database = %txoutbox::publish::redact_url(db_url),
@@ -35,7 +36,12 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     });
     let stats = handle.join().await.context("relay failed")?;
     signals.abort();
-    tracing::info!(published = stats.published, failed = stats.failed, dead = stats.dead, "relay exited");
+    tracing::info!(
+        published = stats.published,
+        failed = stats.failed,
+        dead = stats.dead,
+        "relay exited"
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -44,7 +50,10 @@ async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => {}

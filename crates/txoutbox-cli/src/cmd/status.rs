@@ -28,7 +28,10 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
         println!("dead       {}", c.dead);
         println!("processed  {}", c.processed);
         match c.oldest_pending_age_secs {
-            Some(s) => println!("oldest     {}", humantime::format_duration(std::time::Duration::from_secs(s.max(0.0) as u64))),
+            Some(s) => println!(
+                "oldest     {}",
+                humantime::format_duration(std::time::Duration::from_secs(s.max(0.0) as u64))
+            ),
             None => println!("oldest     -"),
         }
     }

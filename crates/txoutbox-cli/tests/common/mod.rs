@@ -1,0 +1,206 @@
+//! Support for the CLI tests: a fresh schema per test, the real binary, real brokers.
+#![allow(dead_code)]
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// A schema of its own in the test database, dropped by `cleanup`.
+pub struct TestSchema {
+    pub schema: String,
+    pub pool: PgPool,
+}
+
+impl TestSchema {
+    /// A fresh, empty schema name (not yet migrated).
+    pub async fn new() -> Self {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&database_url())
+            .await
+            .expect("connect to the test database");
+        Self {
+            schema: unique("txo_cli"),
+            pool,
+        }
+    }
+
+    /// A fresh schema, migrated with the binary.
+    pub async fn migrated() -> Self {
+        let s = Self::new().await;
+        let out = s.cli(&["migrate"]).await;
+        assert!(out.status.success(), "migrate failed: {}", stderr(&out));
+        s
+    }
+
+    pub fn table(&self) -> String {
+        format!("\"{}\".outbox_events", self.schema)
+    }
+
+    /// The binary with DATABASE_URL and TXOUTBOX_SCHEMA set for this test.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_txoutbox"));
+        c.args(args)
+            .env("DATABASE_URL", database_url())
+            .env("TXOUTBOX_SCHEMA", &self.schema)
+            .env_remove("TXOUTBOX_TABLE")
+            .env_remove("TXOUTBOX_PUBLISHER")
+            .env_remove("TXOUTBOX_CONFIG")
+            .env("TXOUTBOX_LOG", "info")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
+    pub async fn cli(&self, args: &[&str]) -> Output {
+        tokio::time::timeout(Duration::from_secs(120), self.command(args).output())
+            .await
+            .expect("command timed out")
+            .expect("run txoutbox")
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn txoutbox")
+    }
+
+    /// Insert `n` events with the seed's own column list, set-based.
+    pub async fn insert_events(&self, n: i64, aggregates: i64) -> Vec<uuid::Uuid> {
+        sqlx::query_scalar(&format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', (g % $2)::text, 'order.created', jsonb_build_object('n', g)
+             FROM generate_series(1, $1) g RETURNING id",
+            self.table()
+        ))
+        .bind(n)
+        .bind(aggregates)
+        .fetch_all(&self.pool)
+        .await
+        .expect("insert events")
+    }
+
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(&sql.replace("{t}", &self.table()))
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    pub async fn cleanup(self) {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
+            .execute(&self.pool)
+            .await
+            .expect("drop schema");
+        self.pool.close().await;
+    }
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Poll `f` until it returns true, or fail after `secs`.
+pub async fn wait_until<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Send a signal to a child process.
+pub fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("child has a pid");
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// A JetStream stream of its own for one test.
+pub struct TestStream {
+    pub js: async_nats::jetstream::Context,
+    pub name: String,
+    pub prefix: String,
+}
+
+impl TestStream {
+    pub async fn new() -> Self {
+        let client = async_nats::connect(nats_url()).await.expect("connect NATS");
+        let name = unique("TXO").to_uppercase();
+        let prefix = unique("txo").to_lowercase();
+        Self {
+            js: async_nats::jetstream::new(client),
+            name,
+            prefix,
+        }
+    }
+
+    /// The publisher URL the relay should use (it creates the stream).
+    pub fn publisher_url(&self) -> String {
+        format!(
+            "{}?stream={}&subject={}.{{aggregate_type}}.{{event_type}}",
+            nats_url(),
+            self.name,
+            self.prefix
+        )
+    }
+
+    pub async fn count(&self) -> u64 {
+        match self.js.get_stream(&self.name).await {
+            Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// Every message's `Nats-Msg-Id`, in stream order.
+    pub async fn ids(&self) -> Vec<String> {
+        let stream = self.js.get_stream(&self.name).await.expect("stream exists");
+        let last = stream.cached_info().state.last_sequence;
+        let mut ids = Vec::new();
+        for seq in 1..=last {
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                if let Some(id) = m.headers.get("Nats-Msg-Id") {
+                    ids.push(id.to_string());
+                }
+            }
+        }
+        ids
+    }
+
+    pub async fn cleanup(self) {
+        let _ = self.js.delete_stream(&self.name).await;
+    }
+}
