@@ -388,3 +388,38 @@ async fn bad_parameters_are_config_errors() {
         }
     }
 }
+
+/// RabbitMQ acks many messages with one frame; lapin attaches a returned message to any
+/// confirm of that frame. Exactly the unroutable messages must fail, however the frame is cut.
+#[tokio::test]
+async fn unroutable_messages_among_many_are_told_apart() -> anyhow::Result<()> {
+    let scope = Scope::new().await?;
+    let result = async {
+        scope.bind("test.order.routed").await?;
+        let p = publisher(&scope.url("&confirm_timeout=10s")).await?;
+        let mut routed = 0;
+        for round in 0..5 {
+            let mut acks = Vec::new();
+            for i in 0..300 {
+                let mut m = message(round * 1000 + i);
+                let poison = i % 37 == 5;
+                m.event_type = if poison { "nobody-listens" } else { "routed" }.into();
+                routed += usize::from(!poison);
+                acks.push((poison, m.id, p.send(&m).await?));
+            }
+            for (poison, id, ack) in acks {
+                let r = ack.await;
+                assert_eq!(
+                    r.is_err(),
+                    poison,
+                    "event {id} (unroutable: {poison}) got {r:?}"
+                );
+            }
+        }
+        assert_eq!(scope.take(routed).await?.len(), routed);
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    scope.cleanup().await;
+    result
+}

@@ -15,6 +15,9 @@
 //! lapin does not reconnect by itself: a closed channel is reopened (and a dead connection
 //! re-established) on the next `send`.
 
+mod returns;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -62,6 +65,8 @@ impl std::fmt::Debug for AmqpPublisher {
 struct Link {
     connection: Connection,
     channel: Channel,
+    /// Confirms and returns of this channel (see `returns`).
+    returns: Arc<returns::Returns>,
 }
 
 struct Settings {
@@ -171,6 +176,7 @@ impl AmqpPublisher {
             Ok(channel) => Ok(Link {
                 connection,
                 channel,
+                returns: Arc::new(returns::Returns::new()),
             }),
             Err(e) => {
                 close_in_background(connection);
@@ -238,6 +244,7 @@ impl AmqpPublisher {
                     return Ok(slot.insert(Link {
                         connection: link.connection,
                         channel,
+                        returns: Arc::new(returns::Returns::new()),
                     }));
                 }
             }
@@ -320,11 +327,48 @@ impl Publisher for AmqpPublisher {
             }
         };
         let status = link.connection.status().clone();
+        let returns = link.returns.clone();
+        let index = returns.register();
         drop(slot);
 
+        // Resolve the confirm on a task of its own, so that every confirm is seen promptly
+        // whatever order the relay polls acks in (judging one needs the others, see `returns`).
         let timeout = self.settings.confirm_timeout;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let returns = returns.clone();
+            tokio::spawn(async move {
+                let result = tokio::time::timeout(timeout, confirm).await;
+                if let Ok(Ok(Confirmation::Ack(Some(r)) | Confirmation::Nack(Some(r)))) = &result {
+                    returns.record(
+                        r.delivery
+                            .properties
+                            .message_id()
+                            .as_ref()
+                            .map(|s| s.to_string()),
+                        r.reply_code,
+                        r.reply_text.to_string(),
+                    );
+                }
+                // Every message published until now may share this confirm's frame.
+                let through = returns.published_through();
+                returns.seen(index);
+                let _ = tx.send((result, through));
+            });
+        }
         Ok(Box::pin(async move {
-            match tokio::time::timeout(timeout, confirm).await {
+            let Ok((result, through)) = rx.await else {
+                return Err(PublishError::unavailable(format!(
+                    "event {}: the confirm was lost (runtime shutting down)",
+                    sent.id
+                )));
+            };
+            // Bounded: every confirm task ends within `timeout` of its publish.
+            let _ = tokio::time::timeout(timeout, returns.wait_through(through)).await;
+            if let Some((code, text)) = returns.take(&sent.id.to_string()) {
+                return Err(unroutable(&sent, code, &text));
+            }
+            match result {
                 Ok(Ok(confirmation)) => judge_confirmation(&sent, confirmation),
                 Ok(Err(e)) => Err(map_confirm_error(&sent, e)),
                 Err(_) if !status.connected() => Err(PublishError::unavailable(format!(
@@ -430,24 +474,23 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// The broker's ack or nack. A returned message attached to it is ignored here: returns are
+/// matched by message id (see `returns`), since lapin may attach one to the wrong confirm.
 fn judge_confirmation(sent: &Sent, confirmation: Confirmation) -> Result<(), PublishError> {
     match confirmation {
-        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-            Err(PublishError::transient(format!(
-                "event {}: unroutable: no queue bound to exchange {:?} with routing key {:?} ({} {})",
-                sent.id,
-                sent.exchange,
-                sent.routing_key,
-                returned.reply_code,
-                returned.reply_text
-            )))
-        }
-        Confirmation::Nack(None) => Err(PublishError::transient(format!(
+        Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
+        Confirmation::Nack(_) => Err(PublishError::transient(format!(
             "event {}: the broker refused (nacked) the message",
             sent.id
         ))),
     }
+}
+
+fn unroutable(sent: &Sent, code: u16, text: &str) -> PublishError {
+    PublishError::transient(format!(
+        "event {}: unroutable: no queue bound to exchange {:?} with routing key {:?} ({code} {text})",
+        sent.id, sent.exchange, sent.routing_key
+    ))
 }
 
 /// A confirm that failed because the channel or connection went away.
