@@ -30,7 +30,12 @@ async fn bad_identifiers_are_refused_with_exit_2() {
         ("--table", ""),
     ] {
         let out = db.cli(&[flag, value, "migrate"]).await;
-        assert_eq!(out.status.code(), Some(2), "{flag} {value:?}: {}", stderr(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flag} {value:?}: {}",
+            stderr(&out)
+        );
         let err = stderr(&out);
         assert!(err.contains("invalid"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "one line, got: {err}");
@@ -81,12 +86,41 @@ async fn bad_settings_name_the_setting() {
     let db = TestSchema::migrated().await;
     let cases: &[(&[&str], &str)] = &[
         (&["relay", "--publisher", "bogus://x"], "bogus"),
-        (&["relay", "--publisher", "null:", "--poll-interval", "fast"], "poll-interval"),
-        (&["relay", "--publisher", "null:", "--batch-size", "0"], "batch-size"),
-        (&["relay", "--publisher", "nats://127.0.0.1:4222?strem=X"], "strem"),
-        (&["relay", "--publisher", "nats://127.0.0.1:4222?subject=a.{nope}"], "nope"),
+        (
+            &["relay", "--publisher", "null:", "--poll-interval", "fast"],
+            "poll-interval",
+        ),
+        (
+            &["relay", "--publisher", "null:", "--batch-size", "0"],
+            "batch-size",
+        ),
+        (
+            &["relay", "--publisher", "nats://127.0.0.1:4222?strem=X"],
+            "strem",
+        ),
+        (
+            &[
+                "relay",
+                "--publisher",
+                "nats://127.0.0.1:4222?subject=a.{nope}",
+            ],
+            "nope",
+        ),
         (&["relay"], "--publisher"),
-        (&["enqueue", "--aggregate-type", "a", "--aggregate-id", "1", "--event-type", "e", "--payload", "{oops"], "--payload"),
+        (
+            &[
+                "enqueue",
+                "--aggregate-type",
+                "a",
+                "--aggregate-id",
+                "1",
+                "--event-type",
+                "e",
+                "--payload",
+                "{oops",
+            ],
+            "--payload",
+        ),
     ];
     for (args, needle) in cases {
         let out = db.cli(args).await;
@@ -100,14 +134,21 @@ async fn bad_settings_name_the_setting() {
 async fn secrets_stay_out_of_errors() {
     let db = TestSchema::migrated().await;
     let out = db
-        .cli(&["relay", "--publisher", "amqp://guest:s3cr3t-pw@127.0.0.1:1/%2f"])
+        .cli(&[
+            "relay",
+            "--publisher",
+            "amqp://guest:s3cr3t-pw@127.0.0.1:1/%2f",
+        ])
         .await;
     assert_eq!(out.status.code(), Some(1));
     assert!(!stderr(&out).contains("s3cr3t-pw"), "{}", stderr(&out));
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(60),
         db.command(&["status"])
-            .env("DATABASE_URL", "postgres://postgres:s3cr3t-pw@127.0.0.1:1/test")
+            .env(
+                "DATABASE_URL",
+                "postgres://postgres:s3cr3t-pw@127.0.0.1:1/test",
+            )
             .output(),
     )
     .await

@@ -28,13 +28,18 @@ async fn relay_killed_mid_batch_loses_nothing() {
     ];
     let mut first = db.spawn(&args);
     // Kill it once it has published some, while rows are still leased to it.
-    wait_until(60, "first messages in the stream", || async { stream.count().await > 0 }).await;
+    wait_until(60, "first messages in the stream", || async {
+        stream.count().await > 0
+    })
+    .await;
     first.start_kill().expect("SIGKILL");
     let _ = first.wait().await;
     let leased = db
         .scalar("SELECT count(*) FROM {t} WHERE processed_at IS NULL AND locked_by IS NOT NULL")
         .await;
-    let processed = db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL").await;
+    let processed = db
+        .scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL")
+        .await;
     assert!(
         processed < n,
         "the relay finished before it was killed; the test proves nothing"
@@ -44,11 +49,25 @@ async fn relay_killed_mid_batch_loses_nothing() {
     // A second relay, run to completion.
     let started = Instant::now();
     let out = db
-        .cli(&["relay", "--publisher", &url, "--drain", "--lease", "3s", "--poll-interval", "200ms"])
+        .cli(&[
+            "relay",
+            "--publisher",
+            &url,
+            "--drain",
+            "--lease",
+            "3s",
+            "--poll-interval",
+            "200ms",
+        ])
         .await;
-    assert!(out.status.success(), "second relay failed: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "second relay failed: {}",
+        stderr(&out)
+    );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL").await,
+        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL")
+            .await,
         n,
         "not every event was settled as published"
     );
@@ -56,7 +75,10 @@ async fn relay_killed_mid_batch_loses_nothing() {
     let got: HashSet<String> = stream.ids().await.into_iter().collect();
     let want: HashSet<String> = ids.iter().map(|u| u.to_string()).collect();
     let missing = want.difference(&got).count();
-    assert_eq!(missing, 0, "{missing} committed events never reached the broker");
+    assert_eq!(
+        missing, 0,
+        "{missing} committed events never reached the broker"
+    );
     stream.cleanup().await;
     db.cleanup().await;
 }
@@ -69,8 +91,18 @@ async fn sigterm_during_drain_exits_cleanly() {
     let n = 20_000;
     db.insert_events(n, 100).await;
     let url = stream.publisher_url();
-    let mut relay = db.spawn(&["relay", "--publisher", &url, "--drain", "--batch-size", "500"]);
-    wait_until(60, "first messages in the stream", || async { stream.count().await > 0 }).await;
+    let mut relay = db.spawn(&[
+        "relay",
+        "--publisher",
+        &url,
+        "--drain",
+        "--batch-size",
+        "500",
+    ]);
+    wait_until(60, "first messages in the stream", || async {
+        stream.count().await > 0
+    })
+    .await;
     signal(&relay, "TERM");
     let status = tokio::time::timeout(Duration::from_secs(20), relay.wait())
         .await
@@ -100,12 +132,18 @@ async fn sigterm_during_drain_exits_cleanly() {
     .unwrap();
     assert!(!published.is_empty());
     for id in &published {
-        assert!(got.contains(&id.to_string()), "{id} marked published but not in the stream");
+        assert!(
+            got.contains(&id.to_string()),
+            "{id} marked published but not in the stream"
+        );
     }
     // The rest drains afterwards.
     let out = db.cli(&["relay", "--publisher", &url, "--drain"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stream.ids().await.into_iter().collect::<HashSet<_>>().len() as i64, n);
+    assert_eq!(
+        stream.ids().await.into_iter().collect::<HashSet<_>>().len() as i64,
+        n
+    );
     stream.cleanup().await;
     db.cleanup().await;
 }
@@ -143,9 +181,15 @@ async fn idle_relay_wakes_on_commit() {
         ])
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
-    wait_until(10, "the event in the stream", || async { stream.count().await == 1 }).await;
+    wait_until(10, "the event in the stream", || async {
+        stream.count().await == 1
+    })
+    .await;
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(5), "took {took:?}: the poll, not a wake-up, delivered it");
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?}: the poll, not a wake-up, delivered it"
+    );
     signal(&relay, "TERM");
     let status = relay.wait().await.unwrap();
     assert!(status.success());

@@ -54,7 +54,10 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
             // Class 08 (connection), 40 (serialization/deadlock), 53 (resources),
             // 57P0x (admin shutdown, crash shutdown, cannot connect now).
             db.code().is_some_and(|c| {
-                c.starts_with("08") || c.starts_with("40") || c.starts_with("53") || c.starts_with("57P")
+                c.starts_with("08")
+                    || c.starts_with("40")
+                    || c.starts_with("53")
+                    || c.starts_with("57P")
             })
         }
         _ => false,

@@ -157,7 +157,11 @@ mod tests {
         let t = OutboxTable::new("app", "events").unwrap();
         for m in MIGRATIONS {
             let sql = render(m.sql, &t);
-            assert!(!sql.contains("{{"), "unfilled placeholder in {}:\n{sql}", m.name);
+            assert!(
+                !sql.contains("{{"),
+                "unfilled placeholder in {}:\n{sql}",
+                m.name
+            );
             assert!(sql.contains("\"app\".\"events\""));
         }
     }

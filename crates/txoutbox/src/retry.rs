@@ -40,7 +40,9 @@ impl Backoff {
             return d;
         }
         let half = d / 2;
-        half + Duration::from_nanos(rng.gen_range(0..=(d - half).as_nanos().min(u64::MAX as u128) as u64))
+        half + Duration::from_nanos(
+            rng.gen_range(0..=(d - half).as_nanos().min(u64::MAX as u128) as u64),
+        )
     }
 }
 

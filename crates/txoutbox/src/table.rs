@@ -90,7 +90,10 @@ mod tests {
     fn derived_names_follow_the_seed() {
         let t = OutboxTable::default();
         assert_eq!(t.qualified(), "\"public\".\"outbox_events\"");
-        assert_eq!(t.derived("dead_letters"), "\"public\".\"outbox_dead_letters\"");
+        assert_eq!(
+            t.derived("dead_letters"),
+            "\"public\".\"outbox_dead_letters\""
+        );
         assert_eq!(t.channel(), "txoutbox.public.outbox_events");
         let t = OutboxTable::new("app", "events").unwrap();
         assert_eq!(t.derived("waiters"), "\"app\".\"events_waiters\"");

@@ -19,7 +19,10 @@ pub fn amqp_url() -> String {
 }
 
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// A schema of its own in the test database, dropped by `cleanup`.
@@ -107,10 +110,13 @@ impl TestSchema {
     }
 
     pub async fn cleanup(self) {
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema))
-            .execute(&self.pool)
-            .await
-            .expect("drop schema");
+        sqlx::query(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ))
+        .execute(&self.pool)
+        .await
+        .expect("drop schema");
         self.pool.close().await;
     }
 }
@@ -133,7 +139,10 @@ where
         if f().await {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

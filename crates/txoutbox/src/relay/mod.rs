@@ -68,11 +68,7 @@ pub enum RelayError {
 }
 
 impl Relay {
-    pub fn new(
-        store: impl Store,
-        publisher: Box<dyn Publisher>,
-        config: RelayConfig,
-    ) -> Self {
+    pub fn new(store: impl Store, publisher: Box<dyn Publisher>, config: RelayConfig) -> Self {
         Self {
             store: Arc::new(store),
             publisher: Arc::from(publisher),
@@ -130,7 +126,11 @@ impl Relay {
     }
 
     /// One batch, then (when it was not full) a wait for more work. `Ok(false)`: stop.
-    async fn step(&self, cancel: &CancellationToken, stats: &mut RelayStats) -> Result<bool, Error> {
+    async fn step(
+        &self,
+        cancel: &CancellationToken,
+        stats: &mut RelayStats,
+    ) -> Result<bool, Error> {
         let report = self.run_once(cancel).await?;
         stats.add(&report);
         if report.claimed >= self.config.batch_size || cancel.is_cancelled() {

@@ -16,7 +16,8 @@ use crate::error::{db_error, Error};
 use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, \
+const COLUMNS: &str =
+    "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, \
      available_at, created_at, processed_at, dead_at, locked_by, locked_until, last_error";
 
 /// "Not yet published and not dead": the rows the partial index covers.
@@ -221,7 +222,8 @@ impl PgStore {
 }
 
 /// Filters shared by the dead-letter commands: $1 id, $2 event_type, $3 aggregate_type, $4 aggregate_id.
-const FILTER_SQL: &str = "AND ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
+const FILTER_SQL: &str =
+    "AND ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
      AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
 
 fn bind_filter<'q>(
