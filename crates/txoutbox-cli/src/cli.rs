@@ -142,7 +142,7 @@ pub struct RelayTuning {
     #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = "1s", value_parser = parse_duration)]
     pub backoff_base: Duration,
     /// Longest retry delay
-    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = "1m", value_parser = parse_duration)]
     pub backoff_max: Duration,
     /// On shutdown, how long to wait for in-flight acknowledgements
     #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]

@@ -103,6 +103,9 @@ pub struct OutboxEvent {
     pub headers: BTreeMap<String, String>,
     /// Failed delivery attempts so far.
     pub attempts: i32,
+    /// Of those, how many failed because the broker was unavailable (not counted towards
+    /// `max_attempts`).
+    pub attempts_unavailable: i32,
     pub available_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub processed_at: Option<DateTime<Utc>>,

@@ -17,7 +17,7 @@ impl Default for Backoff {
     fn default() -> Self {
         Self {
             base: Duration::from_secs(1),
-            max: Duration::from_secs(300),
+            max: Duration::from_secs(60),
             jitter: true,
         }
     }

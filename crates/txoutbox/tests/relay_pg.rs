@@ -280,7 +280,7 @@ async fn a_broker_outage_backs_off_without_dead_letters_then_drains() {
 /// dead-letters an event by itself". So one transient failure after an outage must not bury
 /// an event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "library bug: relay/batch.rs counts Unavailable failures (the `attempts` column) towards max_attempts, so the first transient error after an outage dead-letters the event"]
+
 async fn a_transient_failure_after_an_outage_is_not_dead_lettered() {
     let db = TestDb::new().await;
     let publisher = RecordingPublisher::new();
@@ -559,7 +559,7 @@ async fn an_idle_relay_is_woken_by_a_commit() {
 /// after, must still wake the relay (the design: "notify only while a relay is actually
 /// waiting (a flag ... read at commit time)").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "library bug: the wake trigger (0001_init.sql) reads the waiters flag at INSERT time, not at commit, so a transaction that inserted before the relay slept and commits after it sends no NOTIFY; the event waits for the poll interval"]
+
 async fn a_commit_after_the_relay_fell_asleep_wakes_it() {
     let db = TestDb::new().await;
     let publisher = RecordingPublisher::new();

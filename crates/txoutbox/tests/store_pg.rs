@@ -280,6 +280,7 @@ async fn claims_are_leased_fenced_and_expire() {
             error: "late".into(),
             retry_in: Duration::from_secs(60),
             dead: true,
+            unavailable: false,
         })
         .collect();
     let out = store
@@ -363,18 +364,21 @@ async fn settle_marks_published_and_backs_off_or_buries_failures() {
             error: "broker said no".into(),
             retry_in: Duration::from_secs(60),
             dead: false,
+            unavailable: false,
         },
         Failure {
             id: ids[2],
             error: "too large".into(),
             retry_in: Duration::ZERO,
             dead: true,
+            unavailable: false,
         },
         Failure {
             id: ids[3],
             error: "try again soon".into(),
             retry_in: Duration::from_millis(300),
             dead: false,
+            unavailable: true,
         },
     ];
     let out = store
@@ -403,6 +407,18 @@ async fn settle_marks_published_and_backs_off_or_buries_failures() {
     assert_eq!(dead.attempts, 1);
     assert_eq!(dead.last_error.as_deref(), Some("too large"));
     assert_eq!(soon.attempts, 1);
+    let unavailable: Vec<i32> = sqlx::query_scalar(&format!(
+        "SELECT attempts_unavailable FROM {} ORDER BY seq",
+        db.table.qualified()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unavailable,
+        vec![0, 0, 0, 1],
+        "only the unavailable failure is counted as such"
+    );
     for r in &rows {
         assert_eq!(
             (r.locked_by.as_ref(), r.locked_until, r.lock_token),
@@ -447,6 +463,7 @@ async fn delete_retention_deletes_on_settle() {
                 error: "nope".into(),
                 retry_in: Duration::from_secs(60),
                 dead: false,
+                unavailable: false,
             }],
         })
         .await
@@ -486,6 +503,7 @@ async fn bury(db: &TestDb, ids: &[Uuid]) {
             error: "poison".into(),
             retry_in: Duration::ZERO,
             dead: true,
+            unavailable: false,
         })
         .collect();
     store
@@ -690,12 +708,14 @@ async fn counts_reflect_every_state() {
                     error: "dead".into(),
                     retry_in: Duration::ZERO,
                     dead: true,
+                    unavailable: false,
                 },
                 Failure {
                     id: ids[4],
                     error: "later".into(),
                     retry_in: Duration::from_secs(60),
                     dead: false,
+                    unavailable: false,
                 },
             ],
         })

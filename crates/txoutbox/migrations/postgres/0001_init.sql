@@ -17,6 +17,9 @@ CREATE TABLE {{table}} (
     headers        jsonb       NOT NULL DEFAULT '{}',
     -- Failed delivery attempts so far (the seed's retry counter).
     attempts       integer     NOT NULL DEFAULT 0,
+    -- How many of those failed because the broker was unavailable: they back off but do not
+    -- count towards max_attempts, so an outage does not use up an event's retry budget.
+    attempts_unavailable integer NOT NULL DEFAULT 0,
     -- Backoff: not claimable before this (the seed's retry_after).
     available_at   timestamptz NOT NULL DEFAULT now(),
     -- The claim lease, fenced by a per-claim token.
@@ -48,11 +51,18 @@ CREATE TABLE {{name:waiters}} (
     waiting_until timestamptz NOT NULL
 );
 
--- One NOTIFY per inserting statement, and only while a relay waits: NOTIFY takes a global
--- lock at commit, so notifying on every commit would cut write throughput by more than half.
--- Identical notifications in one transaction are folded by PostgreSQL.
+-- Wake a waiting relay when an inserting transaction commits. The trigger is deferred, so
+-- the waiters table is read at commit time: a transaction that inserted before a relay went
+-- to sleep and commits after still wakes it. It notifies only while a relay waits (NOTIFY
+-- takes a global lock at commit: notifying on every commit would cut write throughput by more
+-- than half), and only once per transaction (a transaction-local setting guards the rest of
+-- its rows).
 CREATE FUNCTION {{name:wake}}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
+    IF current_setting('txoutbox.woke', true) = '{{channel}}' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('txoutbox.woke', '{{channel}}', true);
     IF EXISTS (SELECT 1 FROM {{name:waiters}} WHERE waiting_until > now()) THEN
         PERFORM pg_notify('{{channel}}', '');
     END IF;
@@ -60,8 +70,9 @@ BEGIN
 END
 $fn$;
 
-CREATE TRIGGER {{index:wake}} AFTER INSERT ON {{table}}
-    FOR EACH STATEMENT EXECUTE FUNCTION {{name:wake}}();
+CREATE CONSTRAINT TRIGGER {{index:wake}} AFTER INSERT ON {{table}}
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION {{name:wake}}();
 
 -- Consumer-side deduplication (the inbox), shared by all outboxes of the schema.
 CREATE TABLE IF NOT EXISTS {{schema}}.processed_events (

@@ -101,10 +101,17 @@ impl Relay {
                     }
                     Some(Err(e)) => {
                         let failures = u32::try_from(event.attempts.max(0)).unwrap_or(0) + 1;
+                        // Attempts that failed for the broker's own unavailability do not
+                        // use up the retry budget.
+                        let counted =
+                            u32::try_from((event.attempts - event.attempts_unavailable).max(0))
+                                .unwrap_or(0)
+                                + 1;
+                        let unavailable = e.kind() == ErrorKind::Unavailable;
                         let dead = match e.kind() {
                             ErrorKind::Permanent => true,
                             ErrorKind::Unavailable => false,
-                            _ => failures >= cfg.max_attempts,
+                            _ => counted >= cfg.max_attempts,
                         };
                         let error = e.chain();
                         tracing::warn!(event_id = %event.id, event_type = %event.event_type,
@@ -122,6 +129,7 @@ impl Relay {
                                 cfg.backoff.delay(failures, &mut rng)
                             },
                             dead,
+                            unavailable,
                         });
                     }
                     None => released.push(event.id),

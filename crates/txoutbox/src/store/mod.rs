@@ -31,6 +31,8 @@ pub struct Failure {
     pub retry_in: Duration,
     /// Dead-letter it now (permanent error, or out of attempts).
     pub dead: bool,
+    /// The broker was unavailable: the attempt does not count towards `max_attempts`.
+    pub unavailable: bool,
 }
 
 /// Report the outcome of a claim: published ids and failures.

@@ -17,8 +17,11 @@ use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
 const COLUMNS: &str =
-    "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, \
+    "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, attempts_unavailable, \
      available_at, created_at, processed_at, dead_at, locked_by, locked_until, last_error";
+
+/// How long after going to sleep the relay looks for work once more (see `wait_for_work`).
+const SECOND_LOOK: Duration = Duration::from_millis(50);
 
 /// "Not yet published and not dead": the rows the partial index covers.
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
@@ -30,6 +33,7 @@ struct Queries {
     settle: String,
     release: String,
     has_unfinished: String,
+    has_claimable: String,
     wait_prepare: String,
     wait_clear: String,
     deregister: String,
@@ -66,7 +70,7 @@ impl Queries {
                  SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
                  FROM c WHERE e.id = c.id
                  RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
-                   e.headers, e.attempts, e.available_at, e.created_at, e.processed_at, e.dead_at,
+                   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
                    e.locked_by, e.locked_until, e.last_error"
             ),
             // The whole batch in one statement: successes and failures, both fenced by the
@@ -76,11 +80,13 @@ impl Queries {
                  bad AS (
                     UPDATE {q} AS e
                     SET attempts = e.attempts + 1,
+                        attempts_unavailable = e.attempts_unavailable + f.unavailable::int,
                         last_error = f.err,
                         available_at = now() + f.delay_ms * interval '1 millisecond',
                         dead_at = CASE WHEN f.dead THEN now() END,
                         locked_until = NULL, locked_by = NULL, lock_token = NULL
-                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[]) AS f(id, err, delay_ms, dead)
+                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[])
+                        AS f(id, err, delay_ms, dead, unavailable)
                     WHERE e.id = f.id AND e.lock_token = $5
                     RETURNING 1
                  )
@@ -91,6 +97,10 @@ impl Queries {
                  WHERE id = ANY($1) AND lock_token = $2"
             ),
             has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
+            has_claimable: format!(
+                "SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED} AND available_at <= now() \
+                 AND (locked_until IS NULL OR locked_until <= now()))"
+            ),
             // Say "I am waiting" (writers notify only then) and learn, in the same round trip,
             // how long until the earliest backing-off or leased event can be claimed.
             wait_prepare: format!(
@@ -178,7 +188,7 @@ impl PgStore {
     pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
         let sql = format!(
             "WITH r AS (
-                UPDATE {} SET dead_at = NULL, attempts = 0, available_at = now(), last_error = NULL
+                UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, available_at = now(), last_error = NULL
                 WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL} RETURNING 1
              )
              SELECT count(*), pg_notify($5, '') FROM r",
@@ -247,6 +257,7 @@ fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
         payload: r.try_get("payload").map_err(g)?,
         headers: headers_from_json(r.try_get("headers").map_err(g)?),
         attempts: r.try_get("attempts").map_err(g)?,
+        attempts_unavailable: r.try_get("attempts_unavailable").map_err(g)?,
         available_at: r.try_get::<DateTime<Utc>, _>("available_at").map_err(g)?,
         created_at: r.try_get("created_at").map_err(g)?,
         processed_at: r.try_get("processed_at").map_err(g)?,
@@ -288,6 +299,7 @@ impl Store for PgStore {
         let errs: Vec<&str> = p.failed.iter().map(|f| f.error.as_str()).collect();
         let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
         let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
+        let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
         let row = sqlx::query(&self.q.settle)
             .bind(p.published)
             .bind(&ids)
@@ -295,6 +307,7 @@ impl Store for PgStore {
             .bind(&delays)
             .bind(p.token)
             .bind(&dead)
+            .bind(&unavailable)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -355,17 +368,37 @@ impl Store for PgStore {
         };
         let wake = match sleep {
             None => Wake::Ready,
-            Some(d) => tokio::select! {
-                n = listener.recv() => match n {
-                    Ok(_) => Wake::Notified,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
-                        *slot = None;
-                        Wake::Timeout
+            Some(d) => {
+                let deadline = tokio::time::Instant::now() + d;
+                // A writer whose commit-time trigger ran just before our flag committed, but
+                // whose commit became visible just after our look, sent no NOTIFY. Such
+                // commits are visible a moment later: look once more, then sleep on.
+                let second_look = tokio::time::Instant::now() + SECOND_LOOK;
+                let mut looked = SECOND_LOOK >= d;
+                loop {
+                    tokio::select! {
+                        n = listener.recv() => break match n {
+                            Ok(_) => Wake::Notified,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                                *slot = None;
+                                Wake::Timeout
+                            }
+                        },
+                        _ = tokio::time::sleep_until(second_look), if !looked => {
+                            looked = true;
+                            let ready: bool = sqlx::query_scalar(&self.q.has_claimable)
+                                .fetch_one(&self.pool)
+                                .await
+                                .map_err(|e| self.err(e))?;
+                            if ready {
+                                break Wake::Ready;
+                            }
+                        }
+                        _ = tokio::time::sleep_until(deadline) => break Wake::Timeout,
                     }
-                },
-                _ = tokio::time::sleep(d) => Wake::Timeout,
-            },
+                }
+            }
         };
         drop(slot);
         // Stop writers notifying while we work.
