@@ -1,6 +1,7 @@
 //! The daemon against the real RabbitMQ: delivery per the contract, and the dead-letter
 //! workflow (an unroutable event dies after its attempts while others flow; `dlq retry`
 //! brings it back once a queue is bound).
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! The CLI's commands and their errors, through the real binary.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 

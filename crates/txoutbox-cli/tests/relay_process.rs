@@ -1,5 +1,6 @@
 //! The daemon as a real child process against real PostgreSQL and NATS: crashes, signals,
 //! wake-ups.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 
