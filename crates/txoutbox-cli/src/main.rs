@@ -71,7 +71,7 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin::returned_messages=error"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

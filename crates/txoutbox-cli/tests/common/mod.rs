@@ -29,6 +29,7 @@ pub fn unique(prefix: &str) -> String {
 pub struct TestSchema {
     pub schema: String,
     pub pool: PgPool,
+    cleaned: bool,
 }
 
 impl TestSchema {
@@ -42,6 +43,7 @@ impl TestSchema {
         Self {
             schema: unique("txo_cli"),
             pool,
+            cleaned: false,
         }
     }
 

@@ -7,7 +7,8 @@
 //! Parameters: `exchange` (default `outbox`; empty means the default exchange), `routing_key`
 //! (a [`Template`], default `{event_type}`), `exchange_type` (default `topic`), `declare`
 //! (default `true`: declare the exchange durable; `amq.*` and the default exchange are never
-//! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`).
+//! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`),
+//! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
 //!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
@@ -37,6 +38,8 @@ const PARAMS: &[&str] = &[
     "declare",
     "confirm_timeout",
     "connect_timeout",
+    "bind_queue",
+    "bind_key",
 ];
 /// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
 /// this many bytes.
@@ -76,6 +79,8 @@ struct Settings {
     exchange_kind: ExchangeKind,
     routing_key: Template,
     declare: bool,
+    /// Declare this durable queue and bind it to the exchange (simple setups, benchmarks).
+    bind_queue: Option<(String, String)>,
     confirm_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -105,6 +110,25 @@ impl Settings {
             }
         };
         let declare = url.bool_param("declare", true)?;
+        let bind_queue = match url.param("bind_queue") {
+            None => None,
+            Some(q) => {
+                validate_exchange_name(q).map_err(|reason| ConfigError::BadParam {
+                    name: "bind_queue".into(),
+                    reason: reason.replace("exchange", "queue"),
+                })?;
+                if q.is_empty() || exchange.is_empty() {
+                    return Err(ConfigError::BadParam {
+                        name: "bind_queue".into(),
+                        reason: "needs a queue name and a named exchange".into(),
+                    });
+                }
+                Some((
+                    q.to_string(),
+                    url.param("bind_key").unwrap_or("#").to_string(),
+                ))
+            }
+        };
         let confirm_timeout = url.duration_param("confirm_timeout", Duration::from_secs(10))?;
         let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(10))?;
         if url.url().host_str().unwrap_or_default().is_empty() {
@@ -119,6 +143,7 @@ impl Settings {
             exchange_kind,
             routing_key,
             declare,
+            bind_queue,
             confirm_timeout,
             connect_timeout,
         })
@@ -218,6 +243,41 @@ impl AmqpPublisher {
                             e,
                         )
                     })?;
+            }
+            if let Some((queue, key)) = &s.bind_queue {
+                let declared = channel
+                    .queue_declare(
+                        queue,
+                        lapin::options::QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await;
+                let bound = match declared {
+                    Ok(_) => {
+                        channel
+                            .queue_bind(
+                                queue,
+                                &s.exchange,
+                                key,
+                                lapin::options::QueueBindOptions::default(),
+                                FieldTable::default(),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                bound.map_err(|e| {
+                    self.unavailable(
+                        &format!(
+                            "cannot declare and bind queue {queue:?} to {:?}",
+                            s.exchange
+                        ),
+                        e,
+                    )
+                })?;
             }
             Ok::<_, PublishError>(channel)
         };

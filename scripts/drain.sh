@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Drain rate of the release relay: N events inserted set-based into a fresh schema, then
+# `txoutbox relay --drain` to PUBLISHER, timed from start to exit. Extra arguments go to the
+# relay (e.g. --batch-size 1000).
+#   scripts/drain.sh 100000 'nats://127.0.0.1:4222?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}'
+# Needs a release build (cargo build --release) and the services of scripts/services.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:?usage: scripts/drain.sh N PUBLISHER [relay options]}
+publisher=${2:?usage: scripts/drain.sh N PUBLISHER [relay options]}
+shift 2
+bin=target/release/txoutbox
+db=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+schema=txo_drain_$$
+export DATABASE_URL=$db TXOUTBOX_SCHEMA=$schema TXOUTBOX_LOG=warn
+trap 'psql -q "$db" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1' EXIT
+"$bin" migrate >/dev/null
+psql -q "$db" -c "INSERT INTO $schema.outbox_events (aggregate_type, aggregate_id, event_type, payload)
+  SELECT 'order', (g % 1000)::text, 'order.created',
+         jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97), 'total', g * 1.5, 'note', repeat('x', 100))
+  FROM generate_series(1, $n) g" >/dev/null
+psql -q "$db" -c "VACUUM ANALYZE $schema.outbox_events" >/dev/null
+start=$(date +%s.%N)
+if [ -x /usr/bin/time ]; then
+  /usr/bin/time -f '%M' -o /tmp/txo_drain_rss.$$ "$bin" relay --publisher "$publisher" --drain "$@"
+else
+  echo 0 > /tmp/txo_drain_rss.$$
+  "$bin" relay --publisher "$publisher" --drain "$@"
+fi
+end=$(date +%s.%N)
+# Published = no longer pending (works for --retention delete too); dead letters excluded.
+left=$(psql -qAt "$db" -c "SELECT count(*) FROM $schema.outbox_events WHERE processed_at IS NULL")
+done_n=$((n - left))
+rss=$(cat /tmp/txo_drain_rss.$$); rm -f /tmp/txo_drain_rss.$$
+python3 -c "import sys; n,s,e,d,r=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]); print(f'drained {d} of {n} events in {e-s:.2f} s: {d/(e-s):,.0f} events/s, peak RSS {r/1024:.0f} MiB')" "$n" "$start" "$end" "$done_n" "$rss"
