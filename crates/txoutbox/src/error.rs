@@ -23,6 +23,13 @@ pub enum Error {
         found: i32,
         expected: i32,
     },
+    /// Relays of both modes on one table would break the ordering guarantee.
+    #[error("relay {other} runs in {other_mode} mode on {table}; all relays of one table must use the same --mode (stop it, or start this one with --mode {other_mode})")]
+    ModeConflict {
+        table: String,
+        other: String,
+        other_mode: String,
+    },
     #[error(transparent)]
     Ident(#[from] IdentError),
     #[error("event payload is not valid JSON: {0}")]

@@ -30,9 +30,12 @@ pub mod error;
 pub mod event;
 pub mod ident;
 pub mod inbox;
+pub mod metrics;
 pub mod migrate;
 pub mod publish;
 pub mod relay;
+#[cfg(feature = "postgres")]
+pub mod retention;
 pub mod retry;
 pub mod store;
 pub mod table;

@@ -23,9 +23,12 @@ use txoutbox::{NewEvent, OutboxEvent};
 use uuid::Uuid;
 
 /// Small, fast settings for tests. `RelayConfig` is `#[non_exhaustive]`: built from the
-/// default and then assigned field by field.
+/// default and then assigned field by field. These tests are about claiming, leases, retries
+/// and shutdown, which work the same in every mode; they run unordered, where every event of
+/// a batch is attempted at once. Ordered mode has tests of its own (`ordering_pg.rs`).
 fn config(relay_id: &str) -> RelayConfig {
     let mut c = RelayConfig::default();
+    c.ordering = txoutbox::store::Ordering::Unordered;
     c.relay_id = relay_id.to_string();
     c.batch_size = 100;
     c.poll_interval = Duration::from_millis(200);
@@ -726,8 +729,17 @@ impl Store for PausedStore {
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, txoutbox::Error> {
         self.inner.release(p).await
     }
-    async fn has_unfinished(&self) -> Result<bool, txoutbox::Error> {
-        self.inner.has_unfinished().await
+    async fn has_unfinished(
+        &self,
+        ordering: txoutbox::store::Ordering,
+    ) -> Result<bool, txoutbox::Error> {
+        self.inner.has_unfinished(ordering).await
+    }
+    async fn rebalance(
+        &self,
+        p: txoutbox::store::RebalanceParams<'_>,
+    ) -> Result<txoutbox::store::Membership, txoutbox::Error> {
+        self.inner.rebalance(p).await
     }
     async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, txoutbox::Error> {
         self.inner.wait_for_work(relay_id, max).await

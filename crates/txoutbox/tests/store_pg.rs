@@ -33,6 +33,7 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
         token,
         limit,
         lease,
+        ordering: txoutbox::store::Ordering::Unordered,
     }
 }
 
@@ -61,7 +62,11 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
     let (a, b) = (a.unwrap(), b.unwrap());
     let mut applied = [a.applied.clone(), b.applied.clone()];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1]], "{a:?} {b:?}");
+    assert_eq!(
+        applied,
+        [vec![], (1..=txoutbox::SCHEMA_VERSION).collect::<Vec<_>>()],
+        "{a:?} {b:?}"
+    );
     check_schema(&fresh.pool, &fresh.table).await.unwrap();
     let versions: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM \"{}\".txoutbox_migrations",
@@ -692,7 +697,10 @@ async fn counts_reflect_every_state() {
     let c = store.counts().await.unwrap();
     assert_eq!((c.pending, c.leased, c.dead, c.processed), (0, 0, 0, 0));
     assert_eq!(c.oldest_pending_age_secs, None);
-    assert!(!store.has_unfinished().await.unwrap());
+    assert!(!store
+        .has_unfinished(txoutbox::store::Ordering::Ordered)
+        .await
+        .unwrap());
 
     let ids = enqueue_n(&db, 8).await;
     // 3 published, 1 dead, 1 backing off, 2 leased, 1 untouched.
@@ -739,6 +747,9 @@ async fn counts_reflect_every_state() {
     assert_eq!(c.dead, 1, "{c:?}");
     assert_eq!(c.processed, 3, "{c:?}");
     assert!(c.oldest_pending_age_secs.unwrap() >= 0.0);
-    assert!(store.has_unfinished().await.unwrap());
+    assert!(store
+        .has_unfinished(txoutbox::store::Ordering::Ordered)
+        .await
+        .unwrap());
     db.cleanup().await;
 }

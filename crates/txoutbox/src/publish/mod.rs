@@ -10,6 +10,7 @@
 //! Publishers are picked from a URL at run time ([`connect`]); a scheme whose cargo feature
 //! is compiled out is a clear [`PublishError`], not a panic.
 
+mod faulty;
 mod message;
 mod simple;
 mod template;
@@ -24,6 +25,7 @@ use std::fmt;
 
 use futures::future::BoxFuture;
 
+pub use faulty::FaultyPublisher;
 pub use message::Message;
 pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
 pub use template::{Template, TemplateError};
@@ -42,6 +44,14 @@ pub fn ready_ack(result: Result<(), PublishError>) -> Ack {
 pub trait Publisher: Send + Sync + 'static {
     /// Short name for logs and metrics, e.g. `nats`.
     fn kind(&self) -> &'static str;
+
+    /// Does the broker keep the order of one key's messages even when one of them fails and
+    /// is retried (e.g. Kafka's idempotent producer)? Then the relay may pipeline an
+    /// aggregate's events; otherwise it waits for each acknowledgement before sending the
+    /// aggregate's next event.
+    fn keeps_key_order(&self) -> bool {
+        false
+    }
 
     /// Hand one message to the broker. Messages handed over by consecutive calls on one
     /// publisher reach the broker in that order. The returned [`Ack`] resolves when the broker

@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Relay;
 use crate::error::Error;
-use crate::publish::{ErrorKind, Message, PublishError};
+use crate::metrics as m;
+use crate::publish::ErrorKind;
 use crate::store::{ClaimParams, Failure, ReleaseParams, SettleParams};
 
 /// What one cycle did.
@@ -32,6 +32,8 @@ impl Relay {
         let cfg = &self.config;
         let token = Uuid::new_v4();
         let claimed_at = Instant::now();
+        // A heartbeat never gives up a partition while a claim on it is running.
+        let claim_guard = self.claim_lock.lock().await;
         let events = self
             .store
             .claim(ClaimParams {
@@ -39,8 +41,10 @@ impl Relay {
                 token,
                 limit: cfg.batch_size,
                 lease: cfg.lease,
+                ordering: cfg.ordering,
             })
             .await?;
+        drop(claim_guard);
         let mut report = BatchReport {
             claimed: events.len(),
             ..Default::default()
@@ -51,41 +55,15 @@ impl Relay {
         // Never publish past this point: after it another relay may own these rows.
         let deadline = claimed_at + cfg.lease.saturating_sub(cfg.lease_margin());
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);
-        tokio::pin!(shutdown_deadline);
 
-        let mut outcome: Vec<Option<Result<(), PublishError>>> =
-            (0..events.len()).map(|_| None).collect();
-        let mut in_flight = FuturesUnordered::new();
-        let mut stopped = false;
-        // Send in seq order; acknowledgements are awaited concurrently, up to the window.
-        for (i, event) in events.iter().enumerate() {
-            while in_flight.len() >= cfg.max_in_flight && !stopped {
-                tokio::select! {
-                    Some((j, r)) = in_flight.next() => outcome[j] = Some(r),
-                    _ = tokio::time::sleep_until(deadline) => stopped = true,
-                }
-            }
-            if stopped || cancel.is_cancelled() || Instant::now() >= deadline {
-                break;
-            }
-            let message = Message::from_event(event);
-            let sent = tokio::time::timeout_at(deadline, self.publisher.send(&message)).await;
-            match sent {
-                Ok(Ok(ack)) => in_flight.push(async move { (i, ack.await) }),
-                Ok(Err(e)) => outcome[i] = Some(Err(e)),
-                Err(_) => break,
-            }
-        }
-        // Collect the outstanding acknowledgements, within the lease (and, when shutting
-        // down, within the shutdown timeout).
-        while !in_flight.is_empty() {
-            tokio::select! {
-                Some((j, r)) = in_flight.next() => outcome[j] = Some(r),
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = &mut shutdown_deadline => break,
-            }
-        }
-        drop(in_flight);
+        let ordered = cfg.ordering.is_ordered() && !self.publisher.keeps_key_order();
+        let outcome = if ordered {
+            self.publish_chains(&events, deadline, cancel, shutdown_deadline)
+                .await
+        } else {
+            self.publish_pipelined(&events, deadline, cancel, shutdown_deadline)
+                .await
+        };
 
         let mut published = Vec::new();
         let mut failed = Vec::new();
@@ -95,6 +73,11 @@ impl Relay {
             for (event, result) in events.iter().zip(outcome) {
                 match result {
                     Some(Ok(())) => {
+                        let since_insert = (chrono::Utc::now() - event.created_at)
+                            .to_std()
+                            .unwrap_or_default();
+                        ::metrics::histogram!(m::COMMIT_TO_PUBLISH_SECONDS)
+                            .record(since_insert.as_secs_f64());
                         tracing::debug!(event_id = %event.id, event_type = %event.event_type,
                             aggregate_id = %event.aggregate_id, attempt = event.attempts + 1, "published");
                         published.push(event.id);
@@ -117,8 +100,12 @@ impl Relay {
                         tracing::warn!(event_id = %event.id, event_type = %event.event_type,
                             aggregate_id = %event.aggregate_id, attempt = failures, kind = %e.kind(),
                             dead, error = %error, "publish failed");
+                        ::metrics::counter!(m::FAILED_TOTAL, "event_type" => event.event_type.clone())
+                            .increment(1);
                         if dead {
                             report.dead += 1;
+                            ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
+                                .increment(1);
                         }
                         failed.push(Failure {
                             id: event.id,
@@ -156,6 +143,11 @@ impl Relay {
             );
             report.fenced_off = lost;
         }
+        ::metrics::counter!(m::CLAIMED_TOTAL).increment(report.claimed as u64);
+        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
+        ::metrics::counter!(m::RELEASED_TOTAL).increment(report.released as u64);
+        ::metrics::counter!(m::FENCED_TOTAL).increment(report.fenced_off as u64);
+        ::metrics::histogram!(m::BATCH_DURATION_SECONDS).record(claimed_at.elapsed().as_secs_f64());
         if !released.is_empty() {
             self.store
                 .release(ReleaseParams {
@@ -169,7 +161,7 @@ impl Relay {
 }
 
 /// Resolves `timeout` after `cancel` fires (never, if it does not).
-async fn cancel_deadline(cancel: &CancellationToken, timeout: Duration) {
+pub(super) async fn cancel_deadline(cancel: &CancellationToken, timeout: Duration) {
     cancel.cancelled().await;
     tokio::time::sleep(timeout).await;
 }

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use crate::retry::Backoff;
+use crate::store::Ordering;
 
 /// How a relay behaves. Every field has a production default.
 #[derive(Debug, Clone)]
@@ -24,6 +25,13 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// Exit once nothing is pending or leased (scripts, tests, benchmarks).
     pub exit_when_drained: bool,
+    /// Per-aggregate order (default), optionally holding an aggregate behind a dead letter,
+    /// or no order at all.
+    pub ordering: Ordering,
+    /// How long a relay's partitions (and its place among the live relays) last without a
+    /// heartbeat; heartbeats come three times per lease. A dead relay's partitions are taken
+    /// over after this.
+    pub partition_lease: Duration,
 }
 
 impl Default for RelayConfig {
@@ -38,6 +46,8 @@ impl Default for RelayConfig {
             backoff: Backoff::default(),
             shutdown_timeout: Duration::from_secs(10),
             exit_when_drained: false,
+            ordering: Ordering::Ordered,
+            partition_lease: Duration::from_secs(10),
         }
     }
 }
@@ -71,6 +81,9 @@ impl RelayConfig {
         }
         if self.max_attempts == 0 {
             return Err("max attempts must be at least 1".into());
+        }
+        if self.partition_lease < Duration::from_secs(2) {
+            return Err("partition lease must be at least 2s".into());
         }
         if self.relay_id.is_empty() {
             return Err("relay id must not be empty".into());

@@ -2,6 +2,7 @@
 
 mod batch;
 mod config;
+mod send;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ pub use config::{default_relay_id, RelayConfig};
 use crate::error::Error;
 use crate::publish::Publisher;
 use crate::retry::Backoff;
-use crate::store::{Store, Wake};
+use crate::store::{Membership, RebalanceParams, Store, Wake};
 
 /// Moves committed events from a [`Store`] to a [`Publisher`].
 ///
@@ -34,6 +35,8 @@ pub struct Relay {
     store: Arc<dyn Store>,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
+    /// Held while claiming and while giving partitions up, so the two never overlap.
+    claim_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Totals over a relay's life.
@@ -73,6 +76,7 @@ impl Relay {
             store: Arc::new(store),
             publisher: Arc::from(publisher),
             config,
+            claim_lock: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -92,7 +96,21 @@ impl Relay {
             jitter: true,
         };
         let mut errors = 0u32;
-        tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(), "relay started");
+        // Join the live relays (and, ordered, take a share of the partitions) before claiming.
+        let membership = self.rebalance().await.map_err(RelayError::Store)?;
+        tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
+            mode = cfg.ordering.mode_name(), partitions = membership.owned.len(), "relay started");
+        let heartbeat_stop = cancel.child_token();
+        // Aborted when dropped: if this future is dropped (an embedder gives up on it, or the
+        // task is aborted), the heartbeat must stop too, or a dead relay's partitions would
+        // stay renewed forever.
+        let heartbeat = AbortOnDrop(tokio::spawn(heartbeat_loop(
+            self.store.clone(),
+            self.claim_lock.clone(),
+            cfg.clone(),
+            membership,
+            heartbeat_stop.clone(),
+        )));
         let result = loop {
             if cancel.is_cancelled() {
                 break Ok(());
@@ -113,6 +131,8 @@ impl Relay {
                 Err(e) => break Err(e),
             }
         };
+        heartbeat_stop.cancel();
+        heartbeat.join().await;
         // Whatever happened, give back what we hold and stop asking writers to notify us.
         if let Err(e) = self.store.deregister(&cfg.relay_id).await {
             tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
@@ -136,7 +156,8 @@ impl Relay {
         if report.claimed >= self.config.batch_size || cancel.is_cancelled() {
             return Ok(true);
         }
-        if self.config.exit_when_drained && !self.store.has_unfinished().await? {
+        if self.config.exit_when_drained && !self.store.has_unfinished(self.config.ordering).await?
+        {
             return Ok(false);
         }
         let wake = tokio::select! {
@@ -150,6 +171,12 @@ impl Relay {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(true)
+    }
+
+    /// One heartbeat: renew, and move towards a fair share of the partitions.
+    async fn rebalance(&self) -> Result<Membership, Error> {
+        let _guard = self.claim_lock.lock().await;
+        rebalance(self.store.as_ref(), &self.config).await
     }
 
     /// Run on a task of its own. The handle stops it gracefully.
@@ -181,10 +208,81 @@ impl RelayHandle {
         self.join().await
     }
 
+    /// Stop at once, releasing nothing, as a crash would: its leases and partitions run out by
+    /// themselves. For tests and failure drills.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
     /// Wait for the relay to stop by itself (drained, or an error).
     pub async fn join(self) -> Result<RelayStats, RelayError> {
         self.task
             .await
             .map_err(|e| RelayError::Join(e.to_string()))?
+    }
+}
+
+async fn rebalance(store: &dyn Store, cfg: &RelayConfig) -> Result<Membership, Error> {
+    let m = store
+        .rebalance(RebalanceParams {
+            relay_id: &cfg.relay_id,
+            ordering: cfg.ordering,
+            lease: cfg.partition_lease,
+        })
+        .await?;
+    if !m.acquired.is_empty() || !m.released.is_empty() {
+        tracing::info!(relay_id = %cfg.relay_id, owned = m.owned.len(), target = m.target,
+            live_relays = m.live_relays, acquired = ?m.acquired, released = ?m.released,
+            "partitions rebalanced");
+    }
+    ::metrics::gauge!(crate::metrics::PARTITIONS_OWNED).set(m.owned.len() as f64);
+    Ok(m)
+}
+
+/// Heartbeats three times per partition lease; faster while under the fair share, so that a
+/// joining relay takes its part within seconds.
+async fn heartbeat_loop(
+    store: Arc<dyn Store>,
+    claim_lock: Arc<tokio::sync::Mutex<()>>,
+    cfg: RelayConfig,
+    mut membership: Membership,
+    stop: CancellationToken,
+) {
+    let steady = cfg.partition_lease / 3;
+    loop {
+        let wait = if membership.owned.len() < membership.target {
+            steady.min(Duration::from_millis(500))
+        } else {
+            steady
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let result = {
+            let _guard = claim_lock.lock().await;
+            rebalance(store.as_ref(), &cfg).await
+        };
+        match result {
+            Ok(m) => membership = m,
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed; partitions expire unless it recovers")
+            }
+        }
+    }
+}
+
+/// A task handle that aborts the task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn join(mut self) {
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -2,6 +2,10 @@
 //! struct per operation so a new field does not break every backend. PostgreSQL first.
 
 #[cfg(feature = "postgres")]
+pub mod admin;
+#[cfg(feature = "postgres")]
+mod partitions;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 
 use std::time::Duration;
@@ -20,6 +24,70 @@ pub struct ClaimParams<'a> {
     pub token: Uuid,
     pub limit: usize,
     pub lease: Duration,
+    pub ordering: Ordering,
+}
+
+/// How events are handed out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Ordering {
+    /// Per-aggregate order: only from partitions this relay owns, and an event only when no
+    /// earlier event of its aggregate is leased, backing off (or, with `hold`, dead).
+    #[default]
+    Ordered,
+    /// Like `Ordered`, and a dead letter holds back the later events of its aggregate until an
+    /// operator retries or discards it.
+    OrderedHold,
+    /// Any available event, to any relay: throughput without order.
+    Unordered,
+}
+
+impl Ordering {
+    pub fn is_ordered(self) -> bool {
+        !matches!(self, Ordering::Unordered)
+    }
+    /// The mode's name in the relays table and in `txoutbox status`.
+    pub fn mode_name(self) -> &'static str {
+        if self.is_ordered() {
+            "ordered"
+        } else {
+            "unordered"
+        }
+    }
+}
+
+/// A relay's heartbeat: keep its partitions, and take or give up some to share them fairly.
+#[derive(Debug, Clone)]
+pub struct RebalanceParams<'a> {
+    pub relay_id: &'a str,
+    pub ordering: Ordering,
+    /// How long partitions (and the relay's liveness) last without a heartbeat.
+    pub lease: Duration,
+}
+
+/// What a heartbeat found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Partitions in all.
+    pub partitions: usize,
+    /// Live relays of this relay's mode (itself included).
+    pub live_relays: usize,
+    /// Partitions this relay owns now, ascending.
+    pub owned: Vec<i32>,
+    /// The fair share it aims at.
+    pub target: usize,
+    pub acquired: Vec<i32>,
+    pub released: Vec<i32>,
+}
+
+/// A relay as `txoutbox status` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RelayInfo {
+    pub relay_id: String,
+    pub mode: String,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub heartbeat_at: chrono::DateTime<chrono::Utc>,
+    pub alive: bool,
+    pub partitions: Vec<i32>,
 }
 
 /// One failed event and what to do with it.
@@ -101,12 +169,16 @@ pub trait Store: Send + Sync + 'static {
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error>;
     /// Release leased events without counting an attempt; fenced by the claim token.
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error>;
-    /// Is anything unpublished and not dead (pending, backing off or leased)?
-    async fn has_unfinished(&self) -> Result<bool, Error>;
+    /// Is anything unpublished and not dead (pending, backing off or leased)? With
+    /// [`Ordering::OrderedHold`], events held behind a dead letter do not count.
+    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error>;
+    /// Heartbeat, renew owned partitions, and move towards a fair share of them.
+    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error>;
     /// Sleep until new work may be there: a wake-up from a writer, the earliest time a
     /// backing-off or leased event becomes claimable, or `max`, whichever comes first.
     async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error>;
-    /// Forget `relay_id`: release whatever it still holds and stop writers notifying for it.
+    /// Forget `relay_id`: release its events and partitions, remove it from the live relays,
+    /// and stop writers notifying for it.
     async fn deregister(&self, relay_id: &str) -> Result<u64, Error>;
     async fn counts(&self) -> Result<Counts, Error>;
 }

@@ -9,16 +9,20 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use super::{
-    ClaimParams, Counts, DeadFilter, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
-    Wake,
+    ClaimParams, Counts, DeadFilter, Membership, Ordering, RebalanceParams, RelayInfo,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
-const COLUMNS: &str =
+pub(crate) const COLUMNS: &str =
     "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, attempts_unavailable, \
      available_at, created_at, processed_at, dead_at, locked_by, locked_until, last_error";
+
+/// An ordered claim takes events only from partitions whose lease has at least this much
+/// left, so that it never overlaps another relay taking the partition over.
+const CLAIM_MARGIN_MS: u64 = 1000;
 
 /// How long after going to sleep the relay looks for work once more (see `wait_for_work`).
 const SECOND_LOOK: Duration = Duration::from_millis(50);
@@ -30,6 +34,9 @@ const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 #[derive(Debug)]
 struct Queries {
     claim: String,
+    claim_ordered: String,
+    has_unfinished_hold: String,
+    partition_count: String,
     settle: String,
     release: String,
     has_unfinished: String,
@@ -44,6 +51,8 @@ impl Queries {
     fn new(t: &OutboxTable, retention: Retention) -> Self {
         let q = t.qualified();
         let waiters = t.derived("waiters");
+        let partitions = t.derived("partitions");
+        let relays = t.derived("relays");
         let published = match retention {
             Retention::Mark => format!(
                 "UPDATE {q} SET processed_at = now(), locked_until = NULL, locked_by = NULL, \
@@ -73,6 +82,46 @@ impl Queries {
                    e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
                    e.locked_by, e.locked_until, e.last_error"
             ),
+            // Ordered: only partitions this relay owns under a live lease (with a margin, so a
+            // claim never overlaps a takeover), and only events with no earlier event of
+            // their aggregate leased, backing off or (with $7, `hold`) dead. Together with one
+            // owner per partition, this keeps each aggregate's events in seq order.
+            claim_ordered: format!(
+                "WITH owned AS (
+                    SELECT partition FROM {partitions}
+                    WHERE owner = $3 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
+                 ),
+                 c AS (
+                    SELECT e.id FROM {q} e
+                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
+                      AND (e.locked_until IS NULL OR e.locked_until <= now())
+                      AND e.partition_key % $5 IN (SELECT partition FROM owned)
+                      AND NOT EXISTS (
+                        SELECT 1 FROM {q} b
+                        WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+                          AND b.processed_at IS NULL
+                          AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                          AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
+                               OR (b.dead_at IS NOT NULL AND $6))
+                      )
+                    ORDER BY e.seq
+                    LIMIT $1
+                    FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE {q} AS e
+                 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
+                 FROM c WHERE e.id = c.id
+                 RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+                   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
+                   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error"
+            ),
+            has_unfinished_hold: format!(
+                "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM {q} b WHERE b.partition_key = e.partition_key
+                     AND b.seq < e.seq AND b.processed_at IS NULL AND b.dead_at IS NOT NULL
+                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id))"
+            ),
+            partition_count: format!("SELECT count(*) FROM {partitions}"),
             // The whole batch in one statement: successes and failures, both fenced by the
             // claim token, so a relay that lost its lease changes nothing.
             settle: format!(
@@ -113,7 +162,9 @@ impl Queries {
             ),
             wait_clear: format!("DELETE FROM {waiters} WHERE relay_id = $1"),
             deregister: format!(
-                "WITH w AS (DELETE FROM {waiters} WHERE relay_id = $1)
+                "WITH w AS (DELETE FROM {waiters} WHERE relay_id = $1),
+                 p AS (UPDATE {partitions} SET owner = NULL, lease_until = NULL WHERE owner = $1),
+                 r AS (DELETE FROM {relays} WHERE relay_id = $1)
                  UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL
                  WHERE {UNFINISHED} AND locked_by = $1"
             ),
@@ -137,6 +188,7 @@ pub struct PgStore {
     table: OutboxTable,
     q: Queries,
     listener: Mutex<Option<PgListener>>,
+    partitions: std::sync::OnceLock<i32>,
 }
 
 impl PgStore {
@@ -150,6 +202,7 @@ impl PgStore {
             pool,
             table,
             listener: Mutex::new(None),
+            partitions: std::sync::OnceLock::new(),
         }
     }
 
@@ -163,6 +216,24 @@ impl PgStore {
     /// Fail with "run `txoutbox migrate`" unless the schema is in place.
     pub async fn check_schema(&self) -> Result<(), Error> {
         crate::migrate::check_schema(&self.pool, &self.table).await
+    }
+
+    /// How many partitions the aggregate-hash space has (fixed by the migrations; read once).
+    async fn partition_count(&self) -> Result<i32, Error> {
+        if let Some(n) = self.partitions.get() {
+            return Ok(*n);
+        }
+        let n: i64 = sqlx::query_scalar(&self.q.partition_count)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
+        Ok(*self.partitions.get_or_init(|| n))
+    }
+
+    /// The relays registered on this table, with the partitions each owns.
+    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        super::partitions::relays(&self.pool, &self.table).await
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -246,7 +317,7 @@ fn bind_filter<'q>(
         .bind(f.aggregate_id.as_deref())
 }
 
-fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
+pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
     let g = |e| Error::Database(e);
     Ok(OutboxEvent {
         id: r.try_get("id").map_err(g)?,
@@ -275,14 +346,28 @@ fn millis(d: Duration) -> i64 {
 #[async_trait::async_trait]
 impl Store for PgStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
-        let rows = sqlx::query(&self.q.claim)
-            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
-            .bind(millis(p.lease) as f64)
-            .bind(p.relay_id)
-            .bind(p.token)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
+        let rows = if p.ordering.is_ordered() {
+            let partitions = self.partition_count().await?;
+            sqlx::query(&self.q.claim_ordered)
+                .bind(limit)
+                .bind(millis(p.lease) as f64)
+                .bind(p.relay_id)
+                .bind(p.token)
+                .bind(partitions)
+                .bind(p.ordering == Ordering::OrderedHold)
+                .fetch_all(&self.pool)
+                .await
+        } else {
+            sqlx::query(&self.q.claim)
+                .bind(limit)
+                .bind(millis(p.lease) as f64)
+                .bind(p.relay_id)
+                .bind(p.token)
+                .fetch_all(&self.pool)
+                .await
+        }
+        .map_err(|e| self.err(e))?;
         let mut events = rows
             .iter()
             .map(event_from_row)
@@ -332,8 +417,13 @@ impl Store for PgStore {
         Ok(done.rows_affected())
     }
 
-    async fn has_unfinished(&self) -> Result<bool, Error> {
-        sqlx::query_scalar(&self.q.has_unfinished)
+    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
+        let sql = if ordering == Ordering::OrderedHold {
+            &self.q.has_unfinished_hold
+        } else {
+            &self.q.has_unfinished
+        };
+        sqlx::query_scalar(sql)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))
@@ -408,6 +498,10 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(wake)
+    }
+
+    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
+        super::partitions::rebalance(&self.pool, &self.table, p).await
     }
 
     async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
