@@ -17,7 +17,8 @@ async fn migrate_twice_is_a_noop() {
             db.schema
         ))
         .await,
-        1
+        i64::from(txoutbox::SCHEMA_VERSION),
+        "each migration recorded once"
     );
     db.cleanup().await;
 }

@@ -68,6 +68,9 @@ impl TestSchema {
             .env_remove("TXOUTBOX_TABLE")
             .env_remove("TXOUTBOX_PUBLISHER")
             .env_remove("TXOUTBOX_CONFIG")
+            // Tests that want the admin listener pass --admin-addr with a free port.
+            .env("TXOUTBOX_ADMIN_ADDR", "off")
+            .env_remove("TXOUTBOX_ADMIN_TOKEN")
             .env("TXOUTBOX_LOG", "info")
             .stdin(Stdio::null())
             .kill_on_drop(true);
@@ -81,10 +84,15 @@ impl TestSchema {
             .expect("run txoutbox")
     }
 
+    /// A relay (or any command) in the background. Its stderr goes to a log file in the temp
+    /// directory (a pipe nobody reads would fill up and block it); the path is printed.
     pub fn spawn(&self, args: &[&str]) -> Child {
+        let log = std::env::temp_dir().join(format!("{}-{}.log", self.schema, unique("p")));
+        let file = std::fs::File::create(&log).expect("create a log file");
+        eprintln!("{} logs to {}", args.first().unwrap_or(&""), log.display());
         self.command(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::from(file))
             .spawn()
             .expect("spawn txoutbox")
     }

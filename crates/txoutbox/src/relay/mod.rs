@@ -176,7 +176,7 @@ impl Relay {
     /// One heartbeat: renew, and move towards a fair share of the partitions.
     async fn rebalance(&self) -> Result<Membership, Error> {
         let _guard = self.claim_lock.lock().await;
-        rebalance(self.store.as_ref(), &self.config).await
+        rebalance(self.store.as_ref(), &self.config, true).await
     }
 
     /// Run on a task of its own. The handle stops it gracefully.
@@ -222,12 +222,17 @@ impl RelayHandle {
     }
 }
 
-async fn rebalance(store: &dyn Store, cfg: &RelayConfig) -> Result<Membership, Error> {
+async fn rebalance(
+    store: &dyn Store,
+    cfg: &RelayConfig,
+    may_release: bool,
+) -> Result<Membership, Error> {
     let m = store
         .rebalance(RebalanceParams {
             relay_id: &cfg.relay_id,
             ordering: cfg.ordering,
             lease: cfg.partition_lease,
+            may_release,
         })
         .await?;
     if !m.acquired.is_empty() || !m.released.is_empty() {
@@ -259,9 +264,11 @@ async fn heartbeat_loop(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        let result = {
-            let _guard = claim_lock.lock().await;
-            rebalance(store.as_ref(), &cfg).await
+        // Never wait for a claim to finish: a slow claim must not cost the relay its
+        // partitions. While one runs, renew and take, but do not give up.
+        let result = match claim_lock.try_lock() {
+            Ok(_guard) => rebalance(store.as_ref(), &cfg, true).await,
+            Err(_) => rebalance(store.as_ref(), &cfg, false).await,
         };
         match result {
             Ok(m) => membership = m,

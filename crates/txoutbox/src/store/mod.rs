@@ -62,6 +62,9 @@ pub struct RebalanceParams<'a> {
     pub ordering: Ordering,
     /// How long partitions (and the relay's liveness) last without a heartbeat.
     pub lease: Duration,
+    /// May partitions be given up now? Only while no claim of this relay is running (a claim
+    /// must never overlap another relay's claim on the same partition).
+    pub may_release: bool,
 }
 
 /// What a heartbeat found and did.

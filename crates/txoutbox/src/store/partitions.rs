@@ -102,7 +102,7 @@ pub(super) async fn rebalance(
     let target = total_n.div_ceil(live_n);
     let mut acquired = Vec::new();
     let mut released = Vec::new();
-    if owned.len() > target {
+    if owned.len() > target && p.may_release {
         released = owned.split_off(target);
         sqlx::query(&format!(
             "UPDATE {partitions} SET owner = NULL, lease_until = NULL

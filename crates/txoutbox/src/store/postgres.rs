@@ -24,6 +24,11 @@ pub(crate) const COLUMNS: &str =
 /// left, so that it never overlaps another relay taking the partition over.
 const CLAIM_MARGIN_MS: u64 = 1000;
 
+/// The predicate of the `blocking` index (migration 2), repeated so the planner uses it:
+/// rows that may hold their aggregate back.
+const BLOCKING: &str = "b.processed_at IS NULL \
+     AND (b.locked_until IS NOT NULL OR b.attempts > 0 OR b.dead_at IS NOT NULL)";
+
 /// How long after going to sleep the relay looks for work once more (see `wait_for_work`).
 const SECOND_LOOK: Duration = Duration::from_millis(50);
 
@@ -88,21 +93,22 @@ impl Queries {
             // owner per partition, this keeps each aggregate's events in seq order.
             claim_ordered: format!(
                 "WITH owned AS (
-                    SELECT partition FROM {partitions}
+                    SELECT partition, lease_until FROM {partitions}
                     WHERE owner = $3 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
                  ),
                  c AS (
                     SELECT e.id FROM {q} e
                     WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
                       AND (e.locked_until IS NULL OR e.locked_until <= now())
-                      AND e.partition_key % $5 IN (SELECT partition FROM owned)
+                      AND e.partition_key % $5 = ANY (ARRAY(SELECT partition FROM owned))
                       AND NOT EXISTS (
                         SELECT 1 FROM {q} b
                         WHERE b.partition_key = e.partition_key AND b.seq < e.seq
-                          AND b.processed_at IS NULL
+                          AND {BLOCKING}
                           AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
                           AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
                                OR (b.dead_at IS NOT NULL AND $6))
+                        OFFSET 0
                       )
                     ORDER BY e.seq
                     LIMIT $1
@@ -111,6 +117,8 @@ impl Queries {
                  UPDATE {q} AS e
                  SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
                  FROM c WHERE e.id = c.id
+                   AND clock_timestamp() + interval '{CLAIM_MARGIN_MS} milliseconds'
+                       < (SELECT min(lease_until) FROM owned)
                  RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
                    e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
                    e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error"
@@ -118,8 +126,9 @@ impl Queries {
             has_unfinished_hold: format!(
                 "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
                    AND NOT EXISTS (SELECT 1 FROM {q} b WHERE b.partition_key = e.partition_key
-                     AND b.seq < e.seq AND b.processed_at IS NULL AND b.dead_at IS NOT NULL
-                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id))"
+                     AND b.seq < e.seq AND {BLOCKING} AND b.dead_at IS NOT NULL
+                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                     OFFSET 0))"
             ),
             partition_count: format!("SELECT count(*) FROM {partitions}"),
             // The whole batch in one statement: successes and failures, both fenced by the
