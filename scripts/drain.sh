@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drain rate of the release relay: N events inserted set-based into a fresh schema, then
-# `txoutbox relay --drain` to PUBLISHER, timed from start to exit. Extra arguments go to the
-# relay (e.g. --batch-size 1000).
+# `txoutbox relay --drain` to PUBLISHER, timed from start to exit (of the last relay, with
+# RELAYS=N relays side by side). Extra arguments go to the relay (e.g. --mode unordered).
 #   scripts/drain.sh 100000 'nats://127.0.0.1:4222?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}'
 # Needs a release build (cargo build --release) and the services of scripts/services.sh.
 set -euo pipefail
@@ -21,15 +21,22 @@ psql -q "$db" -c "INSERT INTO $schema.outbox_events (aggregate_type, aggregate_i
   FROM generate_series(1, $n) g" >/dev/null
 psql -q "$db" -c "VACUUM ANALYZE $schema.outbox_events" >/dev/null
 start=$(date +%s.%N)
-if [ -x /usr/bin/time ]; then
-  /usr/bin/time -f '%M' -o /tmp/txo_drain_rss.$$ "$bin" relay --publisher "$publisher" --drain "$@"
-else
-  echo 0 > /tmp/txo_drain_rss.$$
-  "$bin" relay --publisher "$publisher" --drain "$@"
-fi
+relays=${RELAYS:-1}
+pids=()
+for i in $(seq 1 "$relays"); do
+  if [ -x /usr/bin/time ]; then
+    /usr/bin/time -f '%M' -o /tmp/txo_drain_rss.$$.$i "$bin" relay --publisher "$publisher" --drain "$@" &
+  else
+    echo 0 > /tmp/txo_drain_rss.$$.$i
+    "$bin" relay --publisher "$publisher" --drain "$@" &
+  fi
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+sort -n /tmp/txo_drain_rss.$$.* | tail -1 > /tmp/txo_drain_rss.$$; rm -f /tmp/txo_drain_rss.$$.*
 end=$(date +%s.%N)
-# Published = no longer pending (works for --retention delete too); dead letters excluded.
+# Published = no longer pending (works for --retention-period 0 too); dead letters excluded.
 left=$(psql -qAt "$db" -c "SELECT count(*) FROM $schema.outbox_events WHERE processed_at IS NULL")
 done_n=$((n - left))
 rss=$(cat /tmp/txo_drain_rss.$$); rm -f /tmp/txo_drain_rss.$$
-python3 -c "import sys; n,s,e,d,r=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]); print(f'drained {d} of {n} events in {e-s:.2f} s: {d/(e-s):,.0f} events/s, peak RSS {r/1024:.0f} MiB')" "$n" "$start" "$end" "$done_n" "$rss"
+python3 -c "import sys; n,s,e,d,r=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]); print(f'relays={sys.argv[6]} drained {d} of {n} events in {e-s:.2f} s: {d/(e-s):,.0f} events/s, peak RSS {r/1024:.0f} MiB')" "$n" "$start" "$end" "$done_n" "$rss" "$relays"

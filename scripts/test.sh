@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
+scripts/tools.sh || echo "test: could not install chromium/promtool; the browser test will skip outside CI" >&2
+if command -v promtool >/dev/null; then
+  promtool check rules deploy/prometheus/txoutbox-rules.yml
+elif [ -n "${CI:-}" ]; then
+  echo "test: promtool is missing" >&2; exit 1
+fi
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"

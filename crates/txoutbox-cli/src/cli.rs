@@ -57,14 +57,17 @@ pub struct Global {
         env = "TXOUTBOX_LOG_FORMAT",
         global = true,
         value_enum,
-        default_value = "text"
+        default_value = "pretty"
     )]
     pub log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
-    Text,
+    /// Human-readable lines (`text` is accepted too)
+    #[value(alias = "text")]
+    Pretty,
+    /// One JSON object per line
     Json,
 }
 
@@ -81,6 +84,9 @@ pub enum Command {
     /// Inspect, retry or discard dead letters
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// List and inspect events in any state
+    #[command(subcommand)]
+    Events(EventsCommand),
     /// Run the seed's order service end to end: orders and events in transactions (some
     /// rolled back), the relay, and a check that exactly the committed events were delivered
     Demo(DemoArgs),
@@ -118,6 +124,30 @@ pub struct RelayArgs {
     /// Exit 0 once nothing is pending or leased
     #[arg(long, env = "TXOUTBOX_DRAIN")]
     pub drain: bool,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// The admin listener (metrics, health, API, dashboard) and the retention purge.
+#[derive(Debug, Args, Clone)]
+pub struct OpsArgs {
+    /// Address of the admin listener (metrics, health, API, dashboard), or `off`
+    /// [default: 127.0.0.1:8720, skipped with a warning when that port is taken]. A
+    /// non-loopback address needs --admin-token
+    #[arg(long, env = "TXOUTBOX_ADMIN_ADDR")]
+    pub admin_addr: Option<String>,
+    /// Bearer token for the admin API's mutating calls (retry, discard)
+    #[arg(long, env = "TXOUTBOX_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// How often the database-backed gauges (pending, leased, dead, oldest) are refreshed
+    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub metrics_interval: Duration,
+    /// How often the retention purge looks for published events older than --retention-period
+    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub retention_interval: Duration,
+    /// Rows deleted per purge statement
+    #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = 5000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    pub retention_batch: i64,
 }
 
 /// Relay settings shared by `relay` and `demo`.
@@ -147,18 +177,47 @@ pub struct RelayTuning {
     /// On shutdown, how long to wait for in-flight acknowledgements
     #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
-    /// What to do with published rows: keep them marked processed, or delete them
-    #[arg(long, env = "TXOUTBOX_RETENTION", value_enum, default_value = "mark")]
-    pub retention: RetentionArg,
+    /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
+    /// 0 deletes each event as soon as it is published. Dead letters are always kept
+    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", default_value = "7d", value_parser = parse_duration)]
+    pub retention_period: Duration,
     /// This relay's name in locked_by (default host:pid:random)
     #[arg(long, env = "TXOUTBOX_RELAY_ID")]
     pub relay_id: Option<String>,
+    /// ordered: each aggregate's events reach the broker in seq order, also with many relays
+    /// (they share the aggregate-hash partitions); unordered: any relay takes any event,
+    /// faster, no order. All relays of one table must use the same mode
+    #[arg(long, env = "TXOUTBOX_MODE", value_enum, default_value = "ordered")]
+    pub mode: ModeArg,
+    /// Ordered mode: when an aggregate's event is dead-lettered, `skip` goes on with its later
+    /// events; `hold` keeps them back until an operator retries or discards the dead letter
+    #[arg(
+        long,
+        env = "TXOUTBOX_ON_DEAD_LETTER",
+        value_enum,
+        default_value = "skip"
+    )]
+    pub on_dead_letter: OnDeadArg,
+    /// How long a relay's partitions last without its heartbeat: a dead relay's share is
+    /// taken over after this
+    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = "10s", value_parser = parse_duration)]
+    pub partition_lease: Duration,
+    /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
+    /// transiently, half before sending, half by losing the broker's acknowledgement
+    #[arg(long, env = "TXOUTBOX_INJECT_FAULTS", default_value_t = 0.0, value_parser = parse_fraction)]
+    pub inject_faults: f64,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum RetentionArg {
-    Mark,
-    Delete,
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ModeArg {
+    Ordered,
+    Unordered,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OnDeadArg {
+    Skip,
+    Hold,
 }
 
 #[derive(Debug, Args)]
@@ -174,10 +233,16 @@ pub enum DlqCommand {
     List {
         #[command(flatten)]
         filter: DlqFilter,
-        /// At most this many
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
+        #[command(flatten)]
+        page: PageArgs,
         /// Print JSON lines instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead letter in full (payload, headers, last error)
+    Show {
+        id: uuid::Uuid,
+        /// Print JSON
         #[arg(long)]
         json: bool,
     },
@@ -213,6 +278,47 @@ pub struct DlqFilter {
     /// Only this aggregate id
     #[arg(long)]
     pub aggregate_id: Option<String>,
+    /// Only events created at or after this RFC 3339 time (e.g. 2024-05-01T12:00:00Z)
+    #[arg(long, value_parser = parse_time)]
+    pub created_after: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only events created before this RFC 3339 time
+    #[arg(long, value_parser = parse_time)]
+    pub created_before: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Keyset pagination: `--after-seq` is the `seq` of the last event of the previous page.
+#[derive(Debug, Args, Clone)]
+pub struct PageArgs {
+    /// At most this many (1 to 1000)
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=1000))]
+    pub limit: i64,
+    /// Only events after this seq (the cursor printed at the end of the previous page)
+    #[arg(long)]
+    pub after_seq: Option<i64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// List events in seq order, filtered by state, type, aggregate and time
+    List {
+        /// pending, leased, published or dead
+        #[arg(long, value_parser = parse_state)]
+        state: Option<txoutbox::EventState>,
+        #[command(flatten)]
+        filter: DlqFilter,
+        #[command(flatten)]
+        page: PageArgs,
+        /// Print JSON lines instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one event in full, in whatever state
+    Show {
+        id: uuid::Uuid,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -230,7 +336,26 @@ pub struct DemoArgs {
     pub orders: u32,
 }
 
-/// `500ms`, `5s`, `1m30s`; a bare number is seconds.
+fn parse_time(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    txoutbox::store::admin::parse_time("time", s).map_err(|e| match e {
+        txoutbox::store::admin::FilterError::Invalid { reason, .. } => reason,
+        other => other.to_string(),
+    })
+}
+
+fn parse_state(s: &str) -> Result<txoutbox::EventState, String> {
+    txoutbox::store::admin::parse_state(s).map_err(|e| e.to_string())
+}
+
+/// A number from 0 to 1.
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a fraction from 0 to 1, e.g. 0.05")),
+    }
+}
+
+/// `500ms`, `5s`, `1m30s`, `7d`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<f64>() {

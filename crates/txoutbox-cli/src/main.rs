@@ -1,5 +1,6 @@
 //! `txoutbox`: the relay daemon and the operator's CLI.
 
+mod admin;
 mod cli;
 mod cmd;
 mod config;
@@ -63,6 +64,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay(a) => cmd::relay::run(&ctx, a).await,
         Command::Status(a) => cmd::status::run(&ctx, a).await,
         Command::Dlq(a) => cmd::dlq::run(&ctx, a).await,
+        Command::Events(a) => cmd::events::run(&ctx, a).await,
         Command::Demo(a) => cmd::demo::run(&ctx, a).await,
     }
 }
@@ -76,7 +78,7 @@ fn init_logging(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
 }

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use common::*;
 
+/// seq, attempts, partition, last_error, locked_by: printed for the first order violations.
+type RowDebug = (i64, i32, i32, Option<String>, Option<String>);
+
 const EVENTS: i64 = 30_000;
 const AGGREGATES: i64 = 300;
 
@@ -112,7 +115,7 @@ async fn three_relays_keep_each_aggregates_order_through_faults_a_kill_and_a_joi
             if *seq < prev {
                 violations += 1;
                 if violations <= 5 {
-                    let rows: Vec<(i64, i32, i32, Option<String>, Option<String>)> = sqlx::query_as(&format!(
+                    let rows: Vec<RowDebug> = sqlx::query_as(&format!(
                         "SELECT seq, attempts, partition_key % 64, last_error, locked_by FROM {} WHERE aggregate_id = $1 AND seq IN ($2, $3)",
                         db.table()
                     ))

@@ -197,3 +197,49 @@ async fn idle_relay_wakes_on_commit() {
     stream.cleanup().await;
     db.cleanup().await;
 }
+
+/// `txoutbox status` shows the live relays and the partitions each owns; a second relay
+/// takes half within seconds, and a stopped one leaves the list.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_relays_and_their_partitions() {
+    let db = TestSchema::migrated().await;
+    let args = ["relay", "--publisher", "null:", "--partition-lease", "3s"];
+    let owned = || async {
+        let out = db.cli(&["status", "--json"]).await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut counts: Vec<usize> = v["relays"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["alive"] == true)
+            .map(|r| r["partitions"].as_array().unwrap().len())
+            .collect();
+        counts.sort_unstable();
+        counts
+    };
+    let mut a = db.spawn(&args);
+    wait_until(30, "one relay owning all 64", || async {
+        owned().await == [64]
+    })
+    .await;
+    let mut b = db.spawn(&args);
+    wait_until(30, "two relays owning 32 each", || async {
+        owned().await == [32, 32]
+    })
+    .await;
+    let out = db.cli(&["status"]).await;
+    assert!(
+        stdout(&out).contains("relays     2 live"),
+        "{}",
+        stdout(&out)
+    );
+    signal(&b, "TERM");
+    assert!(b.wait().await.unwrap().success());
+    wait_until(30, "the survivor owning all 64", || async {
+        owned().await == [64]
+    })
+    .await;
+    signal(&a, "TERM");
+    assert!(a.wait().await.unwrap().success());
+    db.cleanup().await;
+}

@@ -181,8 +181,12 @@ fn demo_tuning() -> RelayTuning {
         backoff_base: Duration::from_millis(200),
         backoff_max: Duration::from_secs(5),
         shutdown_timeout: Duration::from_secs(5),
-        retention: crate::cli::RetentionArg::Mark,
+        retention_period: std::time::Duration::from_secs(7 * 24 * 3600),
         relay_id: None,
+        mode: crate::cli::ModeArg::Ordered,
+        on_dead_letter: crate::cli::OnDeadArg::Skip,
+        partition_lease: Duration::from_secs(10),
+        inject_faults: 0.0,
     }
 }
 

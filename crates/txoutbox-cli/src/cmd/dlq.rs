@@ -1,25 +1,22 @@
+//! `txoutbox dlq list|show|retry|discard`: the API's `/api/v1/dead-letters` on the command line.
+
 use std::process::ExitCode;
 
+use txoutbox::store::admin::EventFilter;
 use txoutbox::store::postgres::PgStore;
-use txoutbox::store::DeadFilter;
+use txoutbox::EventState;
 
-use crate::cli::{DlqCommand, DlqFilter, DlqTarget};
-use crate::ctx::Ctx;
+use super::events::{filter, page, print_list, print_one};
+use crate::cli::{DlqCommand, DlqTarget};
+use crate::ctx::{Ctx, UsageError};
 
-fn filter(f: &DlqFilter) -> DeadFilter {
-    DeadFilter {
-        event_type: f.event_type.clone(),
-        aggregate_type: f.aggregate_type.clone(),
-        aggregate_id: f.aggregate_id.clone(),
-        ..Default::default()
-    }
-}
-
-fn target(t: &DlqTarget) -> DeadFilter {
-    DeadFilter {
+fn target(t: &DlqTarget) -> anyhow::Result<EventFilter> {
+    let f = EventFilter {
         id: t.id,
-        ..filter(&t.filter)
-    }
+        ..filter(&t.filter, Some(EventState::Dead))
+    };
+    f.check().map_err(|e| UsageError(e.to_string()))?;
+    Ok(f)
 }
 
 pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> anyhow::Result<ExitCode> {
@@ -29,50 +26,30 @@ pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DlqCommand::List {
             filter: f,
-            limit,
+            page: p,
             json,
         } => {
-            let events = store
-                .list_dead(&DeadFilter {
-                    limit: Some(limit),
-                    ..filter(&f)
-                })
-                .await?;
-            if json {
-                for e in &events {
-                    println!("{}", serde_json::to_string(e)?);
-                }
-            } else if events.is_empty() {
-                println!("no dead letters");
-            } else {
-                println!(
-                    "{:<36}  {:<20}  {:<20}  {:>8}  {:<25}  last error",
-                    "id", "event type", "aggregate", "attempts", "dead since"
-                );
-                for e in &events {
-                    println!(
-                        "{:<36}  {:<20}  {:<20}  {:>8}  {:<25}  {}",
-                        e.id,
-                        e.event_type,
-                        format!("{}/{}", e.aggregate_type, e.aggregate_id),
-                        e.attempts,
-                        e.dead_at
-                            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                            .unwrap_or_default(),
-                        e.last_error.as_deref().unwrap_or("")
-                    );
-                }
-            }
+            let f = filter(&f, Some(EventState::Dead));
+            f.check().map_err(|e| UsageError(e.to_string()))?;
+            let got = store.list_events(&f, page(&p)).await?;
+            print_list(&got.events, got.next_after_seq, json, "no dead letters")?;
         }
+        DlqCommand::Show { id, json } => match store.get_event(id).await? {
+            Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => print_one(&e, json)?,
+            _ => {
+                eprintln!("no dead letter with id {id}");
+                return Ok(ExitCode::FAILURE);
+            }
+        },
         DlqCommand::Retry(t) => {
-            let n = store.retry_dead(&target(&t)).await?;
+            let n = store.retry_dead_matching(&target(&t)?).await?;
             report(&t, "retried", n);
             if t.id.is_some() && n == 0 {
                 return Ok(ExitCode::FAILURE);
             }
         }
         DlqCommand::Discard(t) => {
-            let n = store.discard_dead(&target(&t)).await?;
+            let n = store.discard_dead_matching(&target(&t)?).await?;
             report(&t, "discarded", n);
             if t.id.is_some() && n == 0 {
                 return Ok(ExitCode::FAILURE);

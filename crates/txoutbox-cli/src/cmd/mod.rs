@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
+pub mod events;
 pub mod migrate;
 pub mod relay;
 pub mod status;
@@ -10,9 +11,9 @@ pub mod status;
 use txoutbox::publish::{self, ConnectError, Publisher};
 use txoutbox::relay::{default_relay_id, RelayConfig};
 use txoutbox::retry::Backoff;
-use txoutbox::store::Retention;
+use txoutbox::store::{Ordering, Retention};
 
-use crate::cli::{RelayTuning, RetentionArg};
+use crate::cli::{ModeArg, OnDeadArg, RelayTuning};
 use crate::ctx::UsageError;
 
 /// Relay settings from the command line, checked.
@@ -31,6 +32,17 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
     };
     c.shutdown_timeout = t.shutdown_timeout;
     c.exit_when_drained = drain;
+    c.ordering = match (t.mode, t.on_dead_letter) {
+        (ModeArg::Unordered, OnDeadArg::Hold) => return Err(UsageError(
+            "--on-dead-letter hold needs --mode ordered (unordered mode keeps no order to hold)"
+                .into(),
+        )
+        .into()),
+        (ModeArg::Unordered, _) => Ordering::Unordered,
+        (ModeArg::Ordered, OnDeadArg::Skip) => Ordering::Ordered,
+        (ModeArg::Ordered, OnDeadArg::Hold) => Ordering::OrderedHold,
+    };
+    c.partition_lease = t.partition_lease;
     c.validate().map_err(UsageError)?;
     if t.backoff_base > t.backoff_max {
         return Err(UsageError("--backoff-base must not exceed --backoff-max".into()).into());
@@ -38,10 +50,12 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
     Ok(c)
 }
 
+/// `--retention-period 0`: delete on settle; otherwise mark, and the purge task deletes later.
 pub fn retention(t: &RelayTuning) -> Retention {
-    match t.retention {
-        RetentionArg::Mark => Retention::Mark,
-        RetentionArg::Delete => Retention::Delete,
+    if t.retention_period.is_zero() {
+        Retention::Delete
+    } else {
+        Retention::Mark
     }
 }
 

@@ -15,7 +15,19 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     let config = relay_config(&a.tuning, a.drain)?;
     let db_url = ctx.require_url()?;
     // The publisher first: a malformed URL is reported before anything else is touched.
-    let publisher = open_publisher(url).await?;
+    let mut publisher = open_publisher(url).await?;
+    if a.tuning.inject_faults > 0.0 {
+        tracing::warn!(
+            rate = a.tuning.inject_faults,
+            "injecting publish faults (--inject-faults)"
+        );
+        let seed = u64::from(std::process::id());
+        publisher = Box::new(txoutbox::publish::FaultyPublisher::new(
+            publisher,
+            a.tuning.inject_faults,
+            seed,
+        ));
+    }
     // Claim + settle, the LISTEN connection, and one spare.
     let pool = ctx.pool(4).await?;
     let store = PgStore::with_retention(pool, ctx.table.clone(), retention(&a.tuning));
@@ -27,6 +39,16 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         relay_id = %config.relay_id,
         "starting relay"
     );
+    // --- operations: admin listener, metrics gauges, retention purge (crate::admin) -----------
+    let ops_config = crate::admin::ops::OpsConfig::from_args(
+        &a.ops,
+        &a.tuning,
+        &config.relay_id,
+        &[db_url, url],
+    )?;
+    let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
+    let ops = crate::admin::ops::start_for_relay(ctx, ops_config, broker).await?;
+    // --- end operations ---------------------------------------------------------------------
     let handle = Relay::new(store, publisher, config).spawn();
     let cancel = handle.cancel_token();
     let signals = tokio::spawn(async move {
@@ -34,8 +56,10 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("shutdown requested: finishing in-flight events");
         cancel.cancel();
     });
-    let stats = handle.join().await.context("relay failed")?;
+    let stats = handle.join().await;
     signals.abort();
+    ops.stop().await; // operations: stop the admin listener, gauges and purge
+    let stats = stats.context("relay failed")?;
     tracing::info!(
         published = stats.published,
         failed = stats.failed,

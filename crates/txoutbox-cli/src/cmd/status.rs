@@ -11,16 +11,13 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
     let store = PgStore::new(pool, ctx.table.clone());
     store.check_schema().await?;
     let c = store.counts().await?;
+    let relays = store.relays().await?;
     if a.json {
-        let v = serde_json::json!({
-            "table": ctx.table.display(),
-            "pending": c.pending,
-            "leased": c.leased,
-            "dead": c.dead,
-            "processed": c.processed,
-            "oldest_pending_age_secs": c.oldest_pending_age_secs,
-        });
-        println!("{v}");
+        // The same document as the admin API's GET /api/v1/status (without a relay).
+        println!(
+            "{}",
+            crate::admin::api::status_body(&ctx.table, &c, None, &relays)
+        );
     } else {
         println!("table      {}", ctx.table.display());
         println!("pending    {}", c.pending);
@@ -34,6 +31,50 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
             ),
             None => println!("oldest     -"),
         }
+        let live: Vec<_> = relays.iter().filter(|r| r.alive).collect();
+        println!("relays     {} live", live.len());
+        for r in live {
+            let age = (chrono::Utc::now() - r.heartbeat_at)
+                .num_milliseconds()
+                .max(0);
+            println!(
+                "  {}  {}  {} partition(s) {}  heartbeat {:.1}s ago",
+                r.relay_id,
+                r.mode,
+                r.partitions.len(),
+                ranges(&r.partitions),
+                age as f64 / 1000.0
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `[0, 1, 2, 5, 7, 8]` -> `0-2,5,7-8`.
+fn ranges(p: &[i32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < p.len() {
+        let mut j = i;
+        while j + 1 < p.len() && p[j + 1] == p[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            p[i].to_string()
+        } else {
+            format!("{}-{}", p[i], p[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ranges() {
+        assert_eq!(super::ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(super::ranges(&[]), "");
+        assert_eq!(super::ranges(&[3]), "3");
+    }
 }

@@ -1,0 +1,311 @@
+//! Handlers of `/metrics`, `/healthz`, `/readyz` and the JSON API under `/api/v1`.
+//!
+//! Filters are query parameters (`event_type`, `aggregate_type`, `aggregate_id`,
+//! `created_after`, `created_before` in RFC 3339, `state` for events) with keyset pagination
+//! (`after_seq`, `limit`); a bad one is a 400 naming it. Reads are open on loopback;
+//! every change needs `Authorization: Bearer $TXOUTBOX_ADMIN_TOKEN`.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use txoutbox::store::admin::{EventFilter, EventPage};
+use txoutbox::store::{Counts, Store};
+use txoutbox::{EventState, OutboxTable};
+use uuid::Uuid;
+
+use super::error::AppError;
+use super::SharedState;
+
+/// How long a readiness probe waits for the database or the broker.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The status document: `GET /api/v1/status` and `txoutbox status --json`.
+pub fn status_body(
+    table: &OutboxTable,
+    c: &Counts,
+    relay_id: Option<&str>,
+    relays: &[txoutbox::store::RelayInfo],
+) -> Value {
+    json!({
+        "table": table.display(),
+        "relay_id": relay_id,
+        "relays": relays,
+        "pending": c.pending,
+        "leased": c.leased,
+        "dead": c.dead,
+        "processed": c.processed,
+        "oldest_pending_age_secs": c.oldest_pending_age_secs,
+    })
+}
+
+pub async fn status(State(s): State<SharedState>) -> Result<Json<Value>, AppError> {
+    let c = s.store.counts().await?;
+    let relays = s.store.relays().await?;
+    Ok(Json(status_body(
+        s.store.table(),
+        &c,
+        s.relay_id.as_deref(),
+        &relays,
+    )))
+}
+
+pub async fn history(State(s): State<SharedState>) -> Json<Value> {
+    Json(json!({ "samples": s.history.samples() }))
+}
+
+pub async fn metrics(State(s): State<SharedState>) -> Response {
+    match &s.metrics {
+        Some(h) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            h.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are not enabled\n").into_response(),
+    }
+}
+
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// 200 when the database and the broker answer; 503 naming the one that does not.
+pub async fn readyz(State(s): State<SharedState>) -> Response {
+    let db = match tokio::time::timeout(
+        PROBE_TIMEOUT,
+        sqlx::query("SELECT 1").execute(s.store.pool()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("unreachable: {e}")),
+        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+    };
+    let broker = match &s.broker {
+        None => Ok(()),
+        Some(p) => match tokio::time::timeout(PROBE_TIMEOUT, p.check()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("unreachable: {}", e.chain())),
+            Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+        },
+    };
+    let word = |r: &Result<(), String>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => s.redact(e),
+    };
+    let ready = db.is_ok() && broker.is_ok();
+    let body = json!({ "ready": ready, "database": word(&db), "broker": word(&broker) });
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(q.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn filter_from_query(
+    q: Option<&str>,
+) -> Result<(EventFilter, txoutbox::store::admin::Page), AppError> {
+    let pairs = parse_query(q);
+    Ok(EventFilter::from_params(
+        pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )?)
+}
+
+fn page_body(p: EventPage) -> Json<Value> {
+    Json(json!({ "events": p.events, "next_after_seq": p.next_after_seq }))
+}
+
+fn parse_id(id: &str) -> Result<Uuid, AppError> {
+    Uuid::parse_str(id)
+        .map_err(|_| AppError::BadRequest(format!("`{id}` is not an event id (UUID)")))
+}
+
+/// `GET /api/v1/events?state=&event_type=&...&after_seq=&limit=`
+pub async fn list_events(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, AppError> {
+    s.auth.read(&headers)?;
+    let (f, page) = filter_from_query(q.as_deref())?;
+    Ok(page_body(s.store.list_events(&f, page).await?))
+}
+
+pub async fn get_event(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, AppError> {
+    s.auth.read(&headers)?;
+    let id = parse_id(&id)?;
+    match s.store.get_event(id).await? {
+        Some(e) => Ok(Json(json!(e))),
+        None => Err(AppError::NotFound(format!("no event with id {id}"))),
+    }
+}
+
+/// `GET /api/v1/dead-letters?...`: like events, the state fixed to dead.
+pub async fn list_dead(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, AppError> {
+    s.auth.read(&headers)?;
+    let (mut f, page) = filter_from_query(q.as_deref())?;
+    dead_only(&mut f)?;
+    Ok(page_body(s.store.list_events(&f, page).await?))
+}
+
+fn dead_only(f: &mut EventFilter) -> Result<(), AppError> {
+    match f.state {
+        None | Some(EventState::Dead) => {
+            f.state = Some(EventState::Dead);
+            Ok(())
+        }
+        Some(_) => Err(AppError::BadRequest(
+            "filter `state`: dead letters are always dead; list other states under /api/v1/events"
+                .into(),
+        )),
+    }
+}
+
+pub async fn get_dead(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, AppError> {
+    s.auth.read(&headers)?;
+    let id = parse_id(&id)?;
+    match s.store.get_event(id).await? {
+        Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(json!(e))),
+        _ => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
+    }
+}
+
+pub async fn retry_one(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, AppError> {
+    s.auth.mutate(&headers)?;
+    let f = one(&id)?;
+    match s.store.retry_dead_matching(&f).await? {
+        0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
+        n => Ok(Json(json!({ "retried": n }))),
+    }
+}
+
+pub async fn discard_one(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, AppError> {
+    s.auth.mutate(&headers)?;
+    let f = one(&id)?;
+    match s.store.discard_dead_matching(&f).await? {
+        0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
+        n => Ok(Json(json!({ "discarded": n }))),
+    }
+}
+
+fn one(id: &str) -> Result<EventFilter, AppError> {
+    Ok(EventFilter {
+        id: Some(parse_id(id)?),
+        state: Some(EventState::Dead),
+        ..EventFilter::default()
+    })
+}
+
+/// Body of the bulk calls: the same filters as the listing, as JSON strings, plus `all` to
+/// act on every dead letter when no filter is given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Bulk {
+    event_type: Option<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    created_after: Option<String>,
+    created_before: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+fn bulk_filter(body: &Bytes) -> Result<EventFilter, AppError> {
+    let b: Bulk = if body.is_empty() {
+        return Err(AppError::BadRequest(
+            "send a JSON body with filters (event_type, aggregate_type, aggregate_id, \
+             created_after, created_before) or {\"all\": true}"
+                .into(),
+        ));
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| AppError::BadRequest(format!("invalid JSON body: {e}")))?
+    };
+    let pairs: Vec<(&str, &str)> = [
+        ("event_type", &b.event_type),
+        ("aggregate_type", &b.aggregate_type),
+        ("aggregate_id", &b.aggregate_id),
+        ("created_after", &b.created_after),
+        ("created_before", &b.created_before),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+    .collect();
+    let (mut f, _) = EventFilter::from_params(pairs)?;
+    if !f.is_narrowed() && !b.all {
+        return Err(AppError::BadRequest(
+            "no filter given: name at least one, or send \"all\": true to act on every dead letter"
+                .into(),
+        ));
+    }
+    f.state = Some(EventState::Dead);
+    Ok(f)
+}
+
+/// `POST /api/v1/dead-letters/retry` with a filter body.
+pub async fn retry_many(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AppError> {
+    s.auth.mutate(&headers)?;
+    let f = bulk_filter(&body)?;
+    let n = s.store.retry_dead_matching(&f).await?;
+    tracing::info!(retried = n, "dead letters retried through the admin API");
+    Ok(Json(json!({ "retried": n })))
+}
+
+/// `POST /api/v1/dead-letters/discard` with a filter body.
+pub async fn discard_many(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, AppError> {
+    s.auth.mutate(&headers)?;
+    let f = bulk_filter(&body)?;
+    let n = s.store.discard_dead_matching(&f).await?;
+    tracing::info!(
+        discarded = n,
+        "dead letters discarded through the admin API"
+    );
+    Ok(Json(json!({ "discarded": n })))
+}
+
+pub async fn not_found() -> AppError {
+    AppError::NotFound("no such API endpoint (see /api/v1/status)".into())
+}

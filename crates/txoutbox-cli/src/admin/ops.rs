@@ -1,0 +1,177 @@
+//! What `txoutbox relay` runs beside the relay: the admin listener, the gauge refresher and
+//! the retention purge, started from the relay's flags and stopped after it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use txoutbox::publish::Publisher;
+use txoutbox::retention::Purger;
+use txoutbox::store::postgres::PgStore;
+
+use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth};
+use crate::cli::{OpsArgs, RelayTuning};
+use crate::ctx::{Ctx, UsageError};
+
+/// What `txoutbox relay` runs beside the relay: the admin listener, the gauge refresher and
+/// the retention purge.
+pub struct Ops {
+    cancel: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Settings for [`Ops::start`].
+pub struct OpsConfig {
+    pub addr: Option<SocketAddr>,
+    pub token: Option<String>,
+    pub metrics_interval: Duration,
+    /// `None`: no purge task.
+    pub purger: Option<Purger>,
+    pub relay_id: String,
+    pub secrets: Vec<String>,
+    /// The address is the default one: if it is taken (another relay on this host), go on
+    /// without a listener rather than fail.
+    pub default_addr: bool,
+}
+
+/// Where the admin listener binds unless told otherwise.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8720";
+
+impl Ops {
+    /// Check the settings and bind the listener (errors here stop start-up).
+    pub async fn start(
+        cfg: OpsConfig,
+        store: Arc<PgStore>,
+        broker: Arc<dyn Publisher>,
+    ) -> anyhow::Result<Self> {
+        let cancel = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let metrics = match install_recorder() {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
+                None
+            }
+        };
+        ::metrics::gauge!(txoutbox::metrics::RELAY_INFO, "relay_id" => cfg.relay_id.clone())
+            .set(1.0);
+        let history = Arc::new(sampler::History::default());
+        tasks.push(tokio::spawn(sampler::run(
+            store.clone(),
+            metrics.clone(),
+            history.clone(),
+            cfg.metrics_interval,
+            cancel.clone(),
+        )));
+        if let Some(purger) = cfg.purger {
+            let (store, cancel) = (store.clone(), cancel.clone());
+            tracing::info!(keep = ?purger.keep, every = ?purger.every, batch = purger.batch, "retention purge on");
+            tasks.push(tokio::spawn(
+                async move { purger.run(&store, cancel).await },
+            ));
+        }
+        if let Some(addr) = cfg.addr {
+            let auth = Auth::new(cfg.token, addr).map_err(crate::ctx::UsageError)?;
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => l,
+                Err(e) if cfg.default_addr => {
+                    tracing::warn!(error = %e, %addr, "admin listener not started (set --admin-addr)");
+                    return Ok(Self { cancel, tasks });
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot listen on --admin-addr {addr}"))
+                }
+            };
+            let local = listener.local_addr().unwrap_or(addr);
+            let state = Arc::new(AdminState {
+                store,
+                auth,
+                metrics,
+                broker: Some(broker),
+                relay_id: Some(cfg.relay_id),
+                history,
+                secrets: cfg.secrets,
+            });
+            tracing::info!(addr = %local, "admin listener: http://{local}/ (metrics at /metrics)");
+            let app = router(state);
+            let c = cancel.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = serve(listener, app, c).await {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            }));
+        }
+        Ok(Self { cancel, tasks })
+    }
+
+    /// Stop everything and wait for it.
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+impl OpsConfig {
+    /// From the relay's flags; a bad address or a missing token is a usage error.
+    pub fn from_args(
+        ops: &OpsArgs,
+        tuning: &RelayTuning,
+        relay_id: &str,
+        urls: &[&str],
+    ) -> anyhow::Result<Self> {
+        let addr =
+            parse_addr(ops.admin_addr.as_deref().unwrap_or(DEFAULT_ADDR)).map_err(UsageError)?;
+        if let Some(addr) = addr {
+            Auth::new(ops.admin_token.clone(), addr).map_err(UsageError)?;
+        }
+        let mut secrets: Vec<String> = urls.iter().flat_map(|u| url_secrets(u)).collect();
+        secrets.extend(ops.admin_token.clone());
+        Ok(Self {
+            addr,
+            token: ops.admin_token.clone(),
+            metrics_interval: ops.metrics_interval,
+            purger: Some(Purger {
+                keep: tuning.retention_period,
+                batch: ops.retention_batch,
+                every: ops.retention_interval,
+                ..Purger::default()
+            }),
+            relay_id: relay_id.to_string(),
+            secrets,
+            default_addr: ops.admin_addr.is_none(),
+        })
+    }
+}
+
+/// A URL's password, as written and percent-decoded.
+fn url_secrets(u: &str) -> Vec<String> {
+    let Some(p) = url::Url::parse(u)
+        .ok()
+        .and_then(|u| u.password().map(str::to_string))
+    else {
+        return Vec::new();
+    };
+    let decoded = url::form_urlencoded::parse(format!("p={p}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned());
+    std::iter::once(p)
+        .chain(decoded)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Start the relay's companions on a small pool of their own, so admin calls and purges never
+/// take connections from the relay.
+pub async fn start_for_relay(
+    ctx: &Ctx,
+    cfg: OpsConfig,
+    broker: Arc<dyn Publisher>,
+) -> anyhow::Result<Ops> {
+    let pool = ctx.pool(3).await?;
+    let store = Arc::new(PgStore::new(pool, ctx.table.clone()));
+    Ops::start(cfg, store, broker).await
+}

@@ -1,0 +1,163 @@
+//! Database-backed gauges and the dashboard's short history, refreshed on an interval (not
+//! per scrape): one counts query per tick, however many scrapers or dashboards there are.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use txoutbox::metrics as m;
+use txoutbox::store::postgres::PgStore;
+use txoutbox::store::Store;
+
+/// Samples kept for the dashboard's chart (at 5 s: the last 15 minutes).
+const KEEP: usize = 180;
+
+/// One point of the dashboard's chart.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Sample {
+    /// Unix time, seconds.
+    pub t: f64,
+    pub pending: i64,
+    pub leased: i64,
+    pub dead: i64,
+    /// Events acknowledged per second since the previous sample.
+    pub published_per_sec: f64,
+    /// Mean commit-to-publish latency of the events published since the previous sample.
+    pub latency_secs: Option<f64>,
+}
+
+/// The last [`KEEP`] samples.
+#[derive(Debug, Default)]
+pub struct History {
+    inner: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    samples: VecDeque<Sample>,
+    /// (time, published_total, latency sum, latency count) at the previous sample.
+    last: Option<(f64, f64, f64, f64)>,
+}
+
+impl History {
+    pub fn samples(&self) -> Vec<Sample> {
+        self.inner
+            .lock()
+            .map(|s| s.samples.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn push(&self, c: &txoutbox::store::Counts, totals: (f64, f64, f64)) {
+        let t = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+        self.push_at(t, c, totals);
+    }
+
+    fn push_at(&self, t: f64, c: &txoutbox::store::Counts, totals: (f64, f64, f64)) {
+        let Ok(mut s) = self.inner.lock() else { return };
+        let (published_per_sec, latency_secs) = match s.last {
+            Some((t0, p0, sum0, n0)) if t > t0 => {
+                let n = totals.2 - n0;
+                (
+                    ((totals.0 - p0) / (t - t0)).max(0.0),
+                    (n > 0.0).then(|| (totals.1 - sum0) / n),
+                )
+            }
+            _ => (0.0, None),
+        };
+        s.last = Some((t, totals.0, totals.1, totals.2));
+        s.samples.push_back(Sample {
+            t,
+            pending: c.pending,
+            leased: c.leased,
+            dead: c.dead,
+            published_per_sec,
+            latency_secs,
+        });
+        while s.samples.len() > KEEP {
+            s.samples.pop_front();
+        }
+    }
+}
+
+/// Refresh the gauges and the history every `every` until `cancel`.
+pub async fn run(
+    store: Arc<PgStore>,
+    metrics: Option<PrometheusHandle>,
+    history: Arc<History>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        refresh(&store, metrics.as_ref(), &history).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+pub async fn refresh(store: &PgStore, metrics: Option<&PrometheusHandle>, history: &History) {
+    match store.counts().await {
+        Ok(c) => {
+            ::metrics::gauge!(m::PENDING).set(c.pending as f64);
+            ::metrics::gauge!(m::LEASED).set(c.leased as f64);
+            ::metrics::gauge!(m::DEAD).set(c.dead as f64);
+            ::metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS)
+                .set(c.oldest_pending_age_secs.unwrap_or(0.0).max(0.0));
+            let totals = metrics.map(totals).unwrap_or_default();
+            history.push(&c, totals);
+        }
+        Err(e) => tracing::warn!(error = %e, "could not refresh the outbox gauges"),
+    }
+    if let Some(h) = metrics {
+        h.run_upkeep();
+    }
+}
+
+/// (published total, commit-to-publish latency sum, count) from the rendered exposition.
+fn totals(h: &PrometheusHandle) -> (f64, f64, f64) {
+    let text = h.render();
+    let v = |name: &str| value(&text, name).unwrap_or(0.0);
+    (
+        v(m::PUBLISHED_TOTAL),
+        v(&format!("{}_sum", m::COMMIT_TO_PUBLISH_SECONDS)),
+        v(&format!("{}_count", m::COMMIT_TO_PUBLISH_SECONDS)),
+    )
+}
+
+/// The value of an unlabelled series in Prometheus text format.
+pub fn value(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_unlabelled_series() {
+        let text = "# TYPE a counter\na_total 12\na_total_x 3\nb{x=\"1\"} 4\nb_sum 1.5\n";
+        assert_eq!(value(text, "a_total"), Some(12.0));
+        assert_eq!(value(text, "b_sum"), Some(1.5));
+        assert_eq!(value(text, "b"), None);
+    }
+
+    #[test]
+    fn history_computes_rates() {
+        let h = History::default();
+        let c = txoutbox::store::Counts::default();
+        h.push_at(100.0, &c, (10.0, 1.0, 10.0));
+        h.push_at(105.0, &c, (20.0, 3.0, 20.0));
+        let s = h.samples();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[1].published_per_sec, 2.0);
+        assert_eq!(s[1].latency_secs, Some(0.2));
+    }
+}

@@ -1,0 +1,230 @@
+//! The dashboard end to end in a real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`, installed by scripts/tools.sh), driven over WebDriver: open the page
+//! served by a real relay, see the counts, retry a dead letter, see it published.
+//!
+//! Skips with a message when Chromium is not installed, except under CI (`CI` set), where a
+//! missing browser is a failure. `UPDATE_SCREENSHOT=1` also writes docs/dashboard.png.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+
+const TOKEN: &str = "browser-test-token";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn find_binary(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// Text of the element with this id, once it exists.
+async fn text_of(c: &Client, id: &str) -> String {
+    match c.find(Locator::Id(id)).await {
+        Ok(e) => e.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+async fn wait_text(c: &Client, id: &str, want: &str) {
+    wait_for_text(c, id, |t| t == want, want).await
+}
+
+async fn wait_for_text(c: &Client, id: &str, ok: impl Fn(&str) -> bool, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = text_of(c, id).await;
+        if ok(&got) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "#{id} shows {got:?}, expected {what:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Click the element, looking it up again if the page re-rendered it in between.
+async fn click(c: &Client, css: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let clicked = match c.find(Locator::Css(css)).await {
+            Ok(e) => e.click().await.is_ok(),
+            Err(_) => false,
+        };
+        if clicked {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "cannot click {css}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn dashboard_shows_counts_and_retries_a_dead_letter() {
+    let (Some(chromium), Some(driver)) = (
+        find_binary(&["chromium", "chromium-browser"]),
+        find_binary(&["chromedriver"]),
+    ) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium and chromedriver are required in CI (scripts/tools.sh installs them)"
+        );
+        eprintln!("SKIPPED dashboard browser test: chromium/chromedriver not installed (run scripts/tools.sh)");
+        return;
+    };
+    let db = TestSchema::migrated().await;
+    let dead = db.insert_events(1, 1).await[0];
+    sqlx::query(&format!(
+        "UPDATE {} SET dead_at = now(), attempts = 10, last_error = 'broker said: message too large' WHERE id = $1",
+        db.table()
+    ))
+    .bind(dead)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let admin_port = free_port();
+    let relay = db
+        .command(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+            "--metrics-interval",
+            "250ms",
+            "--relay-id",
+            "relay-a",
+        ])
+        .env("TXOUTBOX_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Some traffic, paced over a few seconds, so the chart has a line to draw.
+    for _ in 0..12 {
+        db.insert_events(150, 40).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let driver_port = free_port();
+    let mut chromedriver = tokio::process::Command::new(&driver)
+        .arg(format!("--port={driver_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_until(30, "chromedriver", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", driver_port))
+            .await
+            .is_ok()
+    })
+    .await;
+    let profile = std::env::temp_dir().join(unique("txo_chromium"));
+    let caps = serde_json::json!({
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1200,760",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    });
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps.as_object().unwrap().clone())
+        .connect(&format!("http://127.0.0.1:{driver_port}"))
+        .await
+        .expect("a WebDriver session with headless chromium");
+
+    client
+        .goto(&format!("http://127.0.0.1:{admin_port}/"))
+        .await
+        .unwrap();
+    wait_text(&client, "dead", "1").await;
+    wait_text(&client, "pending", "0").await;
+    let row = client
+        .wait()
+        .for_element(Locator::Css(&format!("tr[data-id='{dead}']")))
+        .await
+        .unwrap();
+    assert!(row.text().await.unwrap().contains("message too large"));
+    let shot = client.screenshot().await.unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::write(root.join("target/dashboard.png"), &shot).unwrap();
+    if std::env::var_os("UPDATE_SCREENSHOT").is_some() {
+        std::fs::write(root.join("docs/dashboard.png"), &shot).unwrap();
+    }
+
+    // Without the token, retry is refused and says why.
+    click(&client, &format!("button.retry[data-id='{dead}']")).await;
+    wait_for_text(
+        &client,
+        "message",
+        |t| t.starts_with("retry failed") && t.contains("bearer token"),
+        "retry failed: ... bearer token",
+    )
+    .await;
+    assert_eq!(text_of(&client, "dead").await, "1", "nothing changed");
+    client
+        .find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    client
+        .find(Locator::Id("token-save"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    click(&client, &format!("button.retry[data-id='{dead}']")).await;
+    wait_text(&client, "dead", "0").await;
+    wait_until(60, "the retried event published", || async {
+        db.scalar(&format!(
+            "SELECT count(*) FROM {{t}} WHERE id = '{dead}' AND processed_at IS NOT NULL"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    let hidden = client
+        .find(Locator::Id("no-dead"))
+        .await
+        .unwrap()
+        .attr("hidden")
+        .await
+        .unwrap();
+    assert!(hidden.is_none(), "the empty-table note shows");
+
+    client.close().await.unwrap();
+    let _ = chromedriver.kill().await;
+    let _ = std::fs::remove_dir_all(&profile);
+    signal(&relay, "TERM");
+    let mut relay = relay;
+    tokio::time::timeout(Duration::from_secs(30), relay.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    db.cleanup().await;
+}

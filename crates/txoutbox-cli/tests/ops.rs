@@ -1,0 +1,482 @@
+//! Operations through the real binary: the admin listener on a real socket, retention while
+//! the relay publishes, CLI parity with the API, log format and redaction.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "ops-test-token";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+async fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    // Chunked bodies: good enough to search in; JSON bodies here have a Content-Length.
+    (status, body)
+}
+
+async fn http_json(port: u16, path: &str) -> Value {
+    let (status, body) = http(port, "GET", path, None, "").await;
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+async fn wait_listening(port: u16) {
+    wait_until(60, "the admin listener", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+async fn stop(mut child: tokio::process::Child) {
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("relay exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "relay exit: {status}");
+}
+
+#[tokio::test]
+async fn admin_listener_serves_metrics_health_and_api() {
+    let db = TestSchema::migrated().await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let dead = db.insert_events(3, 3).await;
+    sqlx::query(&format!(
+        "UPDATE {} SET dead_at = now(), attempts = 10, last_error = 'boom' WHERE id = $1",
+        db.table()
+    ))
+    .bind(dead[0])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let relay = db
+        .command(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--admin-addr",
+            &addr,
+            "--metrics-interval",
+            "100ms",
+            "--relay-id",
+            "ops-relay-1",
+        ])
+        .env("TXOUTBOX_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port).await;
+    assert_eq!(http(port, "GET", "/healthz", None, "").await.0, 200);
+    let ready = http_json(port, "/readyz").await;
+    assert_eq!(ready["database"], "ok");
+    assert_eq!(ready["broker"], "ok");
+    // The two live events get published; the gauges follow within a refresh.
+    let want = [
+        "outbox_events_published_total 2",
+        "outbox_events_dead 1",
+        "outbox_events_pending 0",
+        "outbox_events_leased 0",
+        "outbox_relay_info{relay_id=\"ops-relay-1\"} 1",
+        "outbox_oldest_pending_age_seconds",
+        "outbox_batch_duration_seconds_bucket",
+        "outbox_commit_to_publish_seconds_bucket",
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, m) = http(port, "GET", "/metrics", None, "").await;
+        let missing: Vec<&str> = want.iter().copied().filter(|w| !m.contains(w)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{missing:?} missing from:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = http_json(port, "/api/v1/status").await;
+    assert_eq!(status["dead"], 1);
+    assert_eq!(status["relay_id"], "ops-relay-1");
+    // Refusals over the real socket, then the real thing.
+    let retry = format!("/api/v1/dead-letters/{}/retry", dead[0]);
+    assert_eq!(http(port, "POST", &retry, Some("nope"), "").await.0, 401);
+    assert_eq!(http(port, "POST", &retry, None, "").await.0, 401);
+    let (code, _) = http(
+        port,
+        "GET",
+        "/api/v1/dead-letters?created_after=today",
+        None,
+        "",
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, body) = http(port, "POST", &retry, Some(TOKEN), "").await;
+    assert_eq!(code, 200, "{body}");
+    wait_until(60, "the retried event published", || async {
+        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    stop(relay).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn non_loopback_admin_address_needs_a_token() {
+    let db = TestSchema::migrated().await;
+    let out = db
+        .cli(&["relay", "--publisher", "null:", "--admin-addr", "0.0.0.0:0"])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--admin-token"), "{}", stderr(&out));
+    let out = db
+        .cli(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--admin-addr",
+            "localhost:x",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--admin-addr"), "{}", stderr(&out));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn retention_purges_a_large_backlog_while_publishing() {
+    let db = TestSchema::migrated().await;
+    // 50,000 events published two days ago, and one old dead letter.
+    sqlx::query(&format!(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, processed_at, created_at)
+         SELECT 'order', (g % 100)::text, 'order.created', jsonb_build_object('n', g),
+                now() - interval '2 days', now() - interval '2 days'
+         FROM generate_series(1, 50000) g",
+        db.table()
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, dead_at, created_at, attempts, last_error)
+         VALUES ('order', 'x', 'order.created', '{{}}', now() - interval '3 days', now() - interval '3 days', 10, 'boom')",
+        db.table()
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let relay = db
+        .command(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--admin-addr",
+            "off",
+            "--retention-period",
+            "1d",
+            "--retention-interval",
+            "200ms",
+            "--retention-batch",
+            "2000",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // New events keep coming while the purge runs; every one must be published.
+    let mut written = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        db.insert_events(200, 50).await;
+        written += 200;
+        let old = db
+            .scalar("SELECT count(*) FROM {t} WHERE processed_at < now() - interval '1 day'")
+            .await;
+        if old == 0 && written >= 1000 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "backlog not purged: {old} left"
+        );
+        tokio::task::yield_now().await;
+    }
+    wait_until(60, "every new event published", || async {
+        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NULL AND dead_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    // Recent published events are kept (1d), the dead letter too.
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL")
+            .await,
+        written
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL")
+            .await,
+        1
+    );
+    stop(relay).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn retention_period_zero_deletes_on_settle() {
+    let db = TestSchema::migrated().await;
+    db.insert_events(50, 5).await;
+    let out = db
+        .cli(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--drain",
+            "--admin-addr",
+            "off",
+            "--retention-period",
+            "0",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(db.scalar("SELECT count(*) FROM {t}").await, 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cli_filters_match_the_api() {
+    let db = TestSchema::migrated().await;
+    let ids = db.insert_events(4, 4).await;
+    sqlx::query(&format!(
+        "UPDATE {} SET dead_at = now(), attempts = 3, last_error = 'boom',
+                event_type = CASE WHEN seq % 2 = 0 THEN 'order.paid' ELSE 'order.created' END
+         WHERE id = ANY($1)",
+        db.table()
+    ))
+    .bind(&ids[..3])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let lines = |o: &std::process::Output| -> Vec<Value> {
+        stdout(o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let out = db.cli(&["dlq", "list", "--json", "--limit", "2"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(lines(&out).len(), 2);
+    assert!(
+        stderr(&out).contains("--after-seq"),
+        "cursor for the next page"
+    );
+    let out = db
+        .cli(&[
+            "dlq",
+            "list",
+            "--json",
+            "--created-after",
+            "2999-01-01T00:00:00Z",
+        ])
+        .await;
+    assert_eq!(lines(&out).len(), 0);
+    let out = db
+        .cli(&["dlq", "list", "--created-after", "yesterday"])
+        .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("created-after"), "{}", stderr(&out));
+    let out = db
+        .cli(&["events", "list", "--json", "--state", "pending"])
+        .await;
+    assert_eq!(lines(&out).len(), 1);
+    let out = db
+        .cli(&["events", "show", &ids[3].to_string(), "--json"])
+        .await;
+    assert_eq!(lines(&out)[0]["id"], ids[3].to_string());
+    let out = db.cli(&["dlq", "show", &ids[3].to_string()]).await;
+    assert_eq!(out.status.code(), Some(1), "not a dead letter");
+    let out = db
+        .cli(&[
+            "dlq",
+            "retry",
+            "--all",
+            "--event-type",
+            "order.created",
+            "--json",
+        ])
+        .await;
+    let retried = lines(&out)[0]["retried"].as_i64().unwrap();
+    assert!(retried >= 1, "{}", stdout(&out));
+    let out = db.cli(&["dlq", "discard", "--all", "--json"]).await;
+    assert_eq!(lines(&out)[0]["discarded"].as_i64().unwrap(), 3 - retried);
+    let out = db.cli(&["status", "--json"]).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "table",
+        "relay_id",
+        "pending",
+        "leased",
+        "dead",
+        "processed",
+        "oldest_pending_age_secs",
+    ] {
+        assert!(v.get(key).is_some(), "status --json lacks {key}: {v}");
+    }
+    assert_eq!(v["dead"], 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn json_logs_carry_event_fields_and_no_passwords() {
+    let db = TestSchema::migrated().await;
+    db.insert_events(3, 3).await;
+    let out = db
+        .command(&[
+            "--log-format",
+            "json",
+            "relay",
+            "--publisher",
+            "null:",
+            "--drain",
+            "--admin-addr",
+            "off",
+        ])
+        .env("TXOUTBOX_LOG", "debug,sqlx=warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = stderr(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let published: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "published")
+        .collect();
+    assert_eq!(published.len(), 3, "{}", stderr(&out));
+    for l in published {
+        for f in ["event_id", "event_type", "aggregate_id", "attempt"] {
+            assert!(l["fields"].get(f).is_some(), "{f} missing: {l}");
+        }
+    }
+    // Passwords never appear, also not in errors.
+    let url = database_url().replace("postgres@", "postgres:pg-s3cr3t@");
+    let out = db
+        .command(&[
+            "relay",
+            "--publisher",
+            "amqp://guest:amqp-s3cr3t@127.0.0.1:1/%2f",
+            "--admin-addr",
+            "off",
+        ])
+        .env("DATABASE_URL", &url)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(!err.contains("s3cr3t"), "{err}");
+    let bad_db = "postgres://postgres:pg-s3cr3t@127.0.0.1:1/test";
+    let out = db
+        .command(&["status"])
+        .env("DATABASE_URL", bad_db)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!stderr(&out).contains("s3cr3t"), "{}", stderr(&out));
+    db.cleanup().await;
+}
+
+#[test]
+fn alert_rules_and_grafana_name_real_metrics() {
+    use txoutbox::metrics as m;
+    let known = [
+        m::PUBLISHED_TOTAL,
+        m::FAILED_TOTAL,
+        m::PENDING,
+        m::BATCH_DURATION_SECONDS,
+        m::DEAD_LETTERED_TOTAL,
+        m::COMMIT_TO_PUBLISH_SECONDS,
+        m::CLAIMED_TOTAL,
+        m::RELEASED_TOTAL,
+        m::FENCED_TOTAL,
+        m::LEASED,
+        m::DEAD,
+        m::OLDEST_PENDING_AGE_SECONDS,
+        m::RELAY_INFO,
+        m::PURGED_TOTAL,
+        m::PARTITIONS_OWNED,
+    ];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let grafana =
+        std::fs::read_to_string(root.join("deploy/grafana/txoutbox-dashboard.json")).unwrap();
+    let _: Value = serde_json::from_str(&grafana).expect("the Grafana dashboard is JSON");
+    for file in [
+        "deploy/prometheus/txoutbox-rules.yml",
+        "deploy/grafana/txoutbox-dashboard.json",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let names: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("outbox_"))
+            .collect();
+        assert!(!names.is_empty(), "{file}");
+        for n in names {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n);
+            assert!(known.contains(&base), "{file}: unknown metric {n}");
+        }
+    }
+}
