@@ -227,3 +227,31 @@ async fn config_file_is_read_and_flags_win() {
     std::fs::remove_dir_all(&dir).unwrap();
     db.cleanup().await;
 }
+
+/// The README's first command, on the test database: orders in transactions (some rolled
+/// back), the relay, and the check that exactly the committed events were delivered.
+#[tokio::test]
+async fn demo_delivers_exactly_the_committed_events() {
+    let db = TestSchema::new().await;
+    let dir = std::env::temp_dir().join(unique("txo_demo"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("events.jsonl");
+    let url = format!("file:{}", path.display());
+    let out = db
+        .cli(&["demo", "--orders", "25", "--publisher", &url])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("OK: every committed event was delivered"),
+        "{}",
+        stderr(&out)
+    );
+    let lines = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        lines.lines().count(),
+        20,
+        "25 orders, every 5th rolled back"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    db.cleanup().await;
+}

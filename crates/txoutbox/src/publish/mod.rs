@@ -18,10 +18,19 @@ mod url;
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "redis", feature = "mqtt", feature = "http"))]
+pub mod cloudevents;
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::fmt;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 
@@ -91,6 +100,8 @@ pub struct PublishError {
     message: String,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    /// How long the broker asked us to wait before trying again (HTTP `Retry-After`).
+    retry_after: Option<Duration>,
 }
 
 impl PublishError {
@@ -99,6 +110,7 @@ impl PublishError {
             kind,
             message: message.into(),
             source: None,
+            retry_after: None,
         }
     }
     pub fn transient(message: impl Into<String>) -> Self {
@@ -117,6 +129,16 @@ impl PublishError {
     }
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+    /// Record how long the broker asked us to wait before the next attempt.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+    /// How long the broker asked us to wait before the next attempt, if it said so. (The
+    /// relay does not use this yet: it backs off by its own schedule.)
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
     pub fn is_permanent(&self) -> bool {
         self.kind == ErrorKind::Permanent
@@ -143,7 +165,7 @@ impl PublishError {
 pub enum ConfigError {
     #[error("publisher URL {url:?} is not a valid URL: {reason}")]
     BadUrl { url: String, reason: String },
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, redis, mqtt, http, https, stdout, file, null)")]
     UnknownScheme { scheme: String },
     #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
     FeatureNotEnabled {
@@ -182,6 +204,30 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         s @ ("amqp" | "amqps") => Err(ConfigError::FeatureNotEnabled {
             scheme: s.into(),
             feature: "amqp",
+        }
+        .into()),
+        #[cfg(feature = "redis")]
+        "redis" => Ok(Box::new(redis::RedisPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "redis"))]
+        "redis" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "redis".into(),
+            feature: "redis",
+        }
+        .into()),
+        #[cfg(feature = "mqtt")]
+        "mqtt" => Ok(Box::new(mqtt::MqttPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "mqtt"))]
+        "mqtt" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "mqtt".into(),
+            feature: "mqtt",
+        }
+        .into()),
+        #[cfg(feature = "http")]
+        "http" | "https" => Ok(Box::new(http::HttpPublisher::connect(&parsed)?)),
+        #[cfg(not(feature = "http"))]
+        s @ ("http" | "https") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
+            feature: "http",
         }
         .into()),
         other => Err(ConfigError::UnknownScheme {

@@ -1,0 +1,404 @@
+//! `http://` and `https://` — webhooks, signed per the Standard Webhooks convention.
+//!
+//! ```text
+//! https://hooks.example.com/outbox?token=abc&timeout=10s&secret_file=/run/secrets/webhook
+//! ```
+//!
+//! The URL is the endpoint, minus the parameters txoutbox reads itself: `timeout` (per request,
+//! default `10s`), `secret_file` (a file holding the signing secret), `cloudevents` and
+//! `ce_source`. Every other query parameter stays on the endpoint.
+//!
+//! Each event is one `POST` of the payload (`content-type: application/json`) with the
+//! `outbox-*` contract headers, the user headers, and the Standard Webhooks headers
+//! `webhook-id` (the event id: the same on every retry, for the receiver's dedup),
+//! `webhook-timestamp` (unix seconds) and `webhook-signature`
+//! (`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`). The secret comes from
+//! `secret_file` or else the environment variable `TXOUTBOX_WEBHOOK_SECRET`; a `whsec_` prefix
+//! means base64 after it, as the convention has it; without a secret nothing is signed. With
+//! `cloudevents=true` the request also carries the CloudEvents HTTP binary-mode headers
+//! `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`.
+//!
+//! An event is delivered when the endpoint answers 2xx. 408, 429 and 5xx are transient (with
+//! `Retry-After` kept on the error); other answers (4xx, and 3xx: redirects are not followed)
+//! are permanent. A failed connection is *unavailable*; a request that got no answer within
+//! `timeout` is transient. All requests share one client and its pool of keep-alive
+//! connections; requests overlap, so only the relay's ordered mode (one event of an aggregate
+//! in flight at a time) keeps an aggregate's order.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use sha2::Sha256;
+
+use super::cloudevents::CloudEvents;
+use super::url::PublisherUrl;
+use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
+
+/// Parameters txoutbox takes off the endpoint URL.
+const PARAMS: &[&str] = &["timeout", "secret_file", "cloudevents", "ce_source"];
+/// Where the signing secret comes from when `secret_file` is not given.
+pub const SECRET_ENV: &str = "TXOUTBOX_WEBHOOK_SECRET";
+/// Prefix of a base64-encoded secret (Standard Webhooks).
+const SECRET_PREFIX: &str = "whsec_";
+/// Longest part of an error response body quoted in an error message.
+const BODY_EXCERPT: usize = 200;
+/// Headers a user header may not set.
+const RESERVED: &[&str] = &[
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "host",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+/// POSTs every event to one endpoint.
+pub struct HttpPublisher {
+    client: reqwest::Client,
+    endpoint: reqwest::Url,
+    /// The endpoint as safe to print: no password and no query (it may hold a token).
+    shown: String,
+    secret: Option<Vec<u8>>,
+    cloudevents: Option<CloudEvents>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpPublisher")
+            .field("endpoint", &self.shown)
+            .field("signed", &self.secret.is_some())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpPublisher {
+    /// Check the URL, read the secret and build the client (no request is made).
+    pub fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
+        let u = url.url();
+        if u.host_str().unwrap_or_default().is_empty() {
+            return Err(ConfigError::BadUrl {
+                url: url.redacted(),
+                reason: "needs a host, e.g. https://hooks.example.com/outbox".into(),
+            }
+            .into());
+        }
+        let timeout = url.duration_param("timeout", Duration::from_secs(10))?;
+        let secret = match url.param("secret_file") {
+            Some(path) => Some(read_secret_file(path)?),
+            None => match std::env::var(SECRET_ENV) {
+                Ok(s) => Some(decode_secret(&s).map_err(|reason| ConfigError::BadParam {
+                    name: SECRET_ENV.into(),
+                    reason,
+                })?),
+                Err(_) => None,
+            },
+        };
+        let cloudevents = CloudEvents::from_url(url)?;
+        let endpoint = endpoint(u);
+        let mut shown = endpoint.clone();
+        shown.set_query(None);
+        let shown = super::redact_url(shown.as_str());
+        if secret.is_none() {
+            tracing::warn!(endpoint = %shown, "no webhook secret ({SECRET_ENV} or secret_file): requests are not signed");
+        }
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                PublishError::unavailable("cannot build the HTTP client").with_source(e)
+            })?;
+        Ok(Self {
+            client,
+            endpoint,
+            shown,
+            secret,
+            cloudevents,
+            timeout,
+        })
+    }
+
+    /// The request headers of one event, or a permanent error if one cannot be sent.
+    fn headers(&self, m: &Message, timestamp: i64) -> Result<HeaderMap, PublishError> {
+        let mut map = HeaderMap::new();
+        let mut put = |name: &str, value: &str| -> Result<(), PublishError> {
+            let bad = |what: &str| {
+                PublishError::permanent(format!(
+                    "event {}: header {name:?}: {what} cannot be sent in HTTP",
+                    m.id
+                ))
+            };
+            let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("the name"))?;
+            let v = HeaderValue::from_str(value).map_err(|_| bad("the value"))?;
+            map.insert(n, v);
+            Ok(())
+        };
+        put(CONTENT_TYPE.as_str(), "application/json")?;
+        let id = m.id.to_string();
+        put("webhook-id", &id)?;
+        put("webhook-timestamp", &timestamp.to_string())?;
+        if let Some(secret) = &self.secret {
+            put("webhook-signature", &sign(secret, &id, timestamp, &m.body))?;
+        }
+        let contract = m.contract_headers();
+        for (name, value) in &contract {
+            put(name, value)?;
+        }
+        let mut ce_names = Vec::new();
+        if let Some(ce) = &self.cloudevents {
+            for (name, value) in ce.attributes(m) {
+                // `datacontenttype` travels as `content-type`, set above.
+                if name != "datacontenttype" {
+                    let name = format!("ce-{name}");
+                    put(&name, &value)?;
+                    ce_names.push(name);
+                }
+            }
+        }
+        for (name, value) in &m.headers {
+            let reserved = RESERVED.iter().any(|r| name.eq_ignore_ascii_case(r))
+                || contract.iter().any(|(c, _)| name.eq_ignore_ascii_case(c))
+                || ce_names.iter().any(|c| name.eq_ignore_ascii_case(c));
+            if reserved {
+                tracing::debug!(event = %m.id, header = %name, "user header shadows a reserved header; dropped");
+                continue;
+            }
+            put(name, value)?;
+        }
+        Ok(map)
+    }
+}
+
+/// The URL without txoutbox's own parameters (the others keep their order).
+fn endpoint(u: &url::Url) -> url::Url {
+    let kept: Vec<(String, String)> = u
+        .query_pairs()
+        .filter(|(k, _)| !PARAMS.contains(&k.as_ref()))
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let mut out = u.clone();
+    out.set_query(None);
+    if !kept.is_empty() {
+        out.query_pairs_mut().extend_pairs(kept);
+    }
+    out
+}
+
+fn read_secret_file(path: &str) -> Result<Vec<u8>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::BadParam {
+        name: "secret_file".into(),
+        reason: format!("cannot read {path:?}: {e}"),
+    })?;
+    decode_secret(&text).map_err(|reason| ConfigError::BadParam {
+        name: "secret_file".into(),
+        reason: format!("{path:?}: {reason}"),
+    })
+}
+
+/// The key bytes of a secret: base64 after `whsec_`, else the text itself (never quoted in
+/// errors).
+pub fn decode_secret(text: &str) -> Result<Vec<u8>, String> {
+    let text = text.trim();
+    let key = match text.strip_prefix(SECRET_PREFIX) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|_| {
+                format!("the secret starts with {SECRET_PREFIX} but the rest is not base64")
+            })?,
+        None => text.as_bytes().to_vec(),
+    };
+    if key.is_empty() {
+        return Err("the secret is empty".into());
+    }
+    Ok(key)
+}
+
+/// `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`.
+pub fn sign(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    // HMAC takes keys of any length.
+    let mut mac = match Hmac::<Sha256>::new_from_slice(key) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC accepts keys of any length"),
+    };
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let sig = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    format!("v1,{sig}")
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+        .to_std()
+        .ok()
+}
+
+/// What the relay should do with this answer.
+async fn settle(id: uuid::Uuid, shown: &str, resp: reqwest::Response) -> Result<(), PublishError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let after = retry_after(resp.headers());
+    let excerpt = body_excerpt(resp).await;
+    let what = format!("event {id}: {shown} answered {status}{excerpt}");
+    let code = status.as_u16();
+    let err = if code == 408 || code == 429 || status.is_server_error() {
+        PublishError::transient(what)
+    } else if status.is_redirection() {
+        PublishError::permanent(format!(
+            "{what} (redirects are not followed: use the final URL)"
+        ))
+    } else if status.is_client_error() {
+        PublishError::permanent(what)
+    } else {
+        PublishError::transient(what)
+    };
+    Err(match after {
+        Some(d) => err.with_retry_after(d),
+        None => err,
+    })
+}
+
+/// `: <start of the body>` for error messages, or nothing.
+async fn body_excerpt(mut resp: reqwest::Response) -> String {
+    let mut buf = Vec::new();
+    while buf.len() < BODY_EXCERPT {
+        match resp.chunk().await {
+            Ok(Some(c)) => buf.extend_from_slice(&c),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&buf[..buf.len().min(BODY_EXCERPT)]);
+    let text = text.trim();
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(": {text}")
+    }
+}
+
+/// A failed request (no answer): unavailable if we could not connect, else transient.
+fn request_error(
+    id: uuid::Uuid,
+    shown: &str,
+    timeout: Duration,
+    e: reqwest::Error,
+) -> PublishError {
+    // `without_url`: the URL may hold a password or a token.
+    let e = e.without_url();
+    if e.is_connect() {
+        PublishError::unavailable(format!("event {id}: cannot connect to {shown}")).with_source(e)
+    } else if e.is_timeout() {
+        PublishError::transient(format!(
+            "event {id}: no answer from {shown} within {timeout:?}"
+        ))
+        .with_source(e)
+    } else {
+        PublishError::transient(format!("event {id}: request to {shown} failed")).with_source(e)
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for HttpPublisher {
+    fn kind(&self) -> &'static str {
+        "http"
+    }
+
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        let headers = self.headers(message, chrono::Utc::now().timestamp())?;
+        let request = self
+            .client
+            .post(self.endpoint.clone())
+            .headers(headers)
+            .body(message.body.clone());
+        let (id, shown, timeout) = (message.id, self.shown.clone(), self.timeout);
+        // Start the request now; the ack waits for its answer.
+        let task = tokio::spawn(async move {
+            match request.send().await {
+                Ok(resp) => settle(id, &shown, resp).await,
+                Err(e) => Err(request_error(id, &shown, timeout, e)),
+            }
+        });
+        Ok(Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Err(
+                    PublishError::transient(format!("event {id}: request task failed"))
+                        .with_source(e),
+                )
+            })
+        }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_params_are_taken_off_the_endpoint() {
+        let u =
+            url::Url::parse("https://u:p@h/x?token=a%20b&timeout=5s&secret_file=/s&z=1").unwrap();
+        assert_eq!(endpoint(&u).as_str(), "https://u:p@h/x?token=a+b&z=1");
+        let u = url::Url::parse("http://h/x?timeout=5s").unwrap();
+        assert_eq!(endpoint(&u).as_str(), "http://h/x");
+    }
+
+    #[test]
+    fn secrets_decode() {
+        assert_eq!(decode_secret("whsec_aGVsbG8=\n").unwrap(), b"hello");
+        assert_eq!(decode_secret("plain").unwrap(), b"plain");
+        assert!(decode_secret("whsec_***").is_err());
+        assert!(decode_secret("  ").is_err());
+    }
+
+    #[test]
+    fn signature_matches_the_standard_webhooks_example() {
+        // The example from the Standard Webhooks specification.
+        let key = decode_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let sig = sign(
+            &key,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        );
+        assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn retry_after_parses() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        let later = (chrono::Utc::now() + chrono::Duration::seconds(60)).to_rfc2822();
+        h.insert("retry-after", HeaderValue::from_str(&later).unwrap());
+        let d = retry_after(&h).unwrap();
+        assert!(
+            d > Duration::from_secs(50) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h), None);
+    }
+}
