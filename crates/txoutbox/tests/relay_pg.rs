@@ -821,3 +821,47 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
     assert_eq!(pb.acked_count(), 10);
     db.cleanup().await;
 }
+
+/// Refuses everything, asking to come back later (as an HTTP 429 with Retry-After would).
+struct SaysRetryAfter(Duration);
+
+#[async_trait::async_trait]
+impl txoutbox::publish::Publisher for SaysRetryAfter {
+    fn kind(&self) -> &'static str {
+        "retry-after"
+    }
+    async fn send(
+        &self,
+        m: &txoutbox::publish::Message,
+    ) -> Result<txoutbox::publish::Ack, txoutbox::publish::PublishError> {
+        Err(
+            txoutbox::publish::PublishError::transient(format!("{} throttled", m.id))
+                .with_retry_after(self.0),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_brokers_retry_after_is_honoured() {
+    let db = TestDb::new().await;
+    let id = db.outbox().enqueue(&db.pool, &event(1)).await.unwrap();
+    let mut cfg = config("retry-after");
+    cfg.backoff.max = Duration::from_secs(60);
+    let relay = Relay::new(
+        db.store(),
+        Box::new(SaysRetryAfter(Duration::from_secs(30))),
+        cfg,
+    );
+    let report = relay
+        .run_once(&tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(report.failed, 1);
+    let row = db.row(id).await;
+    let wait = row.available_at - row.db_now;
+    assert!(
+        wait > chrono::Duration::seconds(25),
+        "retried after {wait:?}, not after the broker's 30 s"
+    );
+    db.cleanup().await;
+}

@@ -113,7 +113,13 @@ impl Relay {
                             retry_in: if dead {
                                 Duration::ZERO
                             } else {
-                                cfg.backoff.delay(failures, &mut rng)
+                                // A broker that says when to come back (HTTP Retry-After) is
+                                // honoured, capped at the longest backoff.
+                                let backoff = cfg.backoff.delay(failures, &mut rng);
+                                match e.retry_after() {
+                                    Some(after) => after.min(cfg.backoff.max).max(backoff),
+                                    None => backoff,
+                                }
                             },
                             dead,
                             unavailable,
