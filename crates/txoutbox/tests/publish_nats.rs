@@ -298,3 +298,34 @@ async fn missing_stream_without_create_is_refused() {
         other => panic!("{other}"),
     }
 }
+
+#[tokio::test]
+async fn cloudevents_binary_mode_headers() -> anyhow::Result<()> {
+    let scope = Scope::new();
+    let result = async {
+        let p = publisher(&scope.url("&cloudevents=true&ce_source=/shop")).await?;
+        let m = message(7);
+        p.send(&m).await?.await?;
+        let s = stream(&scope).await?;
+        wait_for_count(&s, 1).await?;
+        let first = s.get_info().await?.state.first_sequence;
+        let got = s.get_raw_message(first).await?;
+        let h = |name: &str| got.headers.get(name).map(|v| v.as_str().to_string());
+        assert_eq!(h("ce-id"), Some(m.id.to_string()));
+        assert_eq!(h("ce-type").as_deref(), Some("created"));
+        assert_eq!(h("ce-source").as_deref(), Some("/shop"));
+        assert_eq!(h("ce-subject").as_deref(), Some("o-7"));
+        assert_eq!(h("ce-specversion").as_deref(), Some("1.0"));
+        assert_eq!(h("content-type").as_deref(), Some("application/json"));
+        assert!(h("ce-time").is_some());
+        assert_eq!(
+            got.payload.as_ref(),
+            m.body.as_slice(),
+            "the body stays the payload"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    scope.cleanup().await;
+    result
+}

@@ -40,6 +40,8 @@ const PARAMS: &[&str] = &[
     "connect_timeout",
     "bind_queue",
     "bind_key",
+    "cloudevents",
+    "ce_source",
 ];
 /// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
 /// this many bytes.
@@ -81,6 +83,8 @@ struct Settings {
     declare: bool,
     /// Declare this durable queue and bind it to the exchange (simple setups, benchmarks).
     bind_queue: Option<(String, String)>,
+    /// `cloudevents=true`: CloudEvents AMQP binding (`cloudEvents:`-prefixed headers).
+    cloudevents: Option<super::cloudevents::CloudEvents>,
     confirm_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -144,6 +148,7 @@ impl Settings {
             routing_key,
             declare,
             bind_queue,
+            cloudevents: super::cloudevents::CloudEvents::from_url(url)?,
             confirm_timeout,
             connect_timeout,
         })
@@ -345,7 +350,7 @@ impl Publisher for AmqpPublisher {
 
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let routing_key = self.settings.routing_key.render(message);
-        let properties = properties(message, &routing_key)?;
+        let properties = properties(message, &routing_key, self.settings.cloudevents.as_ref())?;
         let sent = Sent {
             id: message.id,
             body_len: message.body.len(),
@@ -470,7 +475,11 @@ impl Publisher for AmqpPublisher {
 
 /// The AMQP properties of one message: persistent, JSON, with id, type, timestamp and the
 /// contract and user headers. Refuses what AMQP cannot carry.
-fn properties(m: &Message, routing_key: &str) -> Result<BasicProperties, PublishError> {
+fn properties(
+    m: &Message,
+    routing_key: &str,
+    cloudevents: Option<&super::cloudevents::CloudEvents>,
+) -> Result<BasicProperties, PublishError> {
     let too_long = |what: &str, len: usize| {
         PublishError::permanent(format!(
             "event {}: {what} is {len} bytes long; AMQP allows at most {MAX_SHORTSTR}",
@@ -515,6 +524,18 @@ fn properties(m: &Message, routing_key: &str) -> Result<BasicProperties, Publish
             ShortString::from(name.as_str()),
             AMQPValue::LongString(LongString::from(value.as_str())),
         );
+    }
+    if let Some(ce) = cloudevents {
+        // The AMQP protocol binding, binary mode: `cloudEvents:` application properties; the
+        // content type is the message's own property.
+        for (name, value) in ce.attributes(m) {
+            if name != "datacontenttype" {
+                headers.insert(
+                    ShortString::from(format!("cloudEvents:{name}")),
+                    AMQPValue::LongString(LongString::from(value.as_str())),
+                );
+            }
+        }
     }
     Ok(BasicProperties::default()
         .with_content_type(ShortString::from("application/json"))
@@ -681,12 +702,40 @@ mod tests {
     }
 
     #[test]
+    fn cloudevents_are_amqp_binding_headers() {
+        let url =
+            super::super::url::parse("amqp://h/%2f?cloudevents=true&ce_source=/orders").unwrap();
+        let s = Settings::from_url(&url).unwrap();
+        let m = msg();
+        let p = properties(&m, "k", s.cloudevents.as_ref()).unwrap();
+        let h = p.headers().as_ref().unwrap();
+        let get = |k: &str| match h.inner().get(k) {
+            Some(AMQPValue::LongString(s)) => {
+                Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+            }
+            _ => None,
+        };
+        assert_eq!(get("cloudEvents:id"), Some(m.id.to_string()));
+        assert_eq!(get("cloudEvents:type").as_deref(), Some("order.created"));
+        assert_eq!(get("cloudEvents:source").as_deref(), Some("/orders"));
+        assert_eq!(get("cloudEvents:subject").as_deref(), Some("42"));
+        assert_eq!(get("cloudEvents:specversion").as_deref(), Some("1.0"));
+        assert!(get("cloudEvents:time").is_some());
+        let plain = properties(&m, "k", None).unwrap();
+        let plain = plain.headers().as_ref().unwrap();
+        assert!(plain
+            .inner()
+            .keys()
+            .all(|k| !k.as_str().starts_with("cloudEvents:")));
+    }
+
+    #[test]
     fn properties_follow_the_contract() {
         let mut m = msg();
         m.headers.insert("traceparent".into(), "00-x-01".into());
         m.headers
             .insert("outbox-event-type".into(), "forged".into());
-        let p = properties(&m, "order.created").unwrap();
+        let p = properties(&m, "order.created", None).unwrap();
         assert_eq!(p.delivery_mode(), &Some(2));
         assert_eq!(
             p.message_id().as_ref().map(|s| s.as_str()),
@@ -709,14 +758,16 @@ mod tests {
         assert_eq!(get("outbox-event-type").as_deref(), Some("order.created"));
         assert_eq!(get("outbox-aggregate-id").as_deref(), Some("42"));
 
-        assert!(properties(&m, &"k".repeat(256)).unwrap_err().is_permanent());
-        assert!(properties(&m, &"k".repeat(255)).is_ok());
+        assert!(properties(&m, &"k".repeat(256), None)
+            .unwrap_err()
+            .is_permanent());
+        assert!(properties(&m, &"k".repeat(255), None).is_ok());
         let mut long = msg();
         long.headers.insert("h".repeat(300), "v".into());
-        assert!(properties(&long, "k").unwrap_err().is_permanent());
+        assert!(properties(&long, "k", None).unwrap_err().is_permanent());
         let mut long = msg();
         long.event_type = "t".repeat(300);
-        assert!(properties(&long, "k").unwrap_err().is_permanent());
+        assert!(properties(&long, "k", None).unwrap_err().is_permanent());
     }
 
     #[test]

@@ -21,6 +21,7 @@ use async_nats::connection::State;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
+use super::cloudevents::CloudEvents;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -30,6 +31,8 @@ const PARAMS: &[&str] = &[
     "create_stream",
     "ack_timeout",
     "connect_timeout",
+    "cloudevents",
+    "ce_source",
 ];
 const DEFAULT_STREAM: &str = "OUTBOX";
 const DEFAULT_SUBJECT: &str = "outbox.{aggregate_type}.{event_type}";
@@ -50,6 +53,8 @@ pub struct NatsPublisher {
     /// The stream to (re)create when it is missing, if `create_stream` is on.
     stream_config: Option<jetstream::stream::Config>,
     redacted_url: String,
+    /// `cloudevents=true`: CloudEvents NATS binding headers (`ce-id`, `ce-type`, ...).
+    cloudevents: Option<CloudEvents>,
 }
 
 impl std::fmt::Debug for NatsPublisher {
@@ -72,6 +77,7 @@ struct Settings {
     create_stream: bool,
     ack_timeout: Duration,
     connect_timeout: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl Settings {
@@ -93,6 +99,7 @@ impl Settings {
         }
         let ack_timeout = url.duration_param("ack_timeout", Duration::from_secs(10))?;
         let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(5))?;
+        let cloudevents = CloudEvents::from_url(url)?;
 
         let u = url.url();
         let host = u.host_str().ok_or_else(|| ConfigError::BadUrl {
@@ -116,6 +123,7 @@ impl Settings {
             create_stream,
             ack_timeout,
             connect_timeout,
+            cloudevents,
         })
     }
 }
@@ -227,6 +235,7 @@ impl NatsPublisher {
             ack_timeout: settings.ack_timeout,
             stream_config,
             redacted_url,
+            cloudevents: settings.cloudevents,
         })
     }
 
@@ -266,7 +275,24 @@ impl Publisher for NatsPublisher {
                 message.body.len()
             )));
         }
-        let headers = headers(message)?;
+        let mut headers = headers(message)?;
+        if let Some(ce) = &self.cloudevents {
+            // The NATS protocol binding, binary mode: `ce-` headers, `content-type`.
+            for (name, value) in ce.attributes(message) {
+                let name = if name == "datacontenttype" {
+                    "content-type".to_string()
+                } else {
+                    format!("ce-{name}")
+                };
+                let value = HeaderValue::from_str(&value).map_err(|_| {
+                    PublishError::permanent(format!(
+                        "event {}: CloudEvents attribute {name} cannot be carried by NATS",
+                        message.id
+                    ))
+                })?;
+                headers.insert(name.as_str(), value);
+            }
+        }
 
         let ack = self
             .jetstream
