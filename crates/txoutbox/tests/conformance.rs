@@ -1,0 +1,686 @@
+//! One conformance suite that every publisher passes, against its real broker on loopback:
+//! the delivered fields of the message contract, the dedup id, the order of one key's
+//! messages sent pipelined, permanent versus transient classification, and an unreachable
+//! broker. Each broker only says how to read back what it received (`Broker`).
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+#![cfg(all(
+    feature = "nats",
+    feature = "amqp",
+    feature = "redis",
+    feature = "mqtt",
+    feature = "http"
+))]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use txoutbox::publish::{self, ConnectError, Message, PublishError, Publisher};
+
+/// What a broker received, mapped onto the contract: the broker's dedup field, the metadata
+/// (by the contract's header names) and the body.
+#[derive(Debug, Clone)]
+struct Received {
+    dedup_id: String,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+#[async_trait::async_trait]
+trait Broker: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// The publisher URL for this test's own destination.
+    fn url(&self) -> String;
+    /// A publisher URL whose broker does not answer.
+    fn unreachable_url(&self) -> String;
+    /// A URL and a message this broker must refuse for good, if it has such a thing.
+    fn poison(&self, m: Message) -> Option<(String, Message)>;
+    /// Does the broker receive one publisher's messages in the order they were sent, even
+    /// when they are sent without waiting for acknowledgements?
+    fn keeps_send_order(&self) -> bool {
+        true
+    }
+    /// Everything received so far, in the broker's order.
+    async fn received(&self) -> Vec<Received>;
+    async fn cleanup(&self);
+}
+
+fn suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
+}
+
+fn message(n: usize, aggregate: usize) -> Message {
+    let mut headers = BTreeMap::new();
+    headers.insert("traceparent".to_string(), format!("00-trace-{n}-01"));
+    Message {
+        id: uuid::Uuid::now_v7(),
+        seq: n as i64,
+        aggregate_type: "order".into(),
+        aggregate_id: format!("o-{aggregate}"),
+        event_type: "created".into(),
+        body: serde_json::to_vec(&serde_json::json!({ "n": n, "text": "héllo" })).unwrap(),
+        headers,
+        created_at: chrono::Utc::now(),
+        attempt: 1,
+    }
+}
+
+async fn connect(url: &str) -> Box<dyn Publisher> {
+    match publish::connect(url).await {
+        Ok(p) => p,
+        Err(e) => panic!("connect {url}: {e}"),
+    }
+}
+
+async fn wait_received(b: &dyn Broker, n: usize) -> Vec<Received> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = b.received().await;
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: {} of {n} received",
+            b.name(),
+            got.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Send and wait for the broker's verdict.
+async fn publish_one(p: &dyn Publisher, m: &Message) -> Result<(), PublishError> {
+    p.send(m).await?.await
+}
+
+async fn suite(b: &dyn Broker) {
+    let name = b.name();
+    let p = connect(&b.url()).await;
+
+    // 1. Delivered fields, sent pipelined over three keys: all sends first, then all acks.
+    let messages: Vec<Message> = (0..60).map(|n| message(n, n % 3)).collect();
+    let mut acks = Vec::new();
+    for m in &messages {
+        acks.push(
+            p.send(m)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: send: {e}")),
+        );
+    }
+    for a in acks {
+        a.await.unwrap_or_else(|e| panic!("{name}: ack: {e}"));
+    }
+    let got = wait_received(b, messages.len()).await;
+    let by_id: HashMap<&str, &Received> = got.iter().map(|r| (r.dedup_id.as_str(), r)).collect();
+    for m in &messages {
+        let id = m.id.to_string();
+        let r = by_id
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("{name}: event {id} not received under its dedup id"));
+        assert_eq!(r.body, m.body, "{name}: the body is the payload");
+        for (h, v) in m.contract_headers() {
+            assert_eq!(r.headers.get(h), Some(&v), "{name}: header {h}");
+        }
+        assert_eq!(
+            r.headers.get("traceparent").map(String::as_str),
+            m.headers.get("traceparent").map(String::as_str),
+            "{name}: user header"
+        );
+    }
+
+    // 2. One key's messages arrive in the order they were sent.
+    if b.keeps_send_order() {
+        for key in 0..3 {
+            let aggregate = format!("o-{key}");
+            let sent: Vec<String> = messages
+                .iter()
+                .filter(|m| m.aggregate_id == aggregate)
+                .map(|m| m.id.to_string())
+                .collect();
+            let arrived: Vec<String> = got
+                .iter()
+                .filter(|r| r.headers.get("outbox-aggregate-id") == Some(&aggregate))
+                .map(|r| r.dedup_id.clone())
+                .collect();
+            assert_eq!(arrived, sent, "{name}: order of key {aggregate}");
+        }
+    }
+
+    // 3. A redelivery carries the same dedup id (or the broker drops it itself).
+    publish_one(p.as_ref(), &messages[0]).await.unwrap();
+    let again = b.received().await;
+    let copies = again
+        .iter()
+        .filter(|r| r.dedup_id == messages[0].id.to_string())
+        .count();
+    assert!((1..=2).contains(&copies), "{name}: {copies} copies");
+
+    // 4. What the broker can never take is permanent.
+    if let Some((url, poison)) = b.poison(message(999, 9)) {
+        let pp = connect(&url).await;
+        let e = publish_one(pp.as_ref(), &poison)
+            .await
+            .expect_err("the poison message must fail");
+        assert!(e.is_permanent(), "{name}: {e} should be permanent");
+        // ...and the publisher goes on working.
+        publish_one(pp.as_ref(), &message(1000, 9))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: after a permanent failure: {e}"));
+        pp.close().await.unwrap();
+    }
+    p.close().await.unwrap();
+
+    // 5. An unreachable broker is not permanent, and says so quickly.
+    let started = Instant::now();
+    let result = match tokio::time::timeout(
+        Duration::from_secs(30),
+        publish::connect(&b.unreachable_url()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{name}: connect to an unreachable broker hangs"))
+    {
+        Err(ConnectError::Publish(e)) => Err(e),
+        Err(ConnectError::Config(e)) => panic!("{name}: {e}"),
+        Ok(p) => tokio::time::timeout(
+            Duration::from_secs(30),
+            publish_one(p.as_ref(), &message(1, 1)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name}: a publish to an unreachable broker hangs")),
+    };
+    let e = result.expect_err("nothing answers there");
+    assert!(
+        !e.is_permanent(),
+        "{name}: {e} must be retried, not dead-lettered"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    b.cleanup().await;
+}
+
+// --- NATS JetStream ---------------------------------------------------------------------
+
+struct Nats {
+    stream: String,
+    prefix: String,
+}
+
+#[async_trait::async_trait]
+impl Broker for Nats {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+    fn url(&self) -> String {
+        format!(
+            "nats://127.0.0.1:4222?stream={}&subject={}.{{aggregate_type}}.{{event_type}}",
+            self.stream, self.prefix
+        )
+    }
+    fn unreachable_url(&self) -> String {
+        "nats://127.0.0.1:1?connect_timeout=2s".into()
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        m.event_type = "has space".into();
+        Some((self.url(), m))
+    }
+    async fn received(&self) -> Vec<Received> {
+        let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await.unwrap());
+        let Ok(mut stream) = js.get_stream(&self.stream).await else {
+            return Vec::new();
+        };
+        let last = stream.info().await.unwrap().state.last_sequence;
+        let mut out = Vec::new();
+        for seq in 1..=last {
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                let headers: HashMap<String, String> = m
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v[0].as_str().to_string()))
+                    .collect();
+                out.push(Received {
+                    dedup_id: headers.get("Nats-Msg-Id").cloned().unwrap_or_default(),
+                    headers,
+                    body: m.payload.to_vec(),
+                });
+            }
+        }
+        out
+    }
+    async fn cleanup(&self) {
+        let js = async_nats::jetstream::new(async_nats::connect("127.0.0.1:4222").await.unwrap());
+        let _ = js.delete_stream(&self.stream).await;
+    }
+}
+
+#[tokio::test]
+async fn nats_conforms() {
+    let s = suffix();
+    suite(&Nats {
+        stream: format!("TXO_CONF_{}", s.to_uppercase()),
+        prefix: format!("txoconf{s}"),
+    })
+    .await;
+}
+
+// --- RabbitMQ ----------------------------------------------------------------------------
+
+struct Amqp {
+    exchange: String,
+    channel: lapin::Channel,
+    queue: String,
+}
+
+const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+#[async_trait::async_trait]
+impl Broker for Amqp {
+    fn name(&self) -> &'static str {
+        "amqp"
+    }
+    fn url(&self) -> String {
+        format!(
+            "{AMQP}?exchange={}&routing_key={{event_type}}",
+            self.exchange
+        )
+    }
+    fn unreachable_url(&self) -> String {
+        "amqp://guest:guest@127.0.0.1:1/%2f?connect_timeout=2s".into()
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        m.event_type = "k".repeat(300); // routing key over AMQP's 255 bytes
+        Some((self.url(), m))
+    }
+    async fn received(&self) -> Vec<Received> {
+        // basic_get consumes: keep what was read so far.
+        static SEEN: Mutex<Vec<(String, Received)>> = Mutex::new(Vec::new());
+        loop {
+            let got = self
+                .channel
+                .basic_get(
+                    &self.queue,
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap();
+            let Some(m) = got else { break };
+            let d = m.delivery;
+            let mut headers = HashMap::new();
+            if let Some(h) = d.properties.headers() {
+                for (k, v) in h.inner() {
+                    if let lapin::types::AMQPValue::LongString(s) = v {
+                        headers.insert(
+                            k.to_string(),
+                            String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                        );
+                    }
+                }
+            }
+            let r = Received {
+                dedup_id: d
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+                headers,
+                body: d.data,
+            };
+            SEEN.lock().unwrap().push((self.queue.clone(), r));
+        }
+        SEEN.lock()
+            .unwrap()
+            .iter()
+            .filter(|(q, _)| *q == self.queue)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+    async fn cleanup(&self) {
+        use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+        let _ = self
+            .channel
+            .queue_delete(&self.queue, QueueDeleteOptions::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn amqp_conforms() {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    let s = suffix();
+    let conn = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let b = Amqp {
+        exchange: format!("txo_conf_{s}"),
+        queue: format!("txo_conf_q_{s}"),
+        channel,
+    };
+    b.channel
+        .exchange_declare(
+            &b.exchange,
+            lapin::ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    b.channel
+        .queue_declare(
+            &b.queue,
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    b.channel
+        .queue_bind(
+            &b.queue,
+            &b.exchange,
+            "#",
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    suite(&b).await;
+    let _ = conn.close(200, "done").await;
+}
+
+// --- Redis Streams -----------------------------------------------------------------------
+
+struct Redis {
+    prefix: String,
+}
+
+#[async_trait::async_trait]
+impl Broker for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:6379?stream={}", self.key())
+    }
+    fn unreachable_url(&self) -> String {
+        "redis://127.0.0.1:1?connect_timeout=2s".into()
+    }
+    fn poison(&self, m: Message) -> Option<(String, Message)> {
+        // The key exists but is not a stream: WRONGTYPE, which no retry will fix.
+        Some((
+            format!(
+                "redis://127.0.0.1:6379?stream={}:{{event_type}}",
+                self.prefix
+            ),
+            Message {
+                event_type: "not-a-stream".into(),
+                ..m
+            },
+        ))
+    }
+    async fn received(&self) -> Vec<Received> {
+        let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let reply: redis::streams::StreamRangeReply =
+            redis::AsyncCommands::xrange_all(&mut c, self.key())
+                .await
+                .unwrap();
+        reply
+            .ids
+            .into_iter()
+            .map(|e| {
+                let mut headers: HashMap<String, String> = e
+                    .map
+                    .iter()
+                    .map(|(k, v)| (k.clone(), redis::from_redis_value::<String>(v).unwrap()))
+                    .collect();
+                let body = headers.remove("payload").unwrap_or_default().into_bytes();
+                Received {
+                    dedup_id: headers.get("id").cloned().unwrap_or_default(),
+                    headers,
+                    body,
+                }
+            })
+            .collect()
+    }
+    async fn cleanup(&self) {
+        let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: Result<(), _> = redis::AsyncCommands::del(
+            &mut c,
+            &[self.key(), format!("{}:not-a-stream", self.prefix)],
+        )
+        .await;
+    }
+}
+
+impl Redis {
+    fn key(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+}
+
+#[tokio::test]
+async fn redis_conforms() {
+    let b = Redis {
+        prefix: format!("txo_conf_{}", suffix()),
+    };
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::AsyncCommands::set(&mut c, format!("{}:not-a-stream", b.prefix), "x")
+        .await
+        .unwrap();
+    suite(&b).await;
+}
+
+// --- MQTT 5 ------------------------------------------------------------------------------
+
+struct Mqtt {
+    prefix: String,
+    got: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[async_trait::async_trait]
+impl Broker for Mqtt {
+    fn name(&self) -> &'static str {
+        "mqtt"
+    }
+    fn url(&self) -> String {
+        format!(
+            "mqtt://127.0.0.1:1883?topic={}/{{aggregate_type}}/{{event_type}}&qos=1",
+            self.prefix
+        )
+    }
+    fn unreachable_url(&self) -> String {
+        "mqtt://127.0.0.1:1?qos=1&connect_timeout=2s".into()
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        m.event_type = "wild+card".into(); // a wildcard in a topic name
+        Some((self.url(), m))
+    }
+    async fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+    async fn cleanup(&self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn mqtt_conforms() {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let prefix = format!("txoconf/{}", suffix());
+    let mut options = MqttOptions::new(format!("txoconf-{}", suffix()), "127.0.0.1", 1883);
+    options.set_clean_start(true);
+    let (client, mut eventloop) = AsyncClient::new(options, 200);
+    client
+        .subscribe(format!("{prefix}/#"), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let mut ready_tx = Some(ready_tx);
+    let sink = got.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let headers: HashMap<String, String> = p
+                        .properties
+                        .as_ref()
+                        .map(|pr| pr.user_properties.iter().cloned().collect())
+                        .unwrap_or_default();
+                    sink.lock().unwrap().push(Received {
+                        dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
+                        headers,
+                        body: p.payload.to_vec(),
+                    });
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), ready_rx)
+        .await
+        .unwrap()
+        .unwrap();
+    suite(&Mqtt { prefix, got, task }).await;
+}
+
+// --- HTTP webhooks -----------------------------------------------------------------------
+
+struct Http {
+    base: String,
+    got: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[async_trait::async_trait]
+impl Broker for Http {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+    fn url(&self) -> String {
+        format!("{}/hook", self.base)
+    }
+    fn unreachable_url(&self) -> String {
+        "http://127.0.0.1:1/hook?timeout=2s".into()
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        m.event_type = "poison".into(); // the receiver answers 400 to it
+        Some((self.url(), m))
+    }
+    /// Requests overlap: the relay's ordered mode waits for each answer instead.
+    fn keeps_send_order(&self) -> bool {
+        false
+    }
+    async fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+    async fn cleanup(&self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn http_conforms() {
+    use axum::http::{HeaderMap, StatusCode};
+    let got: Arc<Mutex<Vec<Received>>> = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    let app = axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+        let sink = sink.clone();
+        async move {
+            let h: HashMap<String, String> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
+            if h.get("outbox-event-type").map(String::as_str) == Some("poison") {
+                return StatusCode::BAD_REQUEST;
+            }
+            sink.lock().unwrap().push(Received {
+                dedup_id: h.get("webhook-id").cloned().unwrap_or_default(),
+                headers: h,
+                body: body.to_vec(),
+            });
+            StatusCode::NO_CONTENT
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    suite(&Http { base, got, task }).await;
+}
+
+// --- file: (JSON lines) ------------------------------------------------------------------
+
+struct File {
+    path: std::path::PathBuf,
+}
+
+#[async_trait::async_trait]
+impl Broker for File {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+    fn url(&self) -> String {
+        format!("file:{}", self.path.display())
+    }
+    fn unreachable_url(&self) -> String {
+        "file:/nonexistent-directory-of-txoutbox/events.jsonl".into()
+    }
+    fn poison(&self, _m: Message) -> Option<(String, Message)> {
+        None // a file takes anything
+    }
+    async fn received(&self) -> Vec<Received> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+                let mut headers: HashMap<String, String> = v["headers"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect();
+                headers.insert("outbox-event-id".into(), s("id"));
+                headers.insert("outbox-event-type".into(), s("event_type"));
+                headers.insert("outbox-aggregate-type".into(), s("aggregate_type"));
+                headers.insert("outbox-aggregate-id".into(), s("aggregate_id"));
+                headers.insert("outbox-created-at".into(), s("created_at"));
+                Received {
+                    dedup_id: s("id"),
+                    headers,
+                    body: serde_json::to_vec(&v["payload"]).unwrap(),
+                }
+            })
+            .collect()
+    }
+    async fn cleanup(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[tokio::test]
+async fn file_conforms() {
+    let path = std::env::temp_dir().join(format!("txo-conf-{}.jsonl", suffix()));
+    suite(&File { path }).await;
+}
