@@ -30,7 +30,16 @@ struct Received {
 trait Broker: Send + Sync {
     fn name(&self) -> &'static str;
     /// The publisher URL for this test's own destination.
-    fn url(&self) -> String;
+    fn url(&self) -> String {
+        self.url_at(&self.address())
+    }
+    /// The same URL, but reaching the broker at `addr` (`host:port`): through a proxy.
+    fn url_at(&self, addr: &str) -> String;
+    /// Where the broker listens (`host:port`); `None` for a publisher without a network.
+    fn address(&self) -> String;
+    fn networked(&self) -> bool {
+        true
+    }
     /// A publisher URL whose broker does not answer.
     fn unreachable_url(&self) -> String;
     /// A URL and a message this broker must refuse for good, if it has such a thing.
@@ -195,7 +204,118 @@ async fn suite(b: &dyn Broker) {
         "{name}: {e} must be retried, not dead-lettered"
     );
     assert!(started.elapsed() < Duration::from_secs(30));
+
+    // 6. The broker goes away mid-batch (the connection is cut by a proxy): every
+    // acknowledgement still resolves, none is permanent, none claims a message the broker
+    // does not have; once the broker is back the same publisher delivers again.
+    if b.networked() {
+        broker_goes_away(b).await;
+    }
     b.cleanup().await;
+}
+
+async fn broker_goes_away(b: &dyn Broker) {
+    let name = b.name();
+    let proxy = Proxy::start(b.address()).await;
+    let p = connect(&b.url_at(&proxy.addr)).await;
+    let batch: Vec<Message> = (0..40).map(|n| message(2000 + n, 7)).collect();
+    let mut acks = Vec::new();
+    for (i, m) in batch.iter().enumerate() {
+        if i == 15 {
+            proxy.cut();
+        }
+        match p.send(m).await {
+            Ok(a) => acks.push((m.id, a)),
+            Err(e) => assert!(!e.is_permanent(), "{name}: send while cut: {e}"),
+        }
+    }
+    let mut confirmed = Vec::new();
+    for (id, a) in acks {
+        match tokio::time::timeout(Duration::from_secs(40), a).await {
+            Err(_) => panic!("{name}: an acknowledgement hung after the broker went away"),
+            Ok(Ok(())) => confirmed.push(id.to_string()),
+            Ok(Err(e)) => assert!(
+                !e.is_permanent(),
+                "{name}: {e} after a cut is not permanent"
+            ),
+        }
+    }
+    let received: Vec<String> = b.received().await.into_iter().map(|r| r.dedup_id).collect();
+    for id in &confirmed {
+        assert!(
+            received.contains(id),
+            "{name}: {id} acknowledged but not received"
+        );
+    }
+    proxy.restore();
+    let again = message(3000, 7);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match publish_one(p.as_ref(), &again).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(!e.is_permanent(), "{name}: {e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{name}: no recovery after the cut: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let _ = p.close().await;
+}
+
+/// A TCP proxy the test can cut: `cut` drops every connection and refuses new ones until
+/// `restore`.
+struct Proxy {
+    addr: String,
+    cut: Arc<tokio::sync::watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(tokio::sync::watch::Sender::new(false));
+        let state = cut.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if *state.borrow() {
+                    continue; // dropped: refused while cut
+                }
+                let mut rx = state.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, cut, task }
+    }
+    fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+    fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.cut.send_replace(true);
+    }
 }
 
 // --- NATS JetStream ---------------------------------------------------------------------
@@ -210,9 +330,12 @@ impl Broker for Nats {
     fn name(&self) -> &'static str {
         "nats"
     }
-    fn url(&self) -> String {
+    fn address(&self) -> String {
+        "127.0.0.1:4222".into()
+    }
+    fn url_at(&self, addr: &str) -> String {
         format!(
-            "nats://127.0.0.1:4222?stream={}&subject={}.{{aggregate_type}}.{{event_type}}",
+            "nats://{addr}?stream={}&subject={}.{{aggregate_type}}.{{event_type}}&ack_timeout=5s",
             self.stream, self.prefix
         )
     }
@@ -277,9 +400,12 @@ impl Broker for Amqp {
     fn name(&self) -> &'static str {
         "amqp"
     }
-    fn url(&self) -> String {
+    fn address(&self) -> String {
+        "127.0.0.1:5672".into()
+    }
+    fn url_at(&self, addr: &str) -> String {
         format!(
-            "{AMQP}?exchange={}&routing_key={{event_type}}",
+            "amqp://guest:guest@{addr}/%2f?exchange={}&routing_key={{event_type}}&confirm_timeout=5s",
             self.exchange
         )
     }
@@ -406,8 +532,11 @@ impl Broker for Redis {
     fn name(&self) -> &'static str {
         "redis"
     }
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:6379?stream={}", self.key())
+    fn address(&self) -> String {
+        "127.0.0.1:6379".into()
+    }
+    fn url_at(&self, addr: &str) -> String {
+        format!("redis://{addr}?stream={}&ack_timeout=5s", self.key())
     }
     fn unreachable_url(&self) -> String {
         "redis://127.0.0.1:1?connect_timeout=2s".into()
@@ -493,9 +622,12 @@ impl Broker for Mqtt {
     fn name(&self) -> &'static str {
         "mqtt"
     }
-    fn url(&self) -> String {
+    fn address(&self) -> String {
+        "127.0.0.1:1883".into()
+    }
+    fn url_at(&self, addr: &str) -> String {
         format!(
-            "mqtt://127.0.0.1:1883?topic={}/{{aggregate_type}}/{{event_type}}&qos=1",
+            "mqtt://{addr}?topic={}/{{aggregate_type}}/{{event_type}}&qos=1&ack_timeout=5s",
             self.prefix
         )
     }
@@ -576,8 +708,11 @@ impl Broker for Http {
     fn name(&self) -> &'static str {
         "http"
     }
-    fn url(&self) -> String {
-        format!("{}/hook", self.base)
+    fn address(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+    fn url_at(&self, addr: &str) -> String {
+        format!("http://{addr}/hook?timeout=5s")
     }
     fn unreachable_url(&self) -> String {
         "http://127.0.0.1:1/hook?timeout=2s".into()
@@ -640,8 +775,14 @@ impl Broker for File {
     fn name(&self) -> &'static str {
         "file"
     }
-    fn url(&self) -> String {
+    fn address(&self) -> String {
+        String::new()
+    }
+    fn url_at(&self, _addr: &str) -> String {
         format!("file:{}", self.path.display())
+    }
+    fn networked(&self) -> bool {
+        false
     }
     fn unreachable_url(&self) -> String {
         "file:/nonexistent-directory-of-txoutbox/events.jsonl".into()

@@ -316,10 +316,11 @@ impl Publisher for NatsPublisher {
         let id = message.id;
         let stream = self.stream.clone();
         let ack_timeout = self.ack_timeout;
+        // Counted from the send, not from the first poll: an ack awaited late (behind others)
+        // must not get a fresh `ack_timeout` of its own.
+        let deadline = tokio::time::Instant::now() + ack_timeout;
         Ok(Box::pin(async move {
-            // The PubAck future times out by itself after the context timeout (ack_timeout);
-            // the outer timeout is a safety net only.
-            let res = tokio::time::timeout(ack_timeout + Duration::from_secs(1), ack).await;
+            let res = tokio::time::timeout_at(deadline, ack).await;
             let connected = client.connection_state() == State::Connected;
             match res {
                 Ok(Ok(_ack)) => Ok(()), // `duplicate: true` is a success too
