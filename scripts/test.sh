@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
+scripts/kafka.sh   # a Kafka-protocol broker (tansu), installed with cargo on a new machine
 scripts/tools.sh || echo "test: could not install chromium/promtool; the browser test will skip outside CI" >&2
 if command -v promtool >/dev/null; then
   promtool check rules deploy/prometheus/txoutbox-rules.yml
@@ -13,4 +14,5 @@ fi
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+export KAFKA_BROKERS="${KAFKA_BROKERS:-127.0.0.1:9092}"
 cargo test --workspace --all-features "$@"

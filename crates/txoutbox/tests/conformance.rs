@@ -8,7 +8,8 @@
     feature = "amqp",
     feature = "redis",
     feature = "mqtt",
-    feature = "http"
+    feature = "http",
+    feature = "kafka"
 ))]
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,6 +40,11 @@ trait Broker: Send + Sync {
     fn address(&self) -> String;
     fn networked(&self) -> bool {
         true
+    }
+    /// Can a proxy in front of `address()` cut the publisher off? Not for Kafka: its
+    /// clients reconnect to the address the broker advertises, past any proxy.
+    fn proxyable(&self) -> bool {
+        self.networked()
     }
     /// A publisher URL whose broker does not answer.
     fn unreachable_url(&self) -> String;
@@ -208,7 +214,7 @@ async fn suite(b: &dyn Broker) {
     // 6. The broker goes away mid-batch (the connection is cut by a proxy): every
     // acknowledgement still resolves, none is permanent, none claims a message the broker
     // does not have; once the broker is back the same publisher delivers again.
-    if b.networked() {
+    if b.proxyable() {
         broker_goes_away(b).await;
     }
     b.cleanup().await;
@@ -824,4 +830,121 @@ impl Broker for File {
 async fn file_conforms() {
     let path = std::env::temp_dir().join(format!("txo-conf-{}.jsonl", suffix()));
     suite(&File { path }).await;
+}
+
+// --- Kafka (tansu) -----------------------------------------------------------------------
+
+struct Kafka {
+    prefix: String,
+    got: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn kafka_brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+#[async_trait::async_trait]
+impl Broker for Kafka {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+    fn address(&self) -> String {
+        kafka_brokers()
+    }
+    fn url_at(&self, addr: &str) -> String {
+        format!("kafka://{addr}?topic={}.{{event_type}}", self.prefix)
+    }
+    fn unreachable_url(&self) -> String {
+        "kafka://127.0.0.1:1?topic=nowhere&message_timeout_ms=3000".into()
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        m.event_type = "not a topic!".into(); // an invalid topic name
+        Some((self.url(), m))
+    }
+    fn proxyable(&self) -> bool {
+        false
+    }
+    async fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+    async fn cleanup(&self) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        self.task.abort();
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .create()
+            .unwrap();
+        let topic = format!("{}.created", self.prefix);
+        let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            admin.delete_topics(&[topic.as_str()], &options),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn kafka_conforms() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message as _};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let prefix = format!("txoconf.{}", suffix());
+    let topic = format!("{prefix}.created");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", format!("txoconf-{}", suffix()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = got.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok(m) = consumer.recv().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let mut headers = HashMap::new();
+            if let Some(h) = m.headers() {
+                for header in h.iter() {
+                    if let Some(v) = header.value {
+                        headers.insert(
+                            header.key.to_string(),
+                            String::from_utf8_lossy(v).into_owned(),
+                        );
+                    }
+                }
+            }
+            sink.lock().unwrap().push(Received {
+                dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
+                headers,
+                body: m.payload().unwrap_or_default().to_vec(),
+            });
+        }
+    });
+    suite(&Kafka { prefix, got, task }).await;
 }

@@ -18,10 +18,18 @@ mod url;
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
-#[cfg(any(feature = "redis", feature = "mqtt", feature = "http"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "mqtt",
+    feature = "http",
+    feature = "nats",
+    feature = "amqp"
+))]
 pub mod cloudevents;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -165,7 +173,7 @@ impl PublishError {
 pub enum ConfigError {
     #[error("publisher URL {url:?} is not a valid URL: {reason}")]
     BadUrl { url: String, reason: String },
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, redis, mqtt, http, https, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, redis, mqtt, kafka, http, https, stdout, file, null)")]
     UnknownScheme { scheme: String },
     #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
     FeatureNotEnabled {
@@ -220,6 +228,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         "mqtt" => Err(ConfigError::FeatureNotEnabled {
             scheme: "mqtt".into(),
             feature: "mqtt",
+        }
+        .into()),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Box::new(kafka::KafkaPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "kafka"))]
+        "kafka" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "kafka".into(),
+            feature: "kafka",
         }
         .into()),
         #[cfg(feature = "http")]
