@@ -244,8 +244,9 @@ async fn rebalance(
     Ok(m)
 }
 
-/// Heartbeats three times per partition lease; faster while under the fair share, so that a
-/// joining relay takes its part within seconds.
+/// Heartbeats three times per partition lease; every 500 ms while this relay is not at its
+/// fair share, and during its first lease (relays that start together find each other and
+/// hand partitions over within a second, not a whole heartbeat later).
 async fn heartbeat_loop(
     store: Arc<dyn Store>,
     claim_lock: Arc<tokio::sync::Mutex<()>>,
@@ -254,9 +255,15 @@ async fn heartbeat_loop(
     stop: CancellationToken,
 ) {
     let steady = cfg.partition_lease / 3;
+    let fast = steady.min(Duration::from_millis(500));
+    let warm_until = tokio::time::Instant::now() + cfg.partition_lease;
     loop {
-        let wait = if membership.owned.len() < membership.target {
-            steady.min(Duration::from_millis(500))
+        // At its share, or just under it: with ceil-shares the last relay may get a couple
+        // fewer (64 over 3: 22, 22, 20) and must not poll fast forever for them.
+        let owned = membership.owned.len();
+        let settled = owned <= membership.target && owned + 2 >= membership.target;
+        let wait = if !settled || tokio::time::Instant::now() < warm_until {
+            fast
         } else {
             steady
         };
