@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start the services the tests need (PostgreSQL, NATS JetStream, RabbitMQ) when they are not
-# answering on loopback, installing them from Debian packages when they are missing.
+# Start the services the tests need (PostgreSQL, NATS JetStream, RabbitMQ, Redis, Mosquitto)
+# when they are not answering on loopback, installing them from Debian packages when they are
+# missing.
 # Safe to run again: it only acts on what is down.
 set -euo pipefail
 
@@ -61,4 +62,24 @@ if ! up 5672; then
   rabbitmq-server -detached || true
   wait_port 5672 RabbitMQ
 fi
-log "PostgreSQL, NATS and RabbitMQ are answering"
+# --- Redis ---------------------------------------------------------------------------------
+if ! up 6379; then
+  command -v redis-server >/dev/null || { log "installing Redis"; apt_install redis-server; }
+  log "starting Redis"
+  mkdir -p /var/lib/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis
+  wait_port 6379 Redis
+fi
+
+# --- Mosquitto (MQTT) -----------------------------------------------------------------------
+if ! up 1883; then
+  command -v mosquitto >/dev/null || { log "installing Mosquitto"; apt_install mosquitto; }
+  log "starting Mosquitto"
+  if [ -f /etc/mosquitto/mosquitto.conf ]; then
+    mosquitto -d -c /etc/mosquitto/mosquitto.conf
+  else
+    mosquitto -d -p 1883
+  fi
+  wait_port 1883 Mosquitto
+fi
+log "PostgreSQL, NATS, RabbitMQ, Redis and Mosquitto are answering"
