@@ -44,7 +44,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use super::url::PublisherUrl;
+use super::url::{percent_decode, PublisherUrl};
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
 /// The URL parameters txoutbox reads itself; every other one goes to librdkafka.
@@ -258,26 +258,6 @@ pub fn validate_topic(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-fn percent_decode(s: &str) -> String {
-    // `url` keeps userinfo percent-encoded; decode it byte-wise (`+` stays `+`).
-    let hex = |b: u8| (b as char).to_digit(16);
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The record headers: contract headers, then user headers that do not clash with them.

@@ -22,7 +22,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use super::cloudevents::CloudEvents;
-use super::url::PublisherUrl;
+use super::url::{percent_decode, PublisherUrl};
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
 const PARAMS: &[&str] = &[
@@ -137,26 +137,6 @@ fn redacted(url: &PublisherUrl) -> String {
         return u.to_string();
     }
     url.redacted()
-}
-
-fn percent_decode(s: &str) -> String {
-    // `url` keeps userinfo percent-encoded; decode it byte-wise (`+` stays `+`).
-    let hex = |b: u8| (b as char).to_digit(16);
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl NatsPublisher {

@@ -139,6 +139,27 @@ pub(crate) fn parse_duration(v: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs_f64(secs))
 }
 
+/// Decode the `%XX` escapes `url` keeps in a user name or password, byte-wise (`+` stays
+/// `+`); invalid escapes are kept as they are.
+pub(crate) fn percent_decode(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Replace the password of a URL (if any) with `***`. Works on strings that do not parse,
 /// too, so that an error about a malformed URL does not leak the secret in it.
 pub fn redact_url(raw: &str) -> String {
@@ -204,6 +225,13 @@ mod tests {
             u.duration_param("nope", Duration::from_secs(1)).unwrap(),
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn percent_decodes_userinfo() {
+        assert_eq!(percent_decode("p%40ss%3Aw0rd"), "p@ss:w0rd");
+        assert_eq!(percent_decode("a+b%2"), "a+b%2");
+        assert_eq!(percent_decode("%zz%41"), "%zzA");
     }
 
     #[test]
