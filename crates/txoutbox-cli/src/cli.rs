@@ -202,6 +202,10 @@ pub struct RelayTuning {
     /// taken over after this
     #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = "10s", value_parser = parse_duration)]
     pub partition_lease: Duration,
+    /// Batches in flight at once: the next batch is claimed while earlier ones are being
+    /// published and settled (per-aggregate order is kept either way)
+    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub pipeline: u32,
     /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
     /// transiently, half before sending, half by losing the broker's acknowledgement
     #[arg(long, env = "TXOUTBOX_INJECT_FAULTS", default_value_t = 0.0, value_parser = parse_fraction)]

@@ -34,6 +34,9 @@ pub enum Error {
     Ident(#[from] IdentError),
     #[error("event payload is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// A relay task panicked or was aborted.
+    #[error("relay task failed: {0}")]
+    Task(String),
     /// Anything else the database said.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),

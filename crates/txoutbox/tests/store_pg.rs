@@ -757,3 +757,58 @@ async fn counts_reflect_every_state() {
         .unwrap());
     db.cleanup().await;
 }
+
+/// Unordered claims skip the already-drained front of the pending index while they come back
+/// full; an event committed late with a lower `seq` (and one released behind the cursor) must
+/// still be found once a claim comes back short.
+#[tokio::test]
+async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    // A transaction takes its seq first and commits last.
+    let mut late = db.pool.begin().await.unwrap();
+    let late_id = db.outbox().enqueue(&mut *late, &event(0)).await.unwrap();
+    enqueue_n(&db, 50).await;
+    let mut claimed = Vec::new();
+    let first = store
+        .claim(claim("r", Uuid::new_v4(), 10, LEASE))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 10);
+    claimed.extend(first.iter().map(|e| e.id));
+    // Give back one of them: it is now behind the cursor too.
+    let released = first[3].id;
+    let token = Uuid::new_v4();
+    let again = store.claim(claim("r", token, 10, LEASE)).await.unwrap();
+    assert_eq!(again.len(), 10, "a full claim past the cursor");
+    sqlx::query(&format!(
+        "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL WHERE id = $1",
+        db.q()
+    ))
+    .bind(released)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    claimed.extend(again.iter().map(|e| e.id));
+    late.commit().await.unwrap();
+    // Keep claiming until nothing is left: the late event and the released one must come.
+    loop {
+        let batch = store
+            .claim(claim("r", Uuid::new_v4(), 10, LEASE))
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        claimed.extend(batch.iter().map(|e| e.id));
+    }
+    assert!(claimed.contains(&late_id), "the late commit was claimed");
+    assert_eq!(
+        claimed.iter().filter(|id| **id == released).count(),
+        2,
+        "the released event was claimed again"
+    );
+    assert_eq!(claimed.len(), 52, "51 events, one of them twice");
+    assert_eq!(db.count_where("locked_until IS NULL").await, 0);
+    db.cleanup().await;
+}

@@ -186,6 +186,7 @@ fn demo_tuning() -> RelayTuning {
         mode: crate::cli::ModeArg::Ordered,
         on_dead_letter: crate::cli::OnDeadArg::Skip,
         partition_lease: Duration::from_secs(10),
+        pipeline: 2,
         inject_faults: 0.0,
     }
 }

@@ -43,6 +43,7 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
         (ModeArg::Ordered, OnDeadArg::Hold) => Ordering::OrderedHold,
     };
     c.partition_lease = t.partition_lease;
+    c.pipeline = t.pipeline as usize;
     c.validate().map_err(UsageError)?;
     if t.backoff_base > t.backoff_max {
         return Err(UsageError("--backoff-base must not exceed --backoff-max".into()).into());

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::metrics as m;
 use crate::publish::ErrorKind;
 use crate::store::{ClaimParams, Failure, ReleaseParams, SettleParams};
+use crate::OutboxEvent;
 
 /// What one cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,10 +26,26 @@ pub struct BatchReport {
     pub fenced_off: usize,
 }
 
+/// A claimed batch, not yet published.
+pub(super) struct Claimed {
+    token: Uuid,
+    claimed_at: Instant,
+    pub(super) events: Vec<OutboxEvent>,
+}
+
 impl Relay {
     /// Claim one batch, publish it, settle it. The unit the loop repeats; public so that
     /// tests and embedders can drive the relay step by step.
     pub async fn run_once(&self, cancel: &CancellationToken) -> Result<BatchReport, Error> {
+        let claimed = self.claim_batch().await?;
+        if claimed.events.is_empty() {
+            return Ok(BatchReport::default());
+        }
+        self.finish_batch(claimed, cancel).await
+    }
+
+    /// Claim up to a batch under a fresh fencing token.
+    pub(super) async fn claim_batch(&self) -> Result<Claimed, Error> {
         let cfg = &self.config;
         let token = Uuid::new_v4();
         let claimed_at = Instant::now();
@@ -45,13 +62,29 @@ impl Relay {
             })
             .await?;
         drop(claim_guard);
+        Ok(Claimed {
+            token,
+            claimed_at,
+            events,
+        })
+    }
+
+    /// Publish a claimed batch and settle it (or release what was not attempted).
+    pub(super) async fn finish_batch(
+        &self,
+        claimed: Claimed,
+        cancel: &CancellationToken,
+    ) -> Result<BatchReport, Error> {
+        let cfg = &self.config;
+        let Claimed {
+            token,
+            claimed_at,
+            events,
+        } = claimed;
         let mut report = BatchReport {
             claimed: events.len(),
             ..Default::default()
         };
-        if events.is_empty() {
-            return Ok(report);
-        }
         // Never publish past this point: after it another relay may own these rows.
         let deadline = claimed_at + cfg.lease.saturating_sub(cfg.lease_margin());
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);

@@ -32,6 +32,10 @@ pub struct RelayConfig {
     /// heartbeat; heartbeats come three times per lease. A dead relay's partitions are taken
     /// over after this.
     pub partition_lease: Duration,
+    /// Batches in flight at once: the next batch is claimed while earlier ones are being
+    /// published and settled. In ordered mode an aggregate's later events still wait for its
+    /// earlier ones (they are leased until settled), so order is unaffected.
+    pub pipeline: usize,
 }
 
 impl Default for RelayConfig {
@@ -48,6 +52,7 @@ impl Default for RelayConfig {
             exit_when_drained: false,
             ordering: Ordering::Ordered,
             partition_lease: Duration::from_secs(10),
+            pipeline: 2,
         }
     }
 }
@@ -69,6 +74,9 @@ impl RelayConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.batch_size == 0 {
             return Err("batch size must be at least 1".into());
+        }
+        if self.pipeline == 0 {
+            return Err("pipeline must be at least 1 batch".into());
         }
         if self.max_in_flight == 0 {
             return Err("max in flight must be at least 1".into());

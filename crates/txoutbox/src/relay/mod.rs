@@ -7,7 +7,7 @@ mod send;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::BatchReport;
@@ -95,7 +95,6 @@ impl Relay {
             max: Duration::from_secs(10).min(cfg.poll_interval.max(Duration::from_secs(1)) * 5),
             jitter: true,
         };
-        let mut errors = 0u32;
         // Join the live relays (and, ordered, take a share of the partitions) before claiming.
         let membership = self.rebalance().await.map_err(RelayError::Store)?;
         tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
@@ -111,26 +110,7 @@ impl Relay {
             membership,
             heartbeat_stop.clone(),
         )));
-        let result = loop {
-            if cancel.is_cancelled() {
-                break Ok(());
-            }
-            let step = self.step(&cancel, &mut stats).await;
-            match step {
-                Ok(true) => errors = 0,
-                Ok(false) => break Ok(()),
-                Err(e) if e.is_transient() => {
-                    errors += 1;
-                    let delay = retry.delay(errors, &mut rand::thread_rng());
-                    tracing::warn!(error = %e, retry_in = ?delay, "database unavailable; retrying");
-                    tokio::select! {
-                        _ = cancel.cancelled() => break Ok(()),
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                }
-                Err(e) => break Err(e),
-            }
-        };
+        let result = self.pipeline(&cancel, &mut stats, &retry).await;
         heartbeat_stop.cancel();
         heartbeat.join().await;
         // Whatever happened, give back what we hold and stop asking writers to notify us.
@@ -145,17 +125,116 @@ impl Relay {
         result.map(|_| stats).map_err(RelayError::Store)
     }
 
-    /// One batch, then (when it was not full) a wait for more work. `Ok(false)`: stop.
-    async fn step(
+    /// The main loop: claim batches and hand each to a task of its own that publishes and
+    /// settles it, with up to `pipeline` batches in flight. The next claim overlaps the
+    /// publishing and settling of the previous batches, so the database and the broker work
+    /// at the same time. In ordered mode this is safe: the claim skips events whose
+    /// aggregate has an earlier event still leased.
+    async fn pipeline(
         &self,
         cancel: &CancellationToken,
         stats: &mut RelayStats,
-    ) -> Result<bool, Error> {
-        let report = self.run_once(cancel).await?;
-        stats.add(&report);
-        if report.claimed >= self.config.batch_size || cancel.is_cancelled() {
-            return Ok(true);
+        retry: &Backoff,
+    ) -> Result<(), Error> {
+        let cfg = &self.config;
+        let mut in_flight: JoinSet<Result<BatchReport, Error>> = JoinSet::new();
+        let mut errors = 0u32;
+        // Claiming ahead pays only while it finds work: in ordered mode with few aggregates,
+        // everything claimable may be behind the batch in flight. After a short claim ahead,
+        // claim again only once the batches in flight are done, until a claim is full.
+        let mut claim_ahead = true;
+        let result = loop {
+            let mut failure = None;
+            while let Some(joined) = in_flight.try_join_next() {
+                if let Err(e) = absorb(joined, stats) {
+                    failure = Some(e);
+                }
+            }
+            if let Some(e) = failure {
+                match self.backoff_after(e, &mut errors, retry, cancel).await {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+            if cancel.is_cancelled() {
+                break Ok(());
+            }
+            let busy = in_flight.len();
+            if busy >= cfg.pipeline.max(1) || (busy > 0 && !claim_ahead) {
+                tokio::select! {
+                    _ = cancel.cancelled() => break Ok(()),
+                    Some(joined) = in_flight.join_next() => {
+                        if let Err(e) = absorb(joined, stats) {
+                            if let Err(e) = self.backoff_after(e, &mut errors, retry, cancel).await {
+                                break Err(e);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            let claimed = match self.claim_batch().await {
+                Ok(c) => c,
+                Err(e) => match self.backoff_after(e, &mut errors, retry, cancel).await {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
+                },
+            };
+            errors = 0;
+            let n = claimed.events.len();
+            let full = n >= cfg.batch_size;
+            if busy > 0 {
+                claim_ahead = full;
+            } else if full {
+                claim_ahead = true;
+            }
+            if n > 0 {
+                let relay = self.share();
+                let cancel = cancel.clone();
+                in_flight.spawn(async move { relay.finish_batch(claimed, &cancel).await });
+            }
+            if full {
+                continue;
+            }
+            if !in_flight.is_empty() {
+                // More may become claimable when a batch in flight settles (its aggregates'
+                // next events), or when a writer commits.
+                tokio::select! {
+                    _ = cancel.cancelled() => break Ok(()),
+                    Some(joined) = in_flight.join_next() => {
+                        if let Err(e) = absorb(joined, stats) {
+                            if let Err(e) = self.backoff_after(e, &mut errors, retry, cancel).await {
+                                break Err(e);
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            // Nothing in flight and nothing (more) to claim.
+            match self.idle(cancel).await {
+                Ok(true) => {}
+                Ok(false) => break Ok(()),
+                Err(e) => {
+                    if let Err(e) = self.backoff_after(e, &mut errors, retry, cancel).await {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        // Whatever way the loop ended, let the batches in flight finish (they stop sending
+        // on cancel and settle within the shutdown timeout).
+        while let Some(joined) = in_flight.join_next().await {
+            if let Err(e) = absorb(joined, stats) {
+                tracing::warn!(error = %e, "a batch in flight failed while stopping");
+            }
         }
+        result
+    }
+
+    /// After a claim that was not full and with nothing in flight: stop when drained (with
+    /// `exit_when_drained`), else wait for work. `Ok(false)`: stop.
+    async fn idle(&self, cancel: &CancellationToken) -> Result<bool, Error> {
         if self.config.exit_when_drained && !self.store.has_unfinished(self.config.ordering).await?
         {
             return Ok(false);
@@ -165,12 +244,43 @@ impl Relay {
             w = self.store.wait_for_work(&self.config.relay_id, self.config.poll_interval) => w?,
         };
         tracing::trace!(?wake, "woke");
-        if wake == Wake::Ready && report.claimed == 0 {
+        if wake == Wake::Ready {
             // Work is due but another relay holds it or it was just settled; yield briefly
             // rather than spin.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(true)
+    }
+
+    /// A database error: transient ones back off (and the loop goes on), others stop it.
+    async fn backoff_after(
+        &self,
+        e: Error,
+        errors: &mut u32,
+        retry: &Backoff,
+        cancel: &CancellationToken,
+    ) -> Result<(), Error> {
+        if !e.is_transient() {
+            return Err(e);
+        }
+        *errors += 1;
+        let delay = retry.delay(*errors, &mut rand::thread_rng());
+        tracing::warn!(error = %e, retry_in = ?delay, "database unavailable; retrying");
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = tokio::time::sleep(delay) => {}
+        }
+        Ok(())
+    }
+
+    /// A handle on the same store, publisher and settings, for a batch's task.
+    fn share(&self) -> Relay {
+        Relay {
+            store: self.store.clone(),
+            publisher: self.publisher.clone(),
+            config: self.config.clone(),
+            claim_lock: self.claim_lock.clone(),
+        }
     }
 
     /// One heartbeat: renew, and move towards a fair share of the partitions.
@@ -283,6 +393,21 @@ async fn heartbeat_loop(
                 tracing::warn!(error = %e, "heartbeat failed; partitions expire unless it recovers")
             }
         }
+    }
+}
+
+/// Count a finished batch; a failed one (or a panicked task) becomes the loop's error.
+fn absorb(
+    joined: Result<Result<BatchReport, Error>, tokio::task::JoinError>,
+    stats: &mut RelayStats,
+) -> Result<(), Error> {
+    match joined {
+        Ok(Ok(report)) => {
+            stats.add(&report);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(Error::Task(e.to_string())),
     }
 }
 
