@@ -10,6 +10,10 @@
 //! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`),
 //! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
 //!
+//! TLS: `amqps://host:5671/...` with `tls_ca` (the CA to verify the broker with; default: the
+//! system's roots). Client certificates (`tls_cert`, `tls_key`) are refused for now: lapin's
+//! rustls backend takes them only as PKCS#12.
+//!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
 //! `mandatory`, so a message no queue is bound for comes back as an error instead of vanishing.
@@ -28,6 +32,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
+use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -42,6 +47,9 @@ const PARAMS: &[&str] = &[
     "bind_key",
     "cloudevents",
     "ce_source",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 /// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
 /// this many bytes.
@@ -87,6 +95,8 @@ struct Settings {
     cloudevents: Option<super::cloudevents::CloudEvents>,
     confirm_timeout: Duration,
     connect_timeout: Duration,
+    /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
+    tls_ca: Option<String>,
 }
 
 impl Settings {
@@ -141,7 +151,24 @@ impl Settings {
                 reason: "amqp:// needs a host, e.g. amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             });
         }
+        let tls = TlsFiles::from_url(url, url.scheme() == "amqps", "amqps://")?;
+        if tls.as_ref().is_some_and(|t| t.client.is_some()) {
+            return Err(ConfigError::BadParam {
+                name: "tls_cert".into(),
+                reason: "client certificates are not supported for amqps:// yet (lapin takes \
+                         them only as PKCS#12); use a user and password"
+                    .into(),
+            });
+        }
+        let tls_ca = match tls.and_then(|t| t.ca) {
+            Some(pem) => Some(String::from_utf8(pem).map_err(|_| ConfigError::BadParam {
+                name: "tls_ca".into(),
+                reason: "not a UTF-8 PEM file".into(),
+            })?),
+            None => None,
+        };
         Ok(Self {
+            tls_ca,
             uri: url.base().to_string(),
             exchange,
             exchange_kind,
@@ -189,19 +216,21 @@ impl AmqpPublisher {
         let s = &self.settings;
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
-        let connection =
-            match tokio::time::timeout(s.connect_timeout, Connection::connect(&s.uri, properties))
-                .await
-            {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
-                Err(_) => {
-                    return Err(self.unavailable(
-                        "cannot connect",
-                        format!("timed out after {:?}", s.connect_timeout),
-                    ))
-                }
-            };
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: s.tls_ca.clone(),
+        };
+        let connecting = Connection::connect_with_config(&s.uri, properties, tls);
+        let connection = match tokio::time::timeout(s.connect_timeout, connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
+            Err(_) => {
+                return Err(self.unavailable(
+                    "cannot connect",
+                    format!("timed out after {:?}", s.connect_timeout),
+                ))
+            }
+        };
         match self.open_channel(&connection).await {
             Ok(channel) => Ok(Link {
                 connection,
