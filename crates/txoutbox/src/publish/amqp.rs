@@ -10,8 +10,8 @@
 //! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`),
 //! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
 //!
-//! TLS: `amqps://host:5671/...` with `tls_ca` (the CA to verify the broker with; default: the
-//! system's roots). Client certificates (`tls_cert`, `tls_key`) are refused for now: lapin's
+//! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
+//! the system's roots). Client certificates (`tls_cert`, `tls_key`) are refused for now: lapin's
 //! rustls backend takes them only as PKCS#12.
 //!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in

@@ -12,8 +12,8 @@
 //!
 //! TLS: `tls://host:4222` or `nats://host:4222?tls=true` (any `tls_*` parameter implies it),
 //! with `tls_ca`, `tls_cert` and `tls_key` (see the `tls` module): the server's certificate
-//! is verified against `tls_ca` (and the system roots), and the client certificate is sent when
-//! the server asks for one (`verify: true` in its `tls {}` block).
+//! is verified against `tls_ca` (without it: the system roots), and the client certificate
+//! is sent when the server asks for one (`verify: true` in its `tls {}` block).
 //!
 //! Every message carries `Nats-Msg-Id` = event id, so JetStream drops a re-sent event within
 //! the stream's duplicate window, plus the `outbox-*` contract headers and the user headers.
