@@ -207,6 +207,18 @@ async fn publisher_from_a_file_delivers_and_its_password_stays_hidden() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("Redis"), "{}", stderr(&out));
     assert!(!all_output(&out).contains(PW), "{}", all_output(&out));
+    // A NATS token is a user name without a password: hidden as well.
+    let publisher = secrets.file("nats-publisher", "nats://nats-Tok-8a1b@127.0.0.1:1");
+    let mut c = db.command(&["relay", "--drain", "--publisher-file"]);
+    c.arg(&publisher).env("TXOUTBOX_LOG", "debug");
+    let out = run(c).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("127.0.0.1:1"), "{}", stderr(&out));
+    assert!(
+        !all_output(&out).contains("nats-Tok-8a1b"),
+        "{}",
+        all_output(&out)
+    );
     db.cleanup().await;
 }
 
