@@ -11,8 +11,9 @@
 //! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
 //!
 //! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
-//! the system's roots). Client certificates (`tls_cert`, `tls_key`) are refused for now: lapin's
-//! rustls backend takes them only as PKCS#12.
+//! the system's roots), `tls_cert` and `tls_key` (a client certificate; the key must be PKCS#8,
+//! `-----BEGIN PRIVATE KEY-----`: lapin's rustls backend takes the pair only as PKCS#12, which
+//! is built from them in memory).
 //!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
@@ -97,6 +98,8 @@ struct Settings {
     connect_timeout: Duration,
     /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
     tls_ca: Option<String>,
+    /// `amqps://` with `tls_cert` and `tls_key`: the client identity as PKCS#12 (DER).
+    tls_pkcs12: Option<Vec<u8>>,
 }
 
 impl Settings {
@@ -152,14 +155,10 @@ impl Settings {
             });
         }
         let tls = TlsFiles::from_url(url, url.scheme() == "amqps", "amqps://")?;
-        if tls.as_ref().is_some_and(|t| t.client.is_some()) {
-            return Err(ConfigError::BadParam {
-                name: "tls_cert".into(),
-                reason: "client certificates are not supported for amqps:// yet (lapin takes \
-                         them only as PKCS#12); use a user and password"
-                    .into(),
-            });
-        }
+        let tls_pkcs12 = match tls.as_ref().and_then(|t| t.client.as_ref()) {
+            Some((cert, key)) => Some(pkcs12(cert, key)?),
+            None => None,
+        };
         let tls_ca = match tls.and_then(|t| t.ca) {
             Some(pem) => Some(String::from_utf8(pem).map_err(|_| ConfigError::BadParam {
                 name: "tls_ca".into(),
@@ -169,6 +168,7 @@ impl Settings {
         };
         Ok(Self {
             tls_ca,
+            tls_pkcs12,
             uri: url.base().to_string(),
             exchange,
             exchange_kind,
@@ -185,6 +185,50 @@ impl Settings {
     fn declares(&self) -> bool {
         self.declare && !self.exchange.is_empty() && !self.exchange.starts_with("amq.")
     }
+}
+
+/// Protects the in-memory PKCS#12 only as the format demands; it never leaves the process.
+const PKCS12_PASSWORD: &str = "txoutbox";
+
+/// Pack a PEM certificate chain and PKCS#8 key as PKCS#12, the only client identity form
+/// lapin's rustls backend takes.
+fn pkcs12(cert_pem: &[u8], key_pem: &[u8]) -> Result<Vec<u8>, ConfigError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivatePkcs8KeyDer};
+    let bad = |name: &str, reason: &str| ConfigError::BadParam {
+        name: name.into(),
+        reason: reason.into(),
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .map(|c| {
+            let c = c.map_err(|_| bad("tls_cert", "not a PEM certificate chain"))?;
+            p12_keystore::Certificate::from_der(&c)
+                .map_err(|_| bad("tls_cert", "holds a certificate that does not parse"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if chain.is_empty() {
+        return Err(bad("tls_cert", "holds no certificate"));
+    }
+    let key = PrivatePkcs8KeyDer::from_pem_slice(key_pem).map_err(|_| {
+        bad(
+            "tls_key",
+            "amqps:// needs a PKCS#8 key (-----BEGIN PRIVATE KEY-----); convert it with \
+             `openssl pkcs8 -topk8 -nocrypt`",
+        )
+    })?;
+    let mut store = p12_keystore::KeyStore::new();
+    store.add_entry(
+        "txoutbox",
+        p12_keystore::KeyStoreEntry::PrivateKeyChain(p12_keystore::PrivateKeyChain::new(
+            key.secret_pkcs8_der(),
+            b"txoutbox",
+            chain,
+        )),
+    );
+    store
+        .writer(PKCS12_PASSWORD)
+        .write()
+        .map_err(|_| bad("tls_cert", "cannot be packed as PKCS#12 with tls_key"))
 }
 
 impl AmqpPublisher {
@@ -217,7 +261,10 @@ impl AmqpPublisher {
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
         let tls = lapin::tcp::OwnedTLSConfig {
-            identity: None,
+            identity: s.tls_pkcs12.as_ref().map(|der| lapin::tcp::OwnedIdentity {
+                der: der.clone(),
+                password: PKCS12_PASSWORD.into(),
+            }),
             cert_chain: s.tls_ca.clone(),
         };
         let connecting = Connection::connect_with_config(&s.uri, properties, tls);

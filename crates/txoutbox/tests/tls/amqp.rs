@@ -19,7 +19,7 @@ fn server_program() -> &'static str {
 }
 
 #[tokio::test]
-async fn amqps_with_the_ca() {
+async fn amqps_with_a_client_certificate() {
     let pki = Pki::new("txoutbox-client");
     let port = pki::free_port();
     let conf = pki.dir.join("rabbitmq.conf");
@@ -32,7 +32,7 @@ async fn amqps_with_the_ca() {
              ssl_options.certfile = {cert}\n\
              ssl_options.keyfile = {key}\n\
              ssl_options.verify = verify_peer\n\
-             ssl_options.fail_if_no_peer_cert = false\n\
+             ssl_options.fail_if_no_peer_cert = true\n\
              loopback_users = none\n",
             ca = pki.ca.display(),
             cert = pki.server_cert.display(),
@@ -66,27 +66,45 @@ async fn amqps_with_the_ca() {
     pki::wait_port(port, "the private RabbitMQ node", 180).await;
     let base =
         format!("127.0.0.1:{port}/%2f?exchange=tlstest&bind_queue=tlstest&connect_timeout=20s");
-    // The broker's publisher confirm, over TLS.
+    // The broker's publisher confirm, over TLS, with a client certificate (the node demands
+    // one: fail_if_no_peer_cert).
     deliver(&format!(
-        "amqps://guest:guest@{base}&tls_ca={}",
-        pki.path(&pki.ca)
-    ))
-    .await;
-
-    let e = refused(&format!(
-        "amqps://guest:guest@{base}&tls_ca={}",
-        pki.path(&pki.wrong_ca)
-    ))
-    .await;
-    assert!(e.contains("cannot connect"), "{e}");
-    assert!(e.to_lowercase().contains("certificate"), "{e}");
-    // Client certificates are refused up front rather than silently not sent.
-    let e = refused(&format!(
         "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
         pki.path(&pki.ca),
         pki.path(&pki.client_cert),
         pki.path(&pki.client_key)
     ))
     .await;
-    assert!(e.contains("tls_cert") && e.contains("PKCS#12"), "{e}");
+
+    let e = refused(&format!(
+        "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
+        pki.path(&pki.wrong_ca),
+        pki.path(&pki.client_cert),
+        pki.path(&pki.client_key)
+    ))
+    .await;
+    assert!(e.contains("cannot connect"), "{e}");
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    // Without the client certificate the node refuses the session.
+    let e = refused(&format!(
+        "amqps://guest:guest@{base}&tls_ca={}",
+        pki.path(&pki.ca)
+    ))
+    .await;
+    assert!(e.contains("cannot connect"), "{e}");
+    // A key that is not PKCS#8 is refused up front, saying how to convert it.
+    let sec1 = pki.dir.join("client-sec1.key");
+    std::fs::write(
+        &sec1,
+        "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let e = refused(&format!(
+        "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
+        pki.path(&pki.ca),
+        pki.path(&pki.client_cert),
+        sec1.display()
+    ))
+    .await;
+    assert!(e.contains("tls_key") && e.contains("PKCS#8"), "{e}");
 }
