@@ -29,6 +29,16 @@ pub struct Global {
     /// PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/app
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
+    /// File holding the PostgreSQL URL (e.g. a Docker or Kubernetes secret); a trailing
+    /// newline is ignored. Instead of --database-url
+    #[arg(
+        long,
+        env = "DATABASE_URL_FILE",
+        global = true,
+        value_name = "PATH",
+        conflicts_with = "database_url"
+    )]
+    pub database_url_file: Option<std::path::PathBuf>,
     /// Schema of the outbox table
     #[arg(
         long,
@@ -116,9 +126,20 @@ pub struct EnqueueArgs {
 
 #[derive(Debug, Args)]
 pub struct RelayArgs {
-    /// Where to publish: nats://, amqp://, stdout:, file:PATH or null: (required)
+    /// Where to publish: nats://, amqp://, redis://, mqtt://, kafka://, https://, stdout:,
+    /// file:PATH or null: (required; TLS forms such as tls://, amqps://, rediss://, mqtts://
+    /// take tls_ca, tls_cert and tls_key parameters)
     #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
     pub publisher: Option<String>,
+    /// File holding the publisher URL (when it carries a password); a trailing newline is
+    /// ignored. Instead of --publisher
+    #[arg(
+        long,
+        env = "TXOUTBOX_PUBLISHER_FILE",
+        value_name = "PATH",
+        conflicts_with = "publisher"
+    )]
+    pub publisher_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tuning: RelayTuning,
     /// Exit 0 once nothing is pending or leased
@@ -139,6 +160,15 @@ pub struct OpsArgs {
     /// Bearer token for the admin API's mutating calls (retry, discard)
     #[arg(long, env = "TXOUTBOX_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// File holding the admin token; a trailing newline is ignored. Instead of
+    /// --admin-token
+    #[arg(
+        long,
+        env = "TXOUTBOX_ADMIN_TOKEN_FILE",
+        value_name = "PATH",
+        conflicts_with = "admin_token"
+    )]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// How often the database-backed gauges (pending, leased, dead, oldest) are refreshed
     #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub metrics_interval: Duration,

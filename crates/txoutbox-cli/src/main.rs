@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod config;
 mod ctx;
+mod secrets;
 
 use std::process::ExitCode;
 
@@ -56,7 +57,8 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
+    secrets::resolve(&mut cli)?;
     let ctx = Ctx::new(&cli.global)?;
     match cli.command {
         Command::Migrate => cmd::migrate::run(&ctx).await,

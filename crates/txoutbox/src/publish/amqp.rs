@@ -10,6 +10,11 @@
 //! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`),
 //! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
 //!
+//! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
+//! the system's roots), `tls_cert` and `tls_key` (a client certificate; the key must be PKCS#8,
+//! `-----BEGIN PRIVATE KEY-----`: lapin's rustls backend takes the pair only as PKCS#12, which
+//! is built from them in memory).
+//!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
 //! `mandatory`, so a message no queue is bound for comes back as an error instead of vanishing.
@@ -28,6 +33,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
+use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -42,6 +48,9 @@ const PARAMS: &[&str] = &[
     "bind_key",
     "cloudevents",
     "ce_source",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 /// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
 /// this many bytes.
@@ -87,6 +96,10 @@ struct Settings {
     cloudevents: Option<super::cloudevents::CloudEvents>,
     confirm_timeout: Duration,
     connect_timeout: Duration,
+    /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
+    tls_ca: Option<String>,
+    /// `amqps://` with `tls_cert` and `tls_key`: the client identity as PKCS#12 (DER).
+    tls_pkcs12: Option<Vec<u8>>,
 }
 
 impl Settings {
@@ -141,7 +154,21 @@ impl Settings {
                 reason: "amqp:// needs a host, e.g. amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             });
         }
+        let tls = TlsFiles::from_url(url, url.scheme() == "amqps", "amqps://")?;
+        let tls_pkcs12 = match tls.as_ref().and_then(|t| t.client.as_ref()) {
+            Some((cert, key)) => Some(pkcs12(cert, key)?),
+            None => None,
+        };
+        let tls_ca = match tls.and_then(|t| t.ca) {
+            Some(pem) => Some(String::from_utf8(pem).map_err(|_| ConfigError::BadParam {
+                name: "tls_ca".into(),
+                reason: "not a UTF-8 PEM file".into(),
+            })?),
+            None => None,
+        };
         Ok(Self {
+            tls_ca,
+            tls_pkcs12,
             uri: url.base().to_string(),
             exchange,
             exchange_kind,
@@ -158,6 +185,50 @@ impl Settings {
     fn declares(&self) -> bool {
         self.declare && !self.exchange.is_empty() && !self.exchange.starts_with("amq.")
     }
+}
+
+/// Protects the in-memory PKCS#12 only as the format demands; it never leaves the process.
+const PKCS12_PASSWORD: &str = "txoutbox";
+
+/// Pack a PEM certificate chain and PKCS#8 key as PKCS#12, the only client identity form
+/// lapin's rustls backend takes.
+fn pkcs12(cert_pem: &[u8], key_pem: &[u8]) -> Result<Vec<u8>, ConfigError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivatePkcs8KeyDer};
+    let bad = |name: &str, reason: &str| ConfigError::BadParam {
+        name: name.into(),
+        reason: reason.into(),
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .map(|c| {
+            let c = c.map_err(|_| bad("tls_cert", "not a PEM certificate chain"))?;
+            p12_keystore::Certificate::from_der(&c)
+                .map_err(|_| bad("tls_cert", "holds a certificate that does not parse"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if chain.is_empty() {
+        return Err(bad("tls_cert", "holds no certificate"));
+    }
+    let key = PrivatePkcs8KeyDer::from_pem_slice(key_pem).map_err(|_| {
+        bad(
+            "tls_key",
+            "amqps:// needs a PKCS#8 key (-----BEGIN PRIVATE KEY-----); convert it with \
+             `openssl pkcs8 -topk8 -nocrypt`",
+        )
+    })?;
+    let mut store = p12_keystore::KeyStore::new();
+    store.add_entry(
+        "txoutbox",
+        p12_keystore::KeyStoreEntry::PrivateKeyChain(p12_keystore::PrivateKeyChain::new(
+            key.secret_pkcs8_der(),
+            b"txoutbox",
+            chain,
+        )),
+    );
+    store
+        .writer(PKCS12_PASSWORD)
+        .write()
+        .map_err(|_| bad("tls_cert", "cannot be packed as PKCS#12 with tls_key"))
 }
 
 impl AmqpPublisher {
@@ -189,19 +260,24 @@ impl AmqpPublisher {
         let s = &self.settings;
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
-        let connection =
-            match tokio::time::timeout(s.connect_timeout, Connection::connect(&s.uri, properties))
-                .await
-            {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
-                Err(_) => {
-                    return Err(self.unavailable(
-                        "cannot connect",
-                        format!("timed out after {:?}", s.connect_timeout),
-                    ))
-                }
-            };
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: s.tls_pkcs12.as_ref().map(|der| lapin::tcp::OwnedIdentity {
+                der: der.clone(),
+                password: PKCS12_PASSWORD.into(),
+            }),
+            cert_chain: s.tls_ca.clone(),
+        };
+        let connecting = Connection::connect_with_config(&s.uri, properties, tls);
+        let connection = match tokio::time::timeout(s.connect_timeout, connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
+            Err(_) => {
+                return Err(self.unavailable(
+                    "cannot connect",
+                    format!("timed out after {:?}", s.connect_timeout),
+                ))
+            }
+        };
         match self.open_channel(&connection).await {
             Ok(channel) => Ok(Link {
                 connection,

@@ -6,7 +6,9 @@
 //!
 //! The URL is the endpoint, minus the parameters txoutbox reads itself: `timeout` (per request,
 //! default `10s`), `secret_file` (a file holding the signing secret), `cloudevents` and
-//! `ce_source`. Every other query parameter stays on the endpoint.
+//! `ce_source`, and for `https://` the TLS parameters `tls_ca` (trust this CA instead of the
+//! built-in web roots), `tls_cert` and `tls_key` (a client certificate, for mutual TLS). Every
+//! other query parameter stays on the endpoint.
 //!
 //! Each event is one `POST` of the payload (`content-type: application/json`) with the
 //! `outbox-*` contract headers, the user headers, and the Standard Webhooks headers
@@ -33,11 +35,20 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use sha2::Sha256;
 
 use super::cloudevents::CloudEvents;
+use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
 
 /// Parameters txoutbox takes off the endpoint URL.
-const PARAMS: &[&str] = &["timeout", "secret_file", "cloudevents", "ce_source"];
+const PARAMS: &[&str] = &[
+    "timeout",
+    "secret_file",
+    "cloudevents",
+    "ce_source",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+];
 /// Where the signing secret comes from when `secret_file` is not given.
 pub const SECRET_ENV: &str = "TXOUTBOX_WEBHOOK_SECRET";
 /// Prefix of a base64-encoded secret (Standard Webhooks).
@@ -107,15 +118,17 @@ impl HttpPublisher {
         if secret.is_none() {
             tracing::warn!(endpoint = %shown, "no webhook secret ({SECRET_ENV} or secret_file): requests are not signed");
         }
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                PublishError::unavailable("cannot build the HTTP client").with_source(e)
-            })?;
+            .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")));
+        if let Some(tls) = TlsFiles::from_url(url, url.scheme() == "https", "https://")? {
+            builder = tls_options(builder, &tls)?;
+        }
+        let client = builder.build().map_err(|e| {
+            PublishError::unavailable("cannot build the HTTP client").with_source(e)
+        })?;
         Ok(Self {
             client,
             endpoint,
@@ -178,6 +191,35 @@ impl HttpPublisher {
 }
 
 /// The URL without txoutbox's own parameters (the others keep their order).
+/// `tls_ca` replaces the built-in roots; `tls_cert` + `tls_key` become the client identity.
+fn tls_options(
+    mut builder: reqwest::ClientBuilder,
+    tls: &TlsFiles,
+) -> Result<reqwest::ClientBuilder, ConfigError> {
+    // reqwest's messages about a bad PEM do not quote it; keep them anyway out of caution.
+    let bad = |name: &str, what: &str| ConfigError::BadParam {
+        name: name.into(),
+        reason: format!("not a usable {what}"),
+    };
+    if let Some(ca) = &tls.ca {
+        let certs = reqwest::Certificate::from_pem_bundle(ca)
+            .map_err(|_| bad("tls_ca", "PEM certificate bundle"))?;
+        builder = builder.tls_built_in_root_certs(false);
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    if let Some((cert, key)) = &tls.client {
+        let mut pem = cert.clone();
+        pem.push(b'\n');
+        pem.extend_from_slice(key);
+        let identity = reqwest::Identity::from_pem(&pem)
+            .map_err(|_| bad("tls_cert", "PEM certificate and key (tls_cert, tls_key)"))?;
+        builder = builder.identity(identity);
+    }
+    Ok(builder)
+}
+
 fn endpoint(u: &url::Url) -> url::Url {
     let kept: Vec<(String, String)> = u
         .query_pairs()
@@ -298,7 +340,23 @@ async fn body_excerpt(mut resp: reqwest::Response) -> String {
     }
 }
 
-/// A failed request (no answer): unavailable if we could not connect, else transient.
+/// Did the TLS layer fail? rustls reports its errors (a fatal alert from the server, a bad
+/// certificate) as `io::Error`s of kind `InvalidData` under reqwest's error.
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::InvalidData {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// A failed request (no answer): unavailable if we could not connect or the TLS session
+/// failed, else transient.
 fn request_error(
     id: uuid::Uuid,
     shown: &str,
@@ -309,6 +367,11 @@ fn request_error(
     let e = e.without_url();
     if e.is_connect() {
         PublishError::unavailable(format!("event {id}: cannot connect to {shown}")).with_source(e)
+    } else if tls_failure(&e) {
+        // E.g. the server refused our client certificate after the handshake (TLS 1.3 says so
+        // with the first read): every request fails alike, so do not spend attempts on it.
+        PublishError::unavailable(format!("event {id}: TLS session with {shown} failed"))
+            .with_source(e)
     } else if e.is_timeout() {
         PublishError::transient(format!(
             "event {id}: no answer from {shown} within {timeout:?}"

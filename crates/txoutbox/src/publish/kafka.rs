@@ -156,6 +156,14 @@ impl Settings {
             if OWN_PARAMS.contains(&name.as_ref()) {
                 continue;
             }
+            if matches!(name.as_ref(), "tls_ca" | "tls_cert" | "tls_key") {
+                return Err(ConfigError::BadParam {
+                    name: name.into_owned(),
+                    reason: "TLS to Kafka is not supported yet: this build's librdkafka has no \
+                             SSL (rdkafka's `ssl` feature is off)"
+                        .into(),
+                });
+            }
             let key = librdkafka_key(&name);
             if PROTECTED.contains(&key.as_str()) {
                 return Err(ConfigError::BadParam {

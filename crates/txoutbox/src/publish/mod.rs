@@ -14,6 +14,14 @@ mod faulty;
 mod message;
 mod simple;
 mod template;
+#[cfg(any(
+    feature = "redis",
+    feature = "mqtt",
+    feature = "http",
+    feature = "nats",
+    feature = "amqp"
+))]
+mod tls;
 mod url;
 
 #[cfg(feature = "amqp")]
@@ -173,7 +181,7 @@ impl PublishError {
 pub enum ConfigError {
     #[error("publisher URL {url:?} is not a valid URL: {reason}")]
     BadUrl { url: String, reason: String },
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, amqp, amqps, redis, mqtt, kafka, http, https, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, http, https, stdout, file, null)")]
     UnknownScheme { scheme: String },
     #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
     FeatureNotEnabled {
@@ -188,7 +196,8 @@ pub enum ConfigError {
     Template(#[from] TemplateError),
 }
 
-/// Open the publisher named by `url` (`nats://`, `amqp://`, `stdout:`, `file:PATH`, `null:`).
+/// Open the publisher named by `url` (`nats://`, `amqp://`, `redis://`, `mqtt://`, `kafka://`,
+/// `https://`, their TLS forms, `stdout:`, `file:PATH`, `null:`).
 ///
 /// Connection problems are reported as a [`PublishError`]; a malformed URL as a
 /// [`ConfigError`]. Neither message contains the URL's password.
@@ -199,10 +208,10 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         "file" => Ok(Box::new(FilePublisher::from_url(&parsed).await?)),
         "null" => Ok(Box::new(NullPublisher::from_url(&parsed)?)),
         #[cfg(feature = "nats")]
-        "nats" => Ok(Box::new(nats::NatsPublisher::connect(&parsed).await?)),
+        "nats" | "tls" => Ok(Box::new(nats::NatsPublisher::connect(&parsed).await?)),
         #[cfg(not(feature = "nats"))]
-        "nats" => Err(ConfigError::FeatureNotEnabled {
-            scheme: "nats".into(),
+        s @ ("nats" | "tls") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
             feature: "nats",
         }
         .into()),
@@ -215,18 +224,18 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         }
         .into()),
         #[cfg(feature = "redis")]
-        "redis" => Ok(Box::new(redis::RedisPublisher::connect(&parsed).await?)),
+        "redis" | "rediss" => Ok(Box::new(redis::RedisPublisher::connect(&parsed).await?)),
         #[cfg(not(feature = "redis"))]
-        "redis" => Err(ConfigError::FeatureNotEnabled {
-            scheme: "redis".into(),
+        s @ ("redis" | "rediss") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
             feature: "redis",
         }
         .into()),
         #[cfg(feature = "mqtt")]
-        "mqtt" => Ok(Box::new(mqtt::MqttPublisher::connect(&parsed).await?)),
+        "mqtt" | "mqtts" => Ok(Box::new(mqtt::MqttPublisher::connect(&parsed).await?)),
         #[cfg(not(feature = "mqtt"))]
-        "mqtt" => Err(ConfigError::FeatureNotEnabled {
-            scheme: "mqtt".into(),
+        s @ ("mqtt" | "mqtts") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
             feature: "mqtt",
         }
         .into()),

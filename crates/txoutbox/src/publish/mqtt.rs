@@ -1,13 +1,16 @@
 //! `mqtt://` — MQTT 5 at QoS 1.
 //!
 //! ```text
-//! mqtt://[user:password@]127.0.0.1:1883?topic=outbox/{aggregate_type}/{event_type}&qos=1
+//! mqtt[s]://[user:password@]127.0.0.1:1883?topic=outbox/{aggregate_type}/{event_type}&qos=1
 //! ```
 //!
 //! Parameters: `topic` (a [`Template`], default `outbox/{aggregate_type}/{event_type}`), `qos`
 //! (only `1`: QoS 0 has no acknowledgement, QoS 2 is not supported), `client_id` (default
 //! `txoutbox-<random>`), `connect_timeout` (default `5s`), `ack_timeout` (default `10s`),
-//! `cloudevents` and `ce_source`. Plain TCP only (no `mqtts://`).
+//! `cloudevents` and `ce_source`.
+//!
+//! TLS: `mqtts://host:8883` (8883 is the default port), with `tls_ca` (default: the system's
+//! CA bundle), `tls_cert` and `tls_key` (a client certificate, for `require_certificate true`).
 //!
 //! Each event is one PUBLISH of the payload at QoS 1 with the MQTT 5 content type
 //! `application/json` and user properties: the `outbox-*` contract headers, the user headers
@@ -33,6 +36,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::cloudevents::CloudEvents;
+use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -44,6 +48,9 @@ const PARAMS: &[&str] = &[
     "ack_timeout",
     "cloudevents",
     "ce_source",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 const DEFAULT_TOPIC: &str = "outbox/{aggregate_type}/{event_type}";
 /// Longest topic MQTT can carry.
@@ -137,11 +144,22 @@ impl Settings {
             None => format!("txoutbox-{}", uuid::Uuid::new_v4().simple()),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let mut options = MqttOptions::new(client_id, host, u.port().unwrap_or(1883));
+        let tls = TlsFiles::from_url(url, url.scheme() == "mqtts", "mqtts://")?;
+        let default_port = if tls.is_some() { 8883 } else { 1883 };
+        let mut options = MqttOptions::new(client_id, host, u.port().unwrap_or(default_port));
         options
             .set_clean_start(true)
             .set_keep_alive(Duration::from_secs(30))
             .set_connection_timeout(connect_timeout.as_secs().max(1));
+        if let Some(tls) = tls {
+            options.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Simple {
+                    ca: tls.ca_or_system()?,
+                    alpn: None,
+                    client_auth: tls.client,
+                },
+            ));
+        }
         if !u.username().is_empty() || u.password().is_some() {
             let decode = |s: &str| {
                 url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())

@@ -10,6 +10,11 @@
 //! two-minute duplicate window), `ack_timeout` (default `10s`), `connect_timeout` (default
 //! `5s`). A user name without a password is sent as a token.
 //!
+//! TLS: `tls://host:4222` or `nats://host:4222?tls=true` (any `tls_*` parameter implies it),
+//! with `tls_ca`, `tls_cert` and `tls_key` (see the `tls` module): the server's certificate
+//! is verified against `tls_ca` (without it: the system roots), and the client certificate
+//! is sent when the server asks for one (`verify: true` in its `tls {}` block).
+//!
 //! Every message carries `Nats-Msg-Id` = event id, so JetStream drops a re-sent event within
 //! the stream's duplicate window, plus the `outbox-*` contract headers and the user headers.
 //! All messages go through one client connection, which keeps them in call order.
@@ -22,6 +27,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use super::cloudevents::CloudEvents;
+use super::tls::TlsFiles;
 use super::url::{percent_decode, PublisherUrl};
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -33,6 +39,10 @@ const PARAMS: &[&str] = &[
     "connect_timeout",
     "cloudevents",
     "ce_source",
+    "tls",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 const DEFAULT_STREAM: &str = "OUTBOX";
 const DEFAULT_SUBJECT: &str = "outbox.{aggregate_type}.{event_type}";
@@ -78,6 +88,7 @@ struct Settings {
     ack_timeout: Duration,
     connect_timeout: Duration,
     cloudevents: Option<CloudEvents>,
+    tls: Option<TlsFiles>,
 }
 
 impl Settings {
@@ -100,6 +111,10 @@ impl Settings {
         let ack_timeout = url.duration_param("ack_timeout", Duration::from_secs(10))?;
         let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(5))?;
         let cloudevents = CloudEvents::from_url(url)?;
+        let tls_on = url.scheme() == "tls"
+            || url.bool_param("tls", false)?
+            || super::tls::PARAMS.iter().any(|p| url.param(p).is_some());
+        let tls = TlsFiles::from_url(url, tls_on, "tls://")?;
 
         let u = url.url();
         let host = u.host_str().ok_or_else(|| ConfigError::BadUrl {
@@ -124,6 +139,7 @@ impl Settings {
             ack_timeout,
             connect_timeout,
             cloudevents,
+            tls,
         })
     }
 }
@@ -160,6 +176,15 @@ impl NatsPublisher {
             }
             (Some(token), None) => options = options.token(token.clone()),
             _ => {}
+        }
+        if let Some(tls) = &settings.tls {
+            options = options.require_tls(true);
+            if let Some(ca) = &tls.ca_path {
+                options = options.add_root_certificates(ca.clone());
+            }
+            if let Some((cert, key)) = &tls.client_paths {
+                options = options.add_client_certificate(cert.clone(), key.clone());
+            }
         }
         // The address handed to the client holds no credentials, so no error text can leak them.
         let connect = options.connect(settings.server.as_str());

@@ -9,6 +9,9 @@
 //! trimming), `connect_timeout` (default `5s`), `ack_timeout` (how long to wait for the reply to
 //! one `XADD`, default `10s`), `cloudevents` and `ce_source` (see below).
 //!
+//! TLS: `rediss://host:6380`, with `tls_ca` (the CA to verify the server with; default: the
+//! system's roots), `tls_cert` and `tls_key` (a client certificate, for `tls-auth-clients yes`).
+//!
 //! Each event becomes one stream entry with the fields `id` (the event id), `payload` (the
 //! body), the `outbox-*` contract headers and the user headers (a user header named like one
 //! of those is dropped). With `cloudevents=true` the entry also carries the CloudEvents
@@ -34,6 +37,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::Mutex;
 
 use super::cloudevents::{self, CloudEvents};
+use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
 
@@ -44,6 +48,9 @@ const PARAMS: &[&str] = &[
     "ack_timeout",
     "cloudevents",
     "ce_source",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 const DEFAULT_STREAM: &str = "outbox.{aggregate_type}";
 /// The entry field that holds the event id, for consumers' dedup.
@@ -85,6 +92,7 @@ struct Settings {
     connect_timeout: Duration,
     ack_timeout: Duration,
     cloudevents: Option<CloudEvents>,
+    tls: Option<TlsFiles>,
 }
 
 impl Settings {
@@ -111,12 +119,14 @@ impl Settings {
                 reason: "redis:// needs a host, e.g. redis://127.0.0.1:6379".into(),
             });
         }
+        let tls = TlsFiles::from_url(url, url.scheme() == "rediss", "rediss://")?;
         Ok(Self {
             stream,
             maxlen,
             connect_timeout: url.duration_param("connect_timeout", Duration::from_secs(5))?,
             ack_timeout: url.duration_param("ack_timeout", Duration::from_secs(10))?,
             cloudevents: CloudEvents::from_url(url)?,
+            tls,
         })
     }
 }
@@ -128,9 +138,26 @@ impl RedisPublisher {
         let redacted_url = url.redacted();
         // The redis crate reads host, port, user, password and `/db` from the URL; our own
         // parameters are not for it.
-        let client = redis::Client::open(url.base().as_str()).map_err(|e| ConfigError::BadUrl {
+        // `rediss://` makes it a TLS connection.
+        let opened = match &settings.tls {
+            Some(tls) if tls.ca.is_some() || tls.client.is_some() => redis::Client::build_with_tls(
+                url.base().as_str(),
+                redis::TlsCertificates {
+                    client_tls: tls
+                        .client
+                        .as_ref()
+                        .map(|(cert, key)| redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }),
+                    root_cert: tls.ca.clone(),
+                },
+            ),
+            _ => redis::Client::open(url.base().as_str()),
+        };
+        let client = opened.map_err(|e| ConfigError::BadUrl {
             url: redacted_url.clone(),
-            // Its parse errors never quote the URL.
+            // Its parse errors never quote the URL (nor a certificate or key).
             reason: e.to_string(),
         })?;
         let config = redis::AsyncConnectionConfig::new()

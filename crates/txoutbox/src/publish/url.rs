@@ -160,12 +160,15 @@ pub(crate) fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Replace the password of a URL (if any) with `***`. Works on strings that do not parse,
-/// too, so that an error about a malformed URL does not leak the secret in it.
+/// Replace the password of a URL (if any) with `***`, and a NATS token (a user name without
+/// a password on `nats://` or `tls://`) too. Works on strings that do not parse, too, so that
+/// an error about a malformed URL does not leak the secret in it.
 pub fn redact_url(raw: &str) -> String {
     if let Ok(mut u) = url::Url::parse(raw) {
         if u.password().is_some() {
             let _ = u.set_password(Some("***"));
+        } else if matches!(u.scheme(), "nats" | "tls") && !u.username().is_empty() {
+            let _ = u.set_username("***");
         }
         return u.to_string();
     }
@@ -199,6 +202,16 @@ mod tests {
             "amqp://guest:***@127.0.0.1:5672/%2f"
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        // A NATS user name without a password is a token.
+        assert_eq!(
+            redact_url("nats://t0ken@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(
+            redact_url("tls://t0ken@127.0.0.1:4222?tls_ca=/ca.pem"),
+            "tls://***@127.0.0.1:4222?tls_ca=/ca.pem"
+        );
+        assert_eq!(redact_url("redis://app@h:6379"), "redis://app@h:6379");
         let bad = redact_url("amqp://u:s3cret@[bad:host/x");
         assert!(!bad.contains("s3cret"), "{bad}");
     }

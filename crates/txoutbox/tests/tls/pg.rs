@@ -1,0 +1,217 @@
+//! PostgreSQL over TLS, against a private cluster this test starts (never the shared
+//! server): `ssl = on` with a certificate from the test CA, and a `pg_hba.conf` that accepts
+//! TLS connections only (password, or a client certificate for the user `certuser`).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::str::FromStr;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+use crate::pki::{self, Pki};
+
+/// PostgreSQL's programs: `PG_BIN`, else the newest `/usr/lib/postgresql/*/bin` (Debian).
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL server programs in /usr/lib/postgresql (or set PG_BIN)")
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("initdb in /usr/lib/postgresql/*/bin")
+        .1
+}
+const PASSWORD: &str = "pg-Secret-7f3a";
+
+struct Cluster {
+    data: PathBuf,
+    port: u16,
+    pki: Pki,
+}
+
+/// Run a PostgreSQL program, as the `postgres` user when we are root.
+fn pg(program: &str) -> Command {
+    let path = bin_dir().join(program).display().to_string();
+    if pki::is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", &path]);
+        c
+    } else {
+        Command::new(path)
+    }
+}
+
+fn run(c: &mut Command, what: &str) {
+    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let pki = Pki::new("certuser");
+        let data = pki.dir.join("data");
+        let pwfile = pki.dir.join("pw");
+        std::fs::write(&pwfile, PASSWORD).unwrap();
+        if pki::is_root() {
+            pki.give_to("postgres");
+        }
+        run(
+            pg("initdb")
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-A", "scram-sha-256", "--no-sync"])
+                .arg(format!("--pwfile={}", pwfile.display())),
+            "initdb",
+        );
+        // TLS only: a plain TCP connection finds no matching line and is refused.
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "hostssl all certuser 127.0.0.1/32 cert\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\n",
+        )
+        .unwrap();
+        let port = pki::free_port();
+        let options = format!(
+            "-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c ssl=on \
+             -c ssl_cert_file={cert} -c ssl_key_file={key} -c ssl_ca_file={ca} \
+             -c shared_buffers=16MB -c max_connections=20 -c fsync=off",
+            dir = pki.dir.display(),
+            cert = pki.server_cert.display(),
+            key = pki.server_key.display(),
+            ca = pki.ca.display(),
+        );
+        run(
+            pg("pg_ctl")
+                .arg("-D")
+                .arg(&data)
+                .args(["-w", "-t", "60", "-o", &options, "-l"])
+                .arg(pki.dir.join("pg.log"))
+                .arg("start"),
+            "pg_ctl start",
+        );
+        Self { data, port, pki }
+    }
+
+    fn url(&self, user_pw: &str, params: &str) -> String {
+        format!(
+            "postgres://{user_pw}@127.0.0.1:{}/postgres?{params}",
+            self.port
+        )
+    }
+
+    async fn connect(&self, url: &str) -> Result<sqlx::PgConnection, String> {
+        let opts = PgConnectOptions::from_str(url).map_err(|e| e.to_string())?;
+        opts.connect().await.map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = pg("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+async fn uses_tls(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn postgres_verify_full_with_the_ca_and_clear_errors_without_it() {
+    let c = Cluster::start();
+    let ca = c.pki.path(&c.pki.ca);
+    let up = format!("postgres:{PASSWORD}");
+
+    // verify-full with the right CA: connected, and the server says the session is TLS.
+    let mut conn = c
+        .connect(&c.url(&up, &format!("sslmode=verify-full&sslrootcert={ca}")))
+        .await
+        .unwrap();
+    assert!(uses_tls(&mut conn).await);
+    conn.close().await.unwrap();
+    // The library's own entry points work over it too.
+    let pool = sqlx::PgPool::connect(&c.url(&up, &format!("sslmode=verify-full&sslrootcert={ca}")))
+        .await
+        .unwrap();
+    let table = txoutbox::OutboxTable::new("public", "tls_outbox").unwrap();
+    txoutbox::migrate(&pool, &table).await.unwrap();
+    pool.close().await;
+    let mut conn = c
+        .connect(&c.url(&up, &format!("sslmode=verify-ca&sslrootcert={ca}")))
+        .await
+        .unwrap();
+    assert!(uses_tls(&mut conn).await);
+    conn.close().await.unwrap();
+
+    // A CA that did not sign the server's certificate: refused, saying why, no password.
+    let wrong = c.pki.path(&c.pki.wrong_ca);
+    let e = c
+        .connect(&c.url(&up, &format!("sslmode=verify-full&sslrootcert={wrong}")))
+        .await
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    assert!(!e.contains(PASSWORD), "{e}");
+
+    // Without TLS the server refuses: the successes above were TLS sessions.
+    let e = c.connect(&c.url(&up, "sslmode=disable")).await.unwrap_err();
+    assert!(e.contains("no encryption") || e.contains("pg_hba"), "{e}");
+    assert!(!e.contains(PASSWORD), "{e}");
+}
+
+#[tokio::test]
+async fn postgres_client_certificate_authenticates() {
+    let c = Cluster::start();
+    let ca = c.pki.path(&c.pki.ca);
+    let mut admin = c
+        .connect(&c.url(
+            &format!("postgres:{PASSWORD}"),
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ))
+        .await
+        .unwrap();
+    sqlx::query("CREATE ROLE certuser LOGIN")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    let with_cert = format!(
+        "sslmode=verify-full&sslrootcert={ca}&sslcert={}&sslkey={}",
+        c.pki.path(&c.pki.client_cert),
+        c.pki.path(&c.pki.client_key)
+    );
+    let mut conn = c.connect(&c.url("certuser", &with_cert)).await.unwrap();
+    let who: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(who, "certuser");
+    assert!(uses_tls(&mut conn).await);
+    conn.close().await.unwrap();
+    // The same user without the certificate is refused.
+    let e = c
+        .connect(&c.url("certuser", &format!("sslmode=verify-full&sslrootcert={ca}")))
+        .await
+        .unwrap_err();
+    assert!(e.contains("certificate"), "{e}");
+}
