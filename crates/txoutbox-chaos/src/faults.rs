@@ -111,34 +111,54 @@ pub struct Planned {
     pub latency: Duration,
 }
 
-/// Draw the next fault from `kinds` (the discrete ones; `publisher` is continuous).
-pub fn plan(rng: &mut StdRng, kinds: &[Kind], relays: usize) -> Option<Planned> {
-    let discrete: Vec<Kind> = kinds
-        .iter()
-        .copied()
-        .filter(|k| *k != Kind::Publisher)
-        .collect();
-    let kind = *discrete.choose(rng)?;
-    let mut all: Vec<usize> = (0..relays).collect();
-    all.shuffle(rng);
-    let how_many = match kind {
-        // Several relays at once, now and then.
-        Kind::Kill if rng.gen_bool(0.3) => rng.gen_range(1..=relays),
-        k if k.is_network() && rng.gen_bool(0.3) => relays,
-        _ => 1,
-    };
-    all.truncate(how_many.max(1));
-    Some(Planned {
-        kind,
-        relays: all,
-        link: if rng.gen_bool(0.5) {
-            Link::Postgres
-        } else {
-            Link::Broker
-        },
-        hold: Duration::from_millis(rng.gen_range(1_000..6_000)),
-        latency: Duration::from_millis(rng.gen_range(20..300)),
-    })
+/// Draws the faults: kinds come out of a shuffled bag (refilled when empty), so a short run
+/// still meets every kind; targets, links and durations are drawn at random. All from the
+/// seeded generator: the same seed gives the same schedule.
+pub struct Schedule {
+    kinds: Vec<Kind>,
+    bag: Vec<Kind>,
+}
+
+impl Schedule {
+    /// `kinds`: the enabled ones (`publisher` is continuous, not scheduled).
+    pub fn new(kinds: &[Kind]) -> Self {
+        Self {
+            kinds: kinds
+                .iter()
+                .copied()
+                .filter(|k| *k != Kind::Publisher)
+                .collect(),
+            bag: Vec::new(),
+        }
+    }
+
+    pub fn next(&mut self, rng: &mut StdRng, relays: usize) -> Option<Planned> {
+        if self.bag.is_empty() {
+            self.bag = self.kinds.clone();
+            self.bag.shuffle(rng);
+        }
+        let kind = self.bag.pop()?;
+        let mut all: Vec<usize> = (0..relays).collect();
+        all.shuffle(rng);
+        let how_many = match kind {
+            // Several relays at once, now and then.
+            Kind::Kill if rng.gen_bool(0.3) => rng.gen_range(1..=relays),
+            k if k.is_network() && rng.gen_bool(0.3) => relays,
+            _ => 1,
+        };
+        all.truncate(how_many.max(1));
+        Some(Planned {
+            kind,
+            relays: all,
+            link: if rng.gen_bool(0.5) {
+                Link::Postgres
+            } else {
+                Link::Broker
+            },
+            hold: Duration::from_millis(rng.gen_range(1_000..6_000)),
+            latency: Duration::from_millis(rng.gen_range(20..300)),
+        })
+    }
 }
 
 /// How many faults of each kind (network ones per link) were injected.
@@ -173,21 +193,26 @@ mod tests {
     use rand::SeedableRng;
 
     #[test]
-    fn the_schedule_is_reproducible_from_the_seed() {
+    fn the_schedule_is_reproducible_from_the_seed_and_meets_every_kind_early() {
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
+            let mut s = Schedule::new(ALL);
             (0..50)
                 .map(|_| {
-                    let p = plan(&mut rng, ALL, 3).unwrap();
+                    let p = s.next(&mut rng, 3).unwrap();
                     (p.kind, p.relays, p.link, p.hold)
                 })
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
-        // Every discrete kind comes up.
-        let kinds: std::collections::BTreeSet<Kind> = draw(7).into_iter().map(|d| d.0).collect();
-        assert_eq!(kinds.len(), ALL.len() - 1);
+        // The first eight faults are the eight discrete kinds.
+        let first: std::collections::BTreeSet<Kind> = draw(7)
+            .into_iter()
+            .take(ALL.len() - 1)
+            .map(|d| d.0)
+            .collect();
+        assert_eq!(first.len(), ALL.len() - 1);
     }
 
     #[test]
@@ -199,6 +224,9 @@ mod tests {
         assert_eq!(parse_list("all").unwrap().len(), ALL.len());
         assert!(parse_list("none").unwrap().is_empty());
         assert!(parse_list("kill,boom").unwrap_err().contains("boom"));
-        assert!(plan(&mut StdRng::seed_from_u64(1), &[Kind::Publisher], 3).is_none());
+        let mut only_publisher = Schedule::new(&[Kind::Publisher]);
+        assert!(only_publisher
+            .next(&mut StdRng::seed_from_u64(1), 3)
+            .is_none());
     }
 }

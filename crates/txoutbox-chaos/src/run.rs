@@ -115,6 +115,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     ));
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut tally = Tally::default();
+    let mut schedule = faults::Schedule::new(&kinds);
     let end = Instant::now() + args.duration;
     let mut restarts_by_supervisor = 0u32;
     loop {
@@ -125,7 +126,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
             break;
         }
         supervise_until(&mut slots, &settings, at, &mut restarts_by_supervisor).await?;
-        let Some(fault) = faults::plan(&mut rng, &kinds, slots.len()) else {
+        let Some(fault) = schedule.next(&mut rng, slots.len()) else {
             continue;
         };
         inject(&fault, &mut slots, &settings, &pg, &mut nats, &pool, &args).await?;
