@@ -26,7 +26,13 @@ use clap::Parser;
 
 /// Fault-injection run against real txoutbox relays: proves nothing is lost.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None, args_override_self = true)]
+#[command(
+    version,
+    about,
+    long_about = None,
+    args_override_self = true,
+    after_help = "Ends with one line, lost=N phantom=N duplicates=N order_violations=N faults=N, and exits 1 when an invariant broke (2 on bad flags)."
+)]
 pub struct Args {
     /// How long the writers write and faults are injected (then the relays drain).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
