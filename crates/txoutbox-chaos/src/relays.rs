@@ -35,6 +35,8 @@ pub struct RelaySlot {
     admin_port: u16,
     /// Exits we did not cause.
     pub unexpected_exits: u32,
+    /// SIGSTOP and SIGCONT times of this slot's relays.
+    pub freezes: Vec<(std::time::SystemTime, std::time::SystemTime)>,
 }
 
 fn secs(d: Duration) -> String {
@@ -59,6 +61,7 @@ impl RelaySlot {
             nats: Proxy::start(nats, true).await.context("proxy to NATS")?,
             admin_port: 0,
             unexpected_exits: 0,
+            freezes: Vec::new(),
         };
         slot.spawn(s)?;
         Ok(slot)
