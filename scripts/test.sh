@@ -16,3 +16,8 @@ export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export KAFKA_BROKERS="${KAFKA_BROKERS:-127.0.0.1:9092}"
 cargo test --workspace --all-features "$@"
+# A short fault-injection run (fixed seed, every fault kind, about 90 s; see README,
+# "Guarantees and how we test them"). Skipped when arguments pick tests, or with CHAOS=0.
+if [ $# -eq 0 ] && [ "${CHAOS:-1}" != 0 ]; then
+  scripts/chaos.sh
+fi

@@ -299,6 +299,16 @@ impl Publisher for NatsPublisher {
             }
         }
 
+        // Found by txoutbox-chaos: while reconnecting, async-nats buffers a publish and sends
+        // it after the reconnect, possibly seconds later, when this relay has already given
+        // the event up (ack timeout) and its lease may be held by another relay: a send
+        // outside the lease, and a duplicate. So do not hand it over while disconnected.
+        if self.client.connection_state() != State::Connected {
+            return Err(PublishError::unavailable(format!(
+                "event {}: not connected to NATS at {} (reconnecting); not sent",
+                message.id, self.redacted_url
+            )));
+        }
         let ack = self
             .jetstream
             .publish_with_headers(subject.clone(), headers, message.body.clone().into())

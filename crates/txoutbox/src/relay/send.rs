@@ -108,6 +108,12 @@ impl Relay {
                         let Ok(_permit) = window.acquire().await else {
                             return;
                         };
+                        // Waiting for a slot may have taken us past the deadline, and
+                        // `timeout_at` below polls the send before its timer: check again.
+                        // (Found while analysing txoutbox-chaos's late sends.)
+                        if cancel.is_cancelled() || Instant::now() >= deadline {
+                            return;
+                        }
                         let message = Message::from_event(&events[i]);
                         let result =
                             match tokio::time::timeout_at(deadline, self.publisher.send(&message))

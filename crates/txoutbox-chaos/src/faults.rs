@@ -1,0 +1,232 @@
+//! Fault kinds and the seeded schedule that injects them, one at a time, at random moments.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+/// A kind of fault the run may inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// SIGKILL one or several relays, then start new ones.
+    Kill,
+    /// SIGSTOP a relay past its lease, then SIGCONT: a zombie.
+    Stop,
+    /// Reset live connections and refuse new ones for a while.
+    Cut,
+    /// Hold all traffic (a partition), connections stay open.
+    Stall,
+    /// Add latency to every chunk for a while.
+    Slow,
+    /// Reset live connections once, mid-stream.
+    Reset,
+    /// Crash and restart PostgreSQL.
+    PgRestart,
+    /// Restart the broker.
+    BrokerRestart,
+    /// Relays fail a fraction of publishes transiently (`--inject-faults`); continuous.
+    Publisher,
+}
+
+pub const ALL: &[Kind] = &[
+    Kind::Kill,
+    Kind::Stop,
+    Kind::Cut,
+    Kind::Stall,
+    Kind::Slow,
+    Kind::Reset,
+    Kind::PgRestart,
+    Kind::BrokerRestart,
+    Kind::Publisher,
+];
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kill => "kill",
+            Kind::Stop => "stop",
+            Kind::Cut => "cut",
+            Kind::Stall => "stall",
+            Kind::Slow => "slow",
+            Kind::Reset => "reset",
+            Kind::PgRestart => "pg-restart",
+            Kind::BrokerRestart => "broker-restart",
+            Kind::Publisher => "publisher",
+        }
+    }
+
+    /// Network faults hit a proxy: PostgreSQL's or the broker's.
+    pub fn is_network(self) -> bool {
+        matches!(self, Kind::Cut | Kind::Stall | Kind::Slow | Kind::Reset)
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
+            format!("unknown fault {s:?} (known: {})", names.join(", "))
+        })
+    }
+}
+
+/// `kill,stop,...`, `all` or `none`.
+pub fn parse_list(s: &str) -> Result<Vec<Kind>, String> {
+    match s.trim() {
+        "all" => Ok(ALL.to_vec()),
+        "none" | "" => Ok(Vec::new()),
+        list => {
+            let mut kinds = list
+                .split(',')
+                .map(|k| k.trim().parse())
+                .collect::<Result<Vec<Kind>, String>>()?;
+            kinds.sort();
+            kinds.dedup();
+            Ok(kinds)
+        }
+    }
+}
+
+/// Where a network fault goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Link {
+    Postgres,
+    Broker,
+}
+
+/// One planned fault.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub kind: Kind,
+    /// Which relays (indexes), for kill, stop and network faults.
+    pub relays: Vec<usize>,
+    pub link: Link,
+    /// How long a cut, stall or slow lasts.
+    pub hold: Duration,
+    /// Latency of a slow link.
+    pub latency: Duration,
+}
+
+/// Draws the faults: kinds come out of a shuffled bag (refilled when empty), so a short run
+/// still meets every kind; targets, links and durations are drawn at random. All from the
+/// seeded generator: the same seed gives the same schedule.
+pub struct Schedule {
+    kinds: Vec<Kind>,
+    bag: Vec<Kind>,
+}
+
+impl Schedule {
+    /// `kinds`: the enabled ones (`publisher` is continuous, not scheduled).
+    pub fn new(kinds: &[Kind]) -> Self {
+        Self {
+            kinds: kinds
+                .iter()
+                .copied()
+                .filter(|k| *k != Kind::Publisher)
+                .collect(),
+            bag: Vec::new(),
+        }
+    }
+
+    pub fn next(&mut self, rng: &mut StdRng, relays: usize) -> Option<Planned> {
+        if self.bag.is_empty() {
+            self.bag = self.kinds.clone();
+            self.bag.shuffle(rng);
+        }
+        let kind = self.bag.pop()?;
+        let mut all: Vec<usize> = (0..relays).collect();
+        all.shuffle(rng);
+        let how_many = match kind {
+            // Several relays at once, now and then.
+            Kind::Kill if rng.gen_bool(0.3) => rng.gen_range(1..=relays),
+            k if k.is_network() && rng.gen_bool(0.3) => relays,
+            _ => 1,
+        };
+        all.truncate(how_many.max(1));
+        Some(Planned {
+            kind,
+            relays: all,
+            link: if rng.gen_bool(0.5) {
+                Link::Postgres
+            } else {
+                Link::Broker
+            },
+            hold: Duration::from_millis(rng.gen_range(1_000..6_000)),
+            latency: Duration::from_millis(rng.gen_range(20..300)),
+        })
+    }
+}
+
+/// How many faults of each kind (network ones per link) were injected.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub counts: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    pub fn add(&mut self, p: &Planned) {
+        let key = if p.kind.is_network() {
+            let link = match p.link {
+                Link::Postgres => "pg",
+                Link::Broker => "broker",
+            };
+            format!("{}-{link}", p.kind.name())
+        } else {
+            p.kind.name().to_string()
+        };
+        *self.counts.entry(key).or_default() += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn the_schedule_is_reproducible_from_the_seed_and_meets_every_kind_early() {
+        let draw = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut s = Schedule::new(ALL);
+            (0..50)
+                .map(|_| {
+                    let p = s.next(&mut rng, 3).unwrap();
+                    (p.kind, p.relays, p.link, p.hold)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+        // The first eight faults are the eight discrete kinds.
+        let first: std::collections::BTreeSet<Kind> = draw(7)
+            .into_iter()
+            .take(ALL.len() - 1)
+            .map(|d| d.0)
+            .collect();
+        assert_eq!(first.len(), ALL.len() - 1);
+    }
+
+    #[test]
+    fn fault_lists_parse() {
+        assert_eq!(
+            parse_list("kill,stop").unwrap(),
+            vec![Kind::Kill, Kind::Stop]
+        );
+        assert_eq!(parse_list("all").unwrap().len(), ALL.len());
+        assert!(parse_list("none").unwrap().is_empty());
+        assert!(parse_list("kill,boom").unwrap_err().contains("boom"));
+        let mut only_publisher = Schedule::new(&[Kind::Publisher]);
+        assert!(only_publisher
+            .next(&mut StdRng::seed_from_u64(1), 3)
+            .is_none());
+    }
+}

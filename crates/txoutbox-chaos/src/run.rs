@@ -1,0 +1,626 @@
+//! One chaos run: set up, write and inject faults, drain, check, report.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::PgPool;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::check::{self, FinalTruth};
+use crate::cluster::{NatsServer, PgCluster};
+use crate::faults::{self, Kind, Link, Planned, Tally};
+use crate::proxy::Mode;
+use crate::relays::{find_txoutbox, RelaySettings, RelaySlot};
+use crate::workload::{self, WorkloadConfig};
+use crate::Args;
+
+const STREAM: &str = "CHAOS";
+const TABLE: &str = "public.outbox_events";
+
+/// The run's temporary directory: removed on drop unless kept.
+struct RunDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("chaos: run directory kept: {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Ok(true): every invariant held.
+pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let txoutbox = find_txoutbox(args.txoutbox_bin.as_deref())?;
+    // Declared first, dropped last: after PostgreSQL and NATS have stopped.
+    let mut dir = RunDir {
+        path: std::env::temp_dir().join(format!(
+            "txoutbox-chaos-{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        )),
+        keep: args.keep,
+    };
+    let logs = dir.path.join("logs");
+    std::fs::create_dir_all(&logs).context("create the run directory")?;
+    let pg = PgCluster::start(&args.pg_bin, &dir.path)
+        .await
+        .context("start PostgreSQL")?;
+    let mut nats = NatsServer::start(&args.nats_server, &dir.path)
+        .await
+        .context("start nats-server")?;
+    eprintln!(
+        "chaos: seed {} | PostgreSQL {} | NATS {} | {} relays ({}) | faults: {} | logs in {}",
+        args.seed,
+        pg.url(),
+        nats.url(),
+        args.relays,
+        args.mode,
+        kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
+        logs.display()
+    );
+    migrate(&txoutbox, &pg.url()).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(args.writers as u32 + 2)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&pg.url())
+        .await
+        .context("connect to the run's PostgreSQL")?;
+    install_claim_audit(&pool).await?;
+    create_stream(&nats.url()).await?;
+
+    let settings = RelaySettings {
+        exe: txoutbox,
+        mode: args.mode.clone(),
+        stream: STREAM.into(),
+        inject_faults: if kinds.contains(&Kind::Publisher) {
+            args.publisher_fault_rate
+        } else {
+            0.0
+        },
+        lease: args.lease,
+        partition_lease: args.partition_lease,
+        log_dir: logs.clone(),
+    };
+    let mut slots = Vec::new();
+    for i in 0..usize::from(args.relays) {
+        slots.push(RelaySlot::new(i, pg.addr(), nats.addr(), &settings).await?);
+    }
+
+    // --- writers and faults ---------------------------------------------------------------
+    let stop_writers = CancellationToken::new();
+    let writers = tokio::spawn(workload::run(
+        pool.clone(),
+        WorkloadConfig {
+            writers: args.writers,
+            aggregates: args.aggregates,
+            rate: args.rate,
+            max_events: args.max_events,
+            rollback_ratio: args.rollback_ratio,
+            poison_ratio: args.poison_ratio,
+            table: TABLE.into(),
+        },
+        args.seed,
+        stop_writers.clone(),
+    ));
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut tally = Tally::default();
+    let mut schedule = faults::Schedule::new(&kinds);
+    let end = Instant::now() + args.duration;
+    let mut restarts_by_supervisor = 0u32;
+    loop {
+        let gap = args.fault_interval.mul_f64(rng.gen_range(0.5..1.5));
+        let at = Instant::now() + gap;
+        if at >= end {
+            supervise_until(&mut slots, &settings, end, &mut restarts_by_supervisor).await?;
+            break;
+        }
+        supervise_until(&mut slots, &settings, at, &mut restarts_by_supervisor).await?;
+        let Some(fault) = schedule.next(&mut rng, slots.len()) else {
+            continue;
+        };
+        inject(&fault, &mut slots, &settings, &pg, &mut nats, &pool, &args).await?;
+        tally.add(&fault);
+    }
+    stop_writers.cancel();
+    let truth = writers.await.context("writers")?;
+    let (transactions, failed_tx, uncertain) = (
+        truth.transactions,
+        truth.failed_transactions,
+        truth.uncertain.len(),
+    );
+    eprintln!(
+        "chaos: writers stopped after {:?}; draining (up to {:?})",
+        started.elapsed(),
+        args.drain_timeout
+    );
+
+    // --- drain ------------------------------------------------------------------------------
+    for s in &slots {
+        s.pg.set(Mode::Pass);
+        s.nats.set(Mode::Pass);
+    }
+    let drained = drain(
+        &pool,
+        &mut slots,
+        &settings,
+        args.drain_timeout,
+        &mut restarts_by_supervisor,
+    )
+    .await?;
+    let mut fenced = 0;
+    for s in &slots {
+        fenced += s.fenced_settles().await;
+    }
+    let mut unclean_exits = 0;
+    for s in &mut slots {
+        if !s.stop().await {
+            unclean_exits += 1;
+        }
+    }
+
+    // --- check ------------------------------------------------------------------------------
+    let deliveries = check::read_stream(&nats.url(), STREAM).await?;
+    let dead: HashSet<Uuid> =
+        sqlx::query_scalar(&format!("SELECT id FROM {TABLE} WHERE dead_at IS NOT NULL"))
+            .fetch_all(&pool)
+            .await
+            .context("read the dead letters")?
+            .into_iter()
+            .collect();
+    let (final_truth, uncertain_committed, missing_commits) = resolve(&pool, truth).await?;
+    let verdict = check::check(&final_truth, &deliveries, &dead);
+    let (unfenced, in_flight_at_freeze) =
+        unfenced_sends(&pool, &slots, &final_truth, args.mode == "ordered").await?;
+    let sends: usize = slots
+        .iter()
+        .filter_map(|s| s.nats.tap())
+        .map(|t| t.lock().map(|l| l.len()).unwrap_or(0))
+        .sum();
+    let attempts_failed: i64 = sqlx::query_scalar(&format!(
+        "SELECT coalesce(sum(attempts), 0)::int8 FROM {TABLE}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .context("sum attempts")?;
+    let unexpected_exits: u32 = slots.iter().map(|s| s.unexpected_exits).sum();
+
+    // --- report -----------------------------------------------------------------------------
+    let ordered = args.mode == "ordered";
+    println!(
+        "run: seed={} duration={:?} relays={} mode={} publisher={} wall={:.0?}",
+        args.seed,
+        args.duration,
+        args.relays,
+        args.mode,
+        args.publisher,
+        started.elapsed()
+    );
+    println!(
+        "transactions: {} (rolled back events: {}, failed before commit: {}, commit outcome unknown: {} of which {} had committed)",
+        transactions, verdict.rolled_back, failed_tx, uncertain, uncertain_committed
+    );
+    println!(
+        "committed={} delivered={} deliveries={} dead={} (expected {}, unexpected {}) poison_wrong={}",
+        verdict.committed,
+        verdict.delivered,
+        verdict.deliveries,
+        dead.len(),
+        verdict.dead_expected,
+        verdict.dead_unexpected,
+        verdict.poison_wrong
+    );
+    let breakdown: Vec<String> = tally
+        .counts
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!(
+        "faults: {}{}",
+        if breakdown.is_empty() {
+            "none".to_string()
+        } else {
+            breakdown.join(" ")
+        },
+        if settings.inject_faults > 0.0 {
+            format!(
+                " | publisher: {} of publishes fail transiently",
+                settings.inject_faults
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "relays: sends seen on the wire={sends} failed attempts recorded={attempts_failed} fenced settles (live relays' metrics)={fenced} sends outside a held lease={unfenced} (besides {in_flight_at_freeze} already in flight when a relay was frozen) exits by themselves={unexpected_exits} unclean shutdowns={unclean_exits} drained={drained}"
+    );
+    if missing_commits > 0 {
+        println!("committed by the writers but missing from the table: {missing_commits}");
+    }
+    if !verdict.lost_sample.is_empty() {
+        println!("lost, for example: {:?}", verdict.lost_sample);
+    }
+    let ok = verdict.ok(ordered)
+        && unfenced == 0
+        && unexpected_exits == 0
+        && unclean_exits == 0
+        && missing_commits == 0
+        && drained
+        && restarts_by_supervisor == 0;
+    println!(
+        "lost={} phantom={} duplicates={} order_violations={} faults={}",
+        verdict.lost,
+        verdict.phantom,
+        verdict.duplicates,
+        if ordered {
+            verdict.order_violations.to_string()
+        } else {
+            format!("{} (unordered: not checked)", verdict.order_violations)
+        },
+        tally.total()
+    );
+    if !ok {
+        eprintln!(
+            "chaos: FAILED: an invariant broke (see above); relay logs: {}",
+            logs.display()
+        );
+        dir.keep = true;
+    }
+    pool.close().await;
+    Ok(ok)
+}
+
+async fn migrate(txoutbox: &Path, url: &str) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(txoutbox)
+        .arg("migrate")
+        .env("DATABASE_URL", url)
+        .env_remove("TXOUTBOX_SCHEMA")
+        .env_remove("TXOUTBOX_TABLE")
+        .env_remove("TXOUTBOX_CONFIG")
+        .output()
+        .await
+        .context("run txoutbox migrate")?;
+    if !out.status.success() {
+        bail!(
+            "txoutbox migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Record every claim (who, from when, until when) with a trigger, so the checker can tell
+/// from the outside whether a relay ever sent an event it did not hold.
+async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
+    for sql in [
+        "CREATE TABLE chaos_claims (id uuid NOT NULL, relay text NOT NULL, claimed_at timestamptz NOT NULL, locked_until timestamptz NOT NULL)",
+        "CREATE FUNCTION chaos_claim_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.lock_token IS NOT NULL AND NEW.lock_token IS DISTINCT FROM OLD.lock_token THEN
+             INSERT INTO chaos_claims VALUES (NEW.id, NEW.locked_by, clock_timestamp(), NEW.locked_until);
+           END IF;
+           RETURN NULL;
+         END $$",
+        "CREATE TRIGGER chaos_claim_audit AFTER UPDATE ON public.outbox_events FOR EACH ROW EXECUTE FUNCTION chaos_claim_audit()",
+    ] {
+        sqlx::query(sql).execute(pool).await.context("install the claim audit")?;
+    }
+    Ok(())
+}
+
+/// The stream, created by us with a 100 ms duplicate window (the server's minimum): JetStream then keeps (nearly) every copy a
+/// relay sends, and the checker counts the duplicates instead of the broker hiding them.
+async fn create_stream(url: &str) -> anyhow::Result<()> {
+    let client = async_nats::connect(url).await.context("connect to NATS")?;
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["chaos.>".into()],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        duplicate_window: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await
+    .context("create the stream")?;
+    Ok(())
+}
+
+/// Restart relays that exited by themselves, until `until`.
+async fn supervise_until(
+    slots: &mut [RelaySlot],
+    settings: &RelaySettings,
+    until: Instant,
+    restarts: &mut u32,
+) -> anyhow::Result<()> {
+    loop {
+        for s in slots.iter_mut() {
+            if s.supervise(settings)?.is_some() {
+                *restarts += 1;
+            }
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(());
+        }
+        tokio::time::sleep((until - now).min(Duration::from_millis(250))).await;
+    }
+}
+
+async fn inject(
+    f: &Planned,
+    slots: &mut [RelaySlot],
+    settings: &RelaySettings,
+    pg: &PgCluster,
+    nats: &mut NatsServer,
+    pool: &PgPool,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let who: Vec<&str> = f
+        .relays
+        .iter()
+        .filter_map(|i| slots.get(*i).map(|s| s.relay_id.as_str()))
+        .collect();
+    let link = match f.link {
+        Link::Postgres => "PostgreSQL",
+        Link::Broker => "NATS",
+    };
+    match f.kind {
+        Kind::Kill => {
+            eprintln!("chaos: SIGKILL {who:?}");
+            for i in &f.relays {
+                slots[*i].kill().await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for i in &f.relays {
+                slots[*i].spawn(settings)?;
+            }
+        }
+        Kind::Stop => {
+            // Past the event lease and the partition lease: others take its work over.
+            let hold = args.lease.max(args.partition_lease) + Duration::from_secs(2);
+            // Freeze it while it holds a claim (waiting up to 3 s for one), so that the
+            // zombie wakes up with events another relay has taken over since.
+            let ids: Vec<String> = who.iter().map(|w| w.to_string()).collect();
+            let until = Instant::now() + Duration::from_secs(3);
+            let mut held = 0i64;
+            loop {
+                held = sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM {TABLE} WHERE locked_by = ANY($1) AND processed_at IS NULL"
+                ))
+                .bind(&ids)
+                .fetch_one(pool)
+                .await
+                .unwrap_or(held);
+                if held > 0 || Instant::now() >= until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let stopped_at = SystemTime::now();
+            for i in &f.relays {
+                slots[*i].signal("STOP");
+            }
+            eprintln!(
+                "chaos: SIGSTOP {who:?} (holding about {held} events) for {hold:?}, then SIGCONT"
+            );
+            tokio::time::sleep(hold).await;
+            for i in &f.relays {
+                slots[*i].signal("CONT");
+                slots[*i].freezes.push((stopped_at, SystemTime::now()));
+            }
+        }
+        Kind::Cut | Kind::Stall | Kind::Slow => {
+            let mode = match f.kind {
+                Kind::Cut => Mode::Cut,
+                Kind::Stall => Mode::Stall,
+                _ => Mode::Slow(f.latency),
+            };
+            eprintln!(
+                "chaos: {} {link} for {who:?}, {:?} ({mode:?})",
+                f.kind.name(),
+                f.hold
+            );
+            for i in &f.relays {
+                proxy_of(&slots[*i], f.link).set(mode);
+            }
+            tokio::time::sleep(f.hold).await;
+            for i in &f.relays {
+                proxy_of(&slots[*i], f.link).set(Mode::Pass);
+            }
+        }
+        Kind::Reset => {
+            eprintln!("chaos: reset {link} connections of {who:?}");
+            for i in &f.relays {
+                proxy_of(&slots[*i], f.link).reset();
+            }
+        }
+        Kind::PgRestart => {
+            eprintln!("chaos: PostgreSQL crash and restart");
+            pg.restart().await?;
+        }
+        Kind::BrokerRestart => {
+            eprintln!("chaos: NATS restart");
+            nats.restart().await?;
+        }
+        Kind::Publisher => {}
+    }
+    Ok(())
+}
+
+fn proxy_of(slot: &RelaySlot, link: Link) -> &crate::proxy::Proxy {
+    match link {
+        Link::Postgres => &slot.pg,
+        Link::Broker => &slot.nats,
+    }
+}
+
+/// Wait until nothing is pending or leased (dead letters aside).
+async fn drain(
+    pool: &PgPool,
+    slots: &mut [RelaySlot],
+    settings: &RelaySettings,
+    timeout: Duration,
+    restarts: &mut u32,
+) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    let mut left = -1i64;
+    while Instant::now() < deadline {
+        let n: Result<i64, _> = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {TABLE} WHERE processed_at IS NULL AND dead_at IS NULL"
+        ))
+        .fetch_one(pool)
+        .await;
+        if let Ok(n) = n {
+            left = n;
+            if n == 0 {
+                return Ok(true);
+            }
+        }
+        supervise_until(
+            slots,
+            settings,
+            Instant::now() + Duration::from_millis(500),
+            restarts,
+        )
+        .await?;
+    }
+    eprintln!("chaos: not drained after {timeout:?}: {left} events unfinished");
+    Ok(false)
+}
+
+/// The writers' truth, with uncertain commits looked up in the table.
+/// Returns (truth, uncertain that committed, committed but missing from the table).
+async fn resolve(
+    pool: &PgPool,
+    truth: workload::Truth,
+) -> anyhow::Result<(FinalTruth, usize, usize)> {
+    let in_table: HashSet<Uuid> = sqlx::query_scalar(&format!("SELECT id FROM {TABLE}"))
+        .fetch_all(pool)
+        .await
+        .context("read the table's ids")?
+        .into_iter()
+        .collect();
+    let mut t = FinalTruth {
+        committed: truth.committed,
+        rolled_back: truth.rolled_back,
+        poison: HashSet::new(),
+    };
+    let mut uncertain_committed = 0;
+    for (id, v) in truth.uncertain {
+        if in_table.contains(&id) {
+            uncertain_committed += 1;
+            t.committed.insert(id, v);
+        } else {
+            t.rolled_back.insert(id);
+        }
+    }
+    t.poison = truth
+        .poison
+        .into_iter()
+        .filter(|id| t.committed.contains_key(id))
+        .collect();
+    let missing = t
+        .committed
+        .keys()
+        .filter(|id| !in_table.contains(id))
+        .count();
+    Ok((t, uncertain_committed, missing))
+}
+
+fn epoch(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Sends seen on a relay's wire that fall outside every lease a process of that relay slot
+/// held on the event: a zombie publishing what it no longer owns. A send counts as covered
+/// from its claim (less 50 ms of clock-read slack) to the claim's `locked_until`.
+///
+/// One exception, counted apart: a relay frozen (SIGSTOP) in the middle of a send completes
+/// that send when it is thawed (its NATS client already held the message), after its lease.
+/// So a send within a second after a SIGCONT, of an event whose claim by that slot covered the
+/// SIGSTOP, is "in flight at the freeze", at most one per aggregate in ordered mode (an
+/// aggregate has one send in flight at a time; a second one was started after the lease).
+/// Returns (outside a lease, in flight at a freeze).
+async fn unfenced_sends(
+    pool: &PgPool,
+    slots: &[RelaySlot],
+    truth: &FinalTruth,
+    ordered: bool,
+) -> anyhow::Result<(usize, usize)> {
+    let rows: Vec<(Uuid, String, f64, f64)> = sqlx::query_as(
+        "SELECT id, relay, extract(epoch FROM claimed_at)::float8, extract(epoch FROM locked_until)::float8 FROM chaos_claims",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the claim audit")?;
+    let mut claims: HashMap<Uuid, Vec<(String, f64, f64)>> = HashMap::new();
+    for (id, relay, from, until) in rows {
+        claims.entry(id).or_default().push((relay, from, until));
+    }
+    let (mut outside, mut in_flight) = (0, 0);
+    let mut shown = 0;
+    for s in slots {
+        let prefix = format!("chaos-r{}-", s.index);
+        let Some(tap) = s.nats.tap() else { continue };
+        let log = tap.lock().map(|l| l.clone()).unwrap_or_default();
+        let freezes: Vec<(f64, f64)> = s
+            .freezes
+            .iter()
+            .map(|(a, b)| (epoch(*a), epoch(*b)))
+            .collect();
+        // (freeze, aggregate) pairs that already had their one in-flight send.
+        let mut thawed: HashSet<(usize, String)> = HashSet::new();
+        for (id, at) in log {
+            let t = epoch(at);
+            let id = Uuid::parse_str(&id).ok();
+            let mine: Vec<&(String, f64, f64)> = id
+                .and_then(|id| claims.get(&id))
+                .map(|cs| cs.iter().filter(|c| c.0.starts_with(&prefix)).collect())
+                .unwrap_or_default();
+            if mine
+                .iter()
+                .any(|(_, from, until)| t + 0.05 >= *from && t <= *until)
+            {
+                continue;
+            }
+            let freeze = freezes.iter().position(|(stop, cont)| {
+                t >= *cont
+                    && t <= cont + 1.0
+                    && mine
+                        .iter()
+                        .any(|(_, from, until)| from <= stop && stop <= until)
+            });
+            let aggregate = id
+                .and_then(|id| truth.committed.get(&id))
+                .map(|(a, _)| a.clone())
+                .unwrap_or_default();
+            if let Some(f) = freeze {
+                if !ordered || thawed.insert((f, aggregate)) {
+                    in_flight += 1;
+                    continue;
+                }
+            }
+            outside += 1;
+            if shown < 5 {
+                shown += 1;
+                eprintln!(
+                    "chaos: relay slot {} sent {id:?} at {t:.3} outside any lease it held: {mine:?}",
+                    s.index
+                );
+            }
+        }
+    }
+    Ok((outside, in_flight))
+}
