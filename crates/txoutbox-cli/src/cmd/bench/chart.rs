@@ -5,11 +5,14 @@ use std::path::Path;
 
 use anyhow::Context;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::report::{fmt_num, Report, Row};
 
 const WIDTH: u32 = 1100;
 const PANEL: u32 = 340;
+/// Width of the row names left of a bar chart.
+const LABELS: u32 = 380;
 const COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -130,56 +133,57 @@ where
     } else {
         1.0
     };
-    let n = data.len();
+    let n = data.len() as f64;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(28)
-        .y_label_area_size(400)
-        .build_cartesian_2d(0.0..max, (0..n).into_segmented())
+        .y_label_area_size(LABELS)
+        .build_cartesian_2d(0.0..max, 0.0..n)
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .y_labels(n)
-        .y_label_formatter(&|v: &SegmentValue<usize>| match v {
-            SegmentValue::CenterOf(i) => data.get(*i).map(|d| d.0.clone()).unwrap_or_default(),
-            _ => String::new(),
-        })
+        .light_line_style(WHITE)
+        .label_style(("sans-serif", 12))
+        .y_labels(2)
+        .y_label_formatter(&|_| String::new())
         .x_label_formatter(&|v: &f64| fmt_num(*v))
         .draw()
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
-    let seg = |i: usize| SegmentValue::<usize>::Exact(i);
+    // Row i (the first at the top) spans y from n-i-1 to n-i.
+    let mid = |i: usize| n - i as f64 - 0.5;
     chart
         .draw_series(data.iter().enumerate().map(|(i, d)| {
-            let mut r = Rectangle::new(
-                [(0.0, seg(i)), (d.1, seg(i + 1))],
+            Rectangle::new(
+                [(0.0, mid(i) - 0.35), (d.1, mid(i) + 0.35)],
                 COLORS[0].mix(0.7).filled(),
-            );
-            r.set_margin(4, 4, 0, 0);
-            r
-        }))
-        .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
-    chart
-        .draw_series(data.iter().enumerate().map(|(i, d)| {
-            PathElement::new(
-                vec![
-                    (d.2, SegmentValue::CenterOf(i)),
-                    (d.3, SegmentValue::CenterOf(i)),
-                ],
-                BLACK.stroke_width(2),
             )
         }))
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
+    chart
+        .draw_series(data.iter().enumerate().map(|(i, d)| {
+            PathElement::new(vec![(d.2, mid(i)), (d.3, mid(i))], BLACK.stroke_width(2))
+        }))
+        .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
+    let left = TextStyle::from(("sans-serif", 12)).pos(Pos::new(HPos::Left, VPos::Center));
     chart
         .draw_series(data.iter().enumerate().map(|(i, d)| {
             Text::new(
                 format!(" {}", fmt_num(d.1)),
-                (d.3.max(d.1), SegmentValue::CenterOf(i)),
-                ("sans-serif", 12),
+                (d.3.max(d.1), mid(i)),
+                left.clone(),
             )
         }))
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
+    // Row names in the label area, right-aligned against the axis.
+    let right = TextStyle::from(("sans-serif", 12)).pos(Pos::new(HPos::Right, VPos::Center));
+    let (bx, by) = area.get_base_pixel();
+    for (i, d) in data.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(0.0, mid(i)));
+        area.draw(&Text::new(d.0.clone(), (x - bx - 8, y - by), right.clone()))
+            .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
+    }
     Ok(())
 }
 
@@ -190,9 +194,14 @@ fn percentiles<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    // Log scale: p50 and max can be orders of magnitude apart. Values below 0.01 ms
-    // (clock noise) are drawn at 0.01.
-    let floor = 0.01f64;
+    // Log scale: p50 and max can be orders of magnitude apart. The axis starts at half the
+    // smallest value, at least 0.01 ms (smaller ones, clock noise, are drawn there).
+    let floor = data
+        .iter()
+        .flat_map(|d| d.1)
+        .filter(|v| v.is_finite())
+        .fold(f64::INFINITY, f64::min);
+    let floor = (floor * 0.5).clamp(0.01, 1.0);
     let max = data
         .iter()
         .flat_map(|d| d.1)
@@ -212,6 +221,8 @@ where
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
+        .label_style(("sans-serif", 12))
         .x_labels(4)
         .x_label_formatter(&|v: &SegmentValue<usize>| match v {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
@@ -252,4 +263,88 @@ where
         .draw()
         .map_err(|e| anyhow::anyhow!("drawing the chart: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::report::{Row, RunResult, Section};
+    use super::*;
+
+    fn row(name: &str, values: &[(&'static str, f64)]) -> Row {
+        let runs: Vec<RunResult> = [1.0, 0.9, 1.1]
+            .iter()
+            .map(|k| {
+                values
+                    .iter()
+                    .fold(RunResult::default(), |r, (key, v)| r.value(key, v * k))
+            })
+            .collect();
+        Row::new(name.into(), serde_json::Value::Null, &runs)
+    }
+
+    fn section(scenario: &'static str, rows: Vec<Row>) -> Section {
+        Section {
+            scenario,
+            measures: String::new(),
+            columns: Vec::new(),
+            rows,
+        }
+    }
+
+    #[test]
+    fn chart_has_every_panel_and_row_in_order() {
+        let report = Report {
+            txoutbox_version: "test",
+            started_at: chrono::Utc::now(),
+            postgres: "PostgreSQL".into(),
+            cpus: 2,
+            repeats: 3,
+            sections: vec![
+                section(
+                    "drain",
+                    vec![
+                        row("first-drain", &[("events_per_s", 90_000.0)]),
+                        row("second-drain", &[("events_per_s", 40_000.0)]),
+                    ],
+                ),
+                section("write", vec![row("no outbox", &[("ratio", 1.0)])]),
+                section(
+                    "latency",
+                    vec![row(
+                        "500/s",
+                        &[
+                            ("p50_ms", 1.0),
+                            ("p90_ms", 2.0),
+                            ("p99_ms", 4.0),
+                            ("max_ms", 9.0),
+                        ],
+                    )],
+                ),
+            ],
+        };
+        let path = std::env::temp_dir().join(format!("txo-chart-{}.svg", std::process::id()));
+        write(&report, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        if std::env::var_os("KEEP_CHART").is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
+        for text in [
+            "Drain rate",
+            "Write path",
+            "Commit-to-ack latency",
+            "500/s",
+            "90,000",
+        ] {
+            assert!(svg.contains(text), "{text} missing");
+        }
+        let first = svg.find("drain: first-drain").unwrap();
+        let second = svg.find("drain: second-drain").unwrap();
+        // The first row is drawn at the top: lower y in the SVG.
+        let y = |at: usize| -> f64 {
+            let tag = svg[..at].rfind("<text").unwrap();
+            let y = svg[tag..].split("y=\"").nth(1).unwrap();
+            y[..y.find('"').unwrap()].parse().unwrap()
+        };
+        assert!(y(first) < y(second), "rows out of order");
+    }
 }
