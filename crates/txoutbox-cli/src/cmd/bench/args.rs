@@ -19,12 +19,12 @@ pub struct BenchArgs {
     /// rate with 1, 2, 4 relays, ordered and unordered; all: the four in turn
     #[arg(value_enum)]
     pub scenario: Scenario,
-    /// Publisher URL(s) for the relays (repeatable: drain runs each); null: acknowledges at once
+    /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
+    /// and scale use the first). null: acknowledges at once: the database side alone
     #[arg(
         long = "publisher",
         value_name = "URL",
         env = "TXOUTBOX_BENCH_PUBLISHER",
-        value_delimiter = ',',
         default_value = "null:",
         hide_env_values = true
     )]
