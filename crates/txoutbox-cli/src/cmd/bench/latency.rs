@@ -32,8 +32,9 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
         "{writers} writer connections commit one event per transaction (Outbox::enqueue) on a \
          fixed schedule at the target rate for {}s while one `txoutbox relay` child runs. \
          Latency = processed_at (database clock, set when the relay settles after the broker's \
-         ack) - the writer's wall-clock right after COMMIT returned, corrected by the measured \
-         database clock offset. kept_up: the writers achieved >= 95% of the target rate and \
+         ack: commit-to-ack plus the settle's own delay, an upper bound) - the writer's \
+         wall-clock right after COMMIT returned, corrected by the measured database clock \
+         offset. kept_up: the writers achieved >= 95% of the target rate and \
          every event was published within {}s after they stopped. A run fails if any event is \
          never published.",
         duration.as_secs_f64(),
