@@ -4,7 +4,7 @@
 # 16 writers, and scale (1, 2, 4 relays, ordered and unordered), 3 interleaved runs each.
 # Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table).
 #   scripts/bench.sh                  # everything (about 15 minutes on 2 cores)
-#   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS
+#   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
 #   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to every bench
 # Needs the services of scripts/services.sh (PostgreSQL; NATS for the broker reference).
 set -euo pipefail
@@ -15,9 +15,11 @@ events=${EVENTS:-100000}
 duration=${DURATION:-10s}
 repeats=${REPEATS:-3}
 writers=${WRITERS:-16}
-cargo build --release -p txoutbox-cli --bin txoutbox
+# BIN=path/to/txoutbox uses that binary instead of building one.
+bin=${BIN:-target/release/txoutbox}
+if [ -z "${BIN:-}" ]; then cargo build --release -p txoutbox-cli --bin txoutbox; fi
 mkdir -p docs
-target/release/txoutbox bench all \
+"$bin" bench all \
   --events "$events" --duration "$duration" --repeats "$repeats" --writers "$writers" \
   --publisher null: \
   --publisher "$nats?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}" \

@@ -41,7 +41,7 @@ impl DrainConfig {
             self.relays,
             if self.relays == 1 { "" } else { "s" },
             mode_name(self.mode),
-            txoutbox::publish::redact_url(&self.publisher)
+            super::short_url(&self.publisher)
         )
     }
 

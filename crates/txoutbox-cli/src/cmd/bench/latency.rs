@@ -55,7 +55,7 @@ impl LatencyConfig {
             "{}/s {} -> {}",
             self.rate,
             mode_name(self.mode),
-            txoutbox::publish::redact_url(&self.publisher)
+            super::short_url(&self.publisher)
         )
     }
     pub fn params(&self) -> serde_json::Value {

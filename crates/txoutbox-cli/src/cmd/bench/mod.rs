@@ -134,6 +134,15 @@ pub async fn run(ctx: &Ctx, a: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A publisher URL for a table row: redacted, without its query string (the JSON has it all).
+pub fn short_url(url: &str) -> String {
+    let u = txoutbox::publish::redact_url(url);
+    match u.split_once('?') {
+        Some((base, _)) => base.to_string(),
+        None => u,
+    }
+}
+
 /// SIGINT (Ctrl-C) or SIGTERM.
 async fn interrupted() {
     #[cfg(unix)]
