@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+export TXOUTBOX_LOG=${TXOUTBOX_LOG:-warn}
 nats=${NATS_URL:-nats://127.0.0.1:4222}
 events=${EVENTS:-100000}
 duration=${DURATION:-10s}
