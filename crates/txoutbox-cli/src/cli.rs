@@ -100,6 +100,9 @@ pub enum Command {
     /// Run the seed's order service end to end: orders and events in transactions (some
     /// rolled back), the relay, and a check that exactly the committed events were delivered
     Demo(DemoArgs),
+    /// Measure drain rate, commit-to-ack latency, write-path cost and scaling with relays, on
+    /// fresh schemas of the given database (dropped afterwards)
+    Bench(crate::cmd::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod bench;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;

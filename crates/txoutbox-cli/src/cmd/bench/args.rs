@@ -1,0 +1,113 @@
+//! `txoutbox bench` options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::cli::{parse_duration, ModeArg};
+
+/// Measure the outbox on this PostgreSQL: drain rate, commit-to-ack latency, write-path cost
+/// and scaling with relays. Every run gets a fresh schema (txo_bench_<pid>_<n>), migrated,
+/// and dropped afterwards (--schema and --table are not used); relays run as child
+/// processes of this same binary (`txoutbox relay`).
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// drain: N pre-inserted events drained by one relay (events/s, peak RSS); latency:
+    /// writers commit at a fixed rate while a relay runs (commit-to-ack p50/p90/p99/max);
+    /// write: commits/s of a business transaction with and without the outbox; scale: drain
+    /// rate with 1, 2, 4 relays, ordered and unordered; all: the four in turn
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
+    /// and scale use the first). null: acknowledges at once: the database side alone
+    #[arg(
+        long = "publisher",
+        value_name = "URL",
+        env = "TXOUTBOX_BENCH_PUBLISHER",
+        default_value = "null:",
+        hide_env_values = true
+    )]
+    pub publishers: Vec<String>,
+    /// drain, scale: events pre-inserted per run
+    #[arg(long, env = "TXOUTBOX_BENCH_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub events: u64,
+    /// drain, scale: distinct aggregates the events are spread over
+    #[arg(long, env = "TXOUTBOX_BENCH_AGGREGATES", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub aggregates: u64,
+    /// latency: total commit rates to test, events/s (comma-separated or repeated)
+    #[arg(long = "rate", value_name = "N", env = "TXOUTBOX_BENCH_RATE", value_delimiter = ',', default_values_t = [500u32, 5000], value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub rates: Vec<u32>,
+    /// latency, write: how long writers run per run
+    #[arg(long, env = "TXOUTBOX_BENCH_DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// latency: after writers stop, how long the relay may take to catch up and still count
+    /// as keeping up (events that arrive later still count as delivered)
+    #[arg(long, env = "TXOUTBOX_BENCH_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// latency, write: concurrent writer connections
+    #[arg(long, env = "TXOUTBOX_BENCH_WRITERS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub writers: u32,
+    /// scale: relay counts to compare (comma-separated or repeated)
+    #[arg(long = "relays", value_name = "N", env = "TXOUTBOX_BENCH_RELAYS", value_delimiter = ',', default_values_t = [1u32, 2, 4], value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub relays: Vec<u32>,
+    /// Relay mode(s): drain, latency and write use the first (default ordered); scale compares
+    /// all given (default ordered,unordered)
+    #[arg(
+        long = "mode",
+        value_name = "MODE",
+        env = "TXOUTBOX_BENCH_MODE",
+        value_delimiter = ',',
+        value_enum
+    )]
+    pub modes: Vec<ModeArg>,
+    /// Runs per configuration; configurations are interleaved (A B C A B C ...) and the
+    /// median, min and max are reported
+    #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
+    /// Extra option for every relay child, e.g. --relay-arg=--retention-period=0 or
+    /// --relay-arg=--batch-size=1000 (repeatable)
+    #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub relay_args: Vec<String>,
+    /// Print one JSON document on stdout instead of the table (no progress bar)
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON document to this file (the table still goes to stdout)
+    #[arg(long, value_name = "PATH")]
+    pub json_file: Option<PathBuf>,
+    /// Also write an SVG chart of throughput and latency percentiles to this file
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    Drain,
+    Latency,
+    Write,
+    Scale,
+    All,
+}
+
+impl BenchArgs {
+    /// The mode for scenarios that run one.
+    pub fn mode(&self) -> ModeArg {
+        self.modes.first().copied().unwrap_or(ModeArg::Ordered)
+    }
+
+    /// The modes `scale` compares.
+    pub fn scale_modes(&self) -> Vec<ModeArg> {
+        if self.modes.is_empty() {
+            vec![ModeArg::Ordered, ModeArg::Unordered]
+        } else {
+            self.modes.clone()
+        }
+    }
+}
+
+pub fn mode_name(m: ModeArg) -> &'static str {
+    match m {
+        ModeArg::Ordered => "ordered",
+        ModeArg::Unordered => "unordered",
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The full benchmark behind README's "Performance" section, on a release build:
+# drain (null: and NATS JetStream), latency at 500 and 5,000 events/s, the write path with
+# 16 writers, and scale (1, 2, 4 relays, ordered and unordered), 3 interleaved runs each.
+# Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table).
+#   scripts/bench.sh                  # everything (about 15 minutes on 2 cores)
+#   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
+#   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to every bench
+# Needs the services of scripts/services.sh (PostgreSQL; NATS for the broker reference).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+export TXOUTBOX_LOG=${TXOUTBOX_LOG:-warn}
+nats=${NATS_URL:-nats://127.0.0.1:4222}
+events=${EVENTS:-100000}
+duration=${DURATION:-10s}
+repeats=${REPEATS:-3}
+writers=${WRITERS:-16}
+# BIN=path/to/txoutbox uses that binary instead of building one.
+bin=${BIN:-target/release/txoutbox}
+if [ -z "${BIN:-}" ]; then cargo build --release -p txoutbox-cli --bin txoutbox; fi
+mkdir -p docs
+"$bin" bench all \
+  --events "$events" --duration "$duration" --repeats "$repeats" --writers "$writers" \
+  --publisher null: \
+  --publisher "$nats?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}" \
+  --rate 500,5000 --relays 1,2,4 --mode ordered,unordered \
+  --json-file docs/bench.json --chart docs/bench.svg "$@" | tee docs/bench.txt
