@@ -26,7 +26,8 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct Global {
-    /// PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/app
+    /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app or
+    /// sqlite://path/to/outbox.db (created if missing; one relay per file)
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// Schema of the outbox table
@@ -88,7 +89,8 @@ pub enum Command {
     #[command(subcommand)]
     Events(EventsCommand),
     /// Run the seed's order service end to end: orders and events in transactions (some
-    /// rolled back), the relay, and a check that exactly the committed events were delivered
+    /// rolled back), the relay, and a check that exactly the committed events were delivered.
+    /// Without --database-url it runs on an SQLite file in the temporary directory
     Demo(DemoArgs),
 }
 
