@@ -1,6 +1,7 @@
-//! The binary on SQLite: the store picked from the URL scheme, the demo with no database
-//! given, one relay per file, and clear errors for what stays PostgreSQL-only. Each test
-//! works in a directory of its own under the temp directory, removed at the end.
+//! The binary on SQLite and MySQL/MariaDB: the store picked from the URL scheme, the demo
+//! with no database given, one relay per SQLite file, and clear errors for what stays
+//! PostgreSQL-only. Each test works in a directory of its own under the temp directory (and,
+//! on MySQL, a database of its own on `MYSQL_URL`'s server), removed at the end.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -245,4 +246,103 @@ async fn scheme_errors_are_clear() {
         "{}",
         stderr(&out)
     );
+}
+
+fn mysql_url(database: &str) -> String {
+    let base =
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let mut u = url::Url::parse(&base).unwrap();
+    u.set_path(&format!("/{database}"));
+    u.to_string()
+}
+
+/// migrate, enqueue, relay --drain, status, dlq and demo on a mysql:// URL.
+#[tokio::test]
+async fn migrate_enqueue_relay_status_and_demo_on_mysql() {
+    let dir = Dir::new();
+    let name = unique("txo_cli");
+    let admin = sqlx::MySqlPool::connect(&mysql_url("")).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE `{name}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let url = mysql_url(&name);
+    let out = dir.run(Some(&url), &["migrate"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("applied migration(s) [1, 2]"),
+        "{}",
+        stdout(&out)
+    );
+    for i in 0..3 {
+        let payload = format!("{{\"n\":{i}}}");
+        let out = dir
+            .run(
+                Some(&url),
+                &[
+                    "enqueue",
+                    "--aggregate-type",
+                    "order",
+                    "--aggregate-id",
+                    "1",
+                    "--event-type",
+                    "order.created",
+                    "--payload",
+                    &payload,
+                ],
+            )
+            .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let events = dir.0.join("out.jsonl");
+    let publisher = format!("file:{}", events.display());
+    let out = dir
+        .run(Some(&url), &["relay", "--publisher", &publisher, "--drain"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n: Vec<i64> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"]["n"]
+                .as_i64()
+                .unwrap_or(-1)
+        })
+        .collect();
+    assert_eq!(n.len(), 3);
+    let out = dir.run(Some(&url), &["status", "--json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        (status["pending"].as_i64(), status["processed"].as_i64()),
+        (Some(0), Some(3)),
+        "{status}"
+    );
+    let out = dir.run(Some(&url), &["dlq", "list"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let demo_events = dir.0.join("demo.jsonl");
+    let publisher = format!("file:{}", demo_events.display());
+    let out = dir
+        .run(
+            Some(&url),
+            &["demo", "--orders", "25", "--publisher", &publisher],
+        )
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("OK: every committed event was delivered"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&demo_events)
+            .unwrap()
+            .lines()
+            .count(),
+        20
+    );
+    sqlx::query(&format!("DROP DATABASE `{name}`"))
+        .execute(&admin)
+        .await
+        .unwrap();
 }
