@@ -14,7 +14,7 @@ kind=${1:?$usage}
 n=${2:?$usage}
 publisher=${3:?$usage}
 shift 3
-bin=target/release/txoutbox
+bin=${TXOUTBOX_BIN:-target/release/txoutbox}
 export TXOUTBOX_LOG=warn TXOUTBOX_ADMIN_ADDR=off
 unset TXOUTBOX_SCHEMA TXOUTBOX_TABLE
 case $kind in

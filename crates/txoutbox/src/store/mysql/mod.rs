@@ -1,9 +1,9 @@
 //! The MySQL 8 / MariaDB 10.6+ store.
 //!
-//! - Claim: one short transaction (`READ COMMITTED`): `SELECT ... FOR UPDATE SKIP LOCKED` in
-//!   `seq` order with the same "no earlier blocking event of the aggregate" rule and the same
-//!   partitions as PostgreSQL, then the picked rows leased under the claim's token and read
-//!   back, then COMMIT. No transaction stays open while publishing.
+//! - Claim: one short transaction (`READ COMMITTED`): pick in `seq` order with the same "no
+//!   earlier blocking event of the aggregate" rule and the same partitions as PostgreSQL,
+//!   lock the picked rows (`FOR UPDATE SKIP LOCKED`), lease them under the claim's token,
+//!   read them back, COMMIT. No transaction stays open while publishing.
 //! - Settle and release set-based (`JSON_TABLE`, `IN` lists), fenced by the claim token.
 //! - Per-aggregate order and scale-out as on PostgreSQL: partitions of a CRC32 hash of the
 //!   aggregate, leased to relays through the `_partitions` and `_relays` tables.
@@ -276,7 +276,10 @@ impl Store for MySqlStore {
                AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS})"
         );
         let seqs: Vec<i64> = if p.ordering.is_ordered() {
-            sqlx::query_scalar(&format!(
+            // Pick with a plain read, then lock what was picked: a locking read would also
+            // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
+            // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
+            let picked: Vec<i64> = sqlx::query_scalar(&format!(
                 "{base}
                    AND MOD(e.partition_key, ?) IN (
                        SELECT `partition` FROM {} WHERE owner = ? AND lease_until > {NOW_MS} + {CLAIM_MARGIN_MS})
@@ -286,7 +289,7 @@ impl Store for MySqlStore {
                          AND b.processed_at IS NULL AND b.seq < e.seq
                          AND ((b.dead_at IS NULL AND (b.available_at > {NOW_MS} OR b.locked_until > {NOW_MS}))
                               OR (b.dead_at IS NOT NULL AND ?)))
-                 ORDER BY e.seq LIMIT ? FOR UPDATE SKIP LOCKED",
+                 ORDER BY e.seq LIMIT ?",
                 derived(&self.table, "partitions")
             ))
             .bind(partitions)
@@ -295,6 +298,21 @@ impl Store for MySqlStore {
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
+            .map_err(err)?;
+            if picked.is_empty() {
+                Vec::new()
+            } else {
+                // Still claimable, and not being changed by anyone else right now.
+                sqlx::query_scalar(&format!(
+                    "SELECT seq FROM {q} WHERE seq IN ({}) AND processed_at IS NULL AND dead_at IS NULL
+                       AND (locked_until IS NULL OR locked_until <= {NOW_MS})
+                     ORDER BY seq FOR UPDATE SKIP LOCKED",
+                    picked.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+                ))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?
+            }
         } else {
             sqlx::query_scalar(&format!(
                 "{base} ORDER BY e.seq LIMIT ? FOR UPDATE SKIP LOCKED"
@@ -302,8 +320,8 @@ impl Store for MySqlStore {
             .bind(limit)
             .fetch_all(&mut *tx)
             .await
-        }
-        .map_err(err)?;
+            .map_err(err)?
+        };
         if seqs.is_empty() {
             tx.commit().await.map_err(err)?;
             return Ok(Vec::new());
