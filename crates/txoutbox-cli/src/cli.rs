@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// txoutbox: a transactional outbox for PostgreSQL.
+/// txoutbox: a transactional outbox for PostgreSQL, MySQL/MariaDB and SQLite.
 ///
 /// Services insert events into an outbox table in the same transaction as their business
 /// rows; `txoutbox relay` publishes every committed event to a broker, at least once.
@@ -26,11 +26,12 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct Global {
-    /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app or
-    /// sqlite://path/to/outbox.db (created if missing; one relay per file)
+    /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app,
+    /// mysql://user@127.0.0.1:3306/app (MySQL 8, MariaDB 10.6+) or sqlite://path/to/outbox.db
+    /// (created if missing; one relay per file)
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Schema of the outbox table
+    /// Schema of the outbox table (MySQL: a database, `public` = the URL's; SQLite: only `public`)
     #[arg(
         long,
         env = "TXOUTBOX_SCHEMA",
