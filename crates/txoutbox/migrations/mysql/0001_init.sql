@@ -32,8 +32,9 @@ CREATE TABLE {{table}} (
     UNIQUE KEY {{index:id}} (id),
     -- Pending rows first, in seq order: the claim reads this index from its start.
     KEY {{index:pending}} (processed_at, dead_at, seq),
-    -- "Does an earlier event of this aggregate hold it back?"
-    KEY {{index:aggregate}} (aggregate_type, aggregate_id, seq),
+    -- "Does an earlier event of this aggregate hold it back?": only its unpublished events
+    -- are probed (processed_at IS NULL), however many were published before.
+    KEY {{index:aggregate}} (aggregate_type, aggregate_id, processed_at, seq),
     KEY {{index:dead}} (dead_at),
     KEY {{index:processed}} (processed_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4
