@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start the services the tests need (PostgreSQL, NATS JetStream, RabbitMQ, Redis, Mosquitto)
+# Start the services the tests need (PostgreSQL, MariaDB, NATS JetStream, RabbitMQ, Redis,
+# Mosquitto)
 # when they are not answering on loopback, installing them from Debian packages when they are
 # missing.
 # Safe to run again: it only acts on what is down.
@@ -45,6 +46,26 @@ if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc "select 1 from pg_database w
   psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' || true
 fi
 
+# --- MariaDB (the MySQL store's tests) -------------------------------------------------------
+if ! up 3306; then
+  command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || { log "installing MariaDB"; apt_install mariadb-server; }
+  log "starting MariaDB"
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  if [ ! -d /var/lib/mysql/mysql ]; then
+    mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+  fi
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
+    --user=mysql --bind-address=127.0.0.1 --port=3306
+  wait_port 3306 MariaDB
+fi
+# root over TCP without a password, as the tests expect (a fresh install allows only the
+# unix socket for root).
+for _ in $(seq 1 30); do
+  mariadb -h 127.0.0.1 -u root -e 'select 1' >/dev/null 2>&1 && break
+  mariadb -u root -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket" >/dev/null 2>&1 || true
+  sleep 1
+done
+
 # --- NATS with JetStream -------------------------------------------------------------------
 if ! up 4222; then
   command -v nats-server >/dev/null || { log "installing nats-server"; apt_install nats-server; }
@@ -82,4 +103,4 @@ if ! up 1883; then
   fi
   wait_port 1883 Mosquitto
 fi
-log "PostgreSQL, NATS, RabbitMQ, Redis and Mosquitto are answering"
+log "PostgreSQL, MariaDB, NATS, RabbitMQ, Redis and Mosquitto are answering"

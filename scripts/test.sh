@@ -12,6 +12,7 @@ elif [ -n "${CI:-}" ]; then
   echo "test: promtool is missing" >&2; exit 1
 fi
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export MYSQL_URL="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export KAFKA_BROKERS="${KAFKA_BROKERS:-127.0.0.1:9092}"

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// txoutbox: a transactional outbox for PostgreSQL.
+/// txoutbox: a transactional outbox for PostgreSQL, MySQL/MariaDB and SQLite.
 ///
 /// Services insert events into an outbox table in the same transaction as their business
 /// rows; `txoutbox relay` publishes every committed event to a broker, at least once.
@@ -26,10 +26,12 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct Global {
-    /// PostgreSQL URL, e.g. postgres://user@127.0.0.1:5432/app
+    /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app,
+    /// mysql://user@127.0.0.1:3306/app (MySQL 8, MariaDB 10.6+) or sqlite://path/to/outbox.db
+    /// (created if missing; one relay per file)
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub database_url: Option<String>,
-    /// File holding the PostgreSQL URL (e.g. a Docker or Kubernetes secret); a trailing
+    /// File holding the database URL (e.g. a Docker or Kubernetes secret); a trailing
     /// newline is ignored. Instead of --database-url
     #[arg(
         long,
@@ -39,7 +41,7 @@ pub struct Global {
         conflicts_with = "database_url"
     )]
     pub database_url_file: Option<std::path::PathBuf>,
-    /// Schema of the outbox table
+    /// Schema of the outbox table (MySQL: a database, `public` = the URL's; SQLite: only `public`)
     #[arg(
         long,
         env = "TXOUTBOX_SCHEMA",
@@ -98,7 +100,8 @@ pub enum Command {
     #[command(subcommand)]
     Events(EventsCommand),
     /// Run the seed's order service end to end: orders and events in transactions (some
-    /// rolled back), the relay, and a check that exactly the committed events were delivered
+    /// rolled back), the relay, and a check that exactly the committed events were delivered.
+    /// Without --database-url it runs on an SQLite file in the temporary directory
     Demo(DemoArgs),
     /// Measure drain rate, commit-to-ack latency, write-path cost and scaling with relays, on
     /// fresh schemas of the given database (dropped afterwards)

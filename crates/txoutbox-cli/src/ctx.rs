@@ -1,4 +1,5 @@
-//! What every command needs: the outbox table and a way to reach the database.
+//! What every command needs: the outbox table and a way to reach the database, which is
+//! picked from the URL's scheme (`postgres://`, `sqlite://`).
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -7,7 +8,9 @@ use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use txoutbox::publish::redact_url;
-use txoutbox::OutboxTable;
+use txoutbox::store::{Operator, Retention};
+use txoutbox::{MigrateReport, NewEvent, OutboxTable};
+use uuid::Uuid;
 
 use crate::cli::Global;
 
@@ -42,9 +45,232 @@ impl Ctx {
         })
     }
 
+    /// A PostgreSQL pool, for the commands that only PostgreSQL supports (`what` says which,
+    /// in the error for any other database).
     pub async fn pool(&self, max_connections: u32) -> anyhow::Result<PgPool> {
-        connect(self.require_url()?, max_connections).await
+        let url = self.require_url()?;
+        match kind_of(url)? {
+            Kind::Postgres => connect(url, max_connections).await,
+            other => Err(UsageError(format!(
+                "this command needs PostgreSQL; the database URL names {}",
+                other.name()
+            ))
+            .into()),
+        }
     }
+
+    /// The database of the URL, whichever it is.
+    pub async fn db(&self, max_connections: u32) -> anyhow::Result<Db> {
+        Db::open(self.require_url()?, &self.table, max_connections).await
+    }
+}
+
+/// A database kind, from a URL's scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Postgres,
+    Sqlite,
+    Mysql,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Postgres => "PostgreSQL",
+            Kind::Sqlite => "SQLite",
+            Kind::Mysql => "MySQL/MariaDB",
+        }
+    }
+}
+
+/// Which database `url` names. A scheme whose cargo feature is compiled out, or that
+/// txoutbox does not know, is a usage error that says so.
+pub fn kind_of(url: &str) -> anyhow::Result<Kind> {
+    let scheme = url
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    let (kind, feature, enabled) = match scheme.as_str() {
+        "postgres" | "postgresql" => (Kind::Postgres, "postgres", cfg!(feature = "postgres")),
+        "sqlite" => (Kind::Sqlite, "sqlite", cfg!(feature = "sqlite")),
+        "mysql" | "mariadb" => (Kind::Mysql, "mysql", cfg!(feature = "mysql")),
+        _ => {
+            return Err(UsageError(format!(
+                "unsupported database URL {}: expected postgres://..., mysql://... or sqlite://path/to/file.db",
+                redact_url(url)
+            ))
+            .into())
+        }
+    };
+    if !enabled {
+        return Err(UsageError(format!(
+            "this txoutbox was built without {} support: rebuild with `--features {feature}`",
+            kind.name()
+        ))
+        .into());
+    }
+    Ok(kind)
+}
+
+/// A connected database of any supported kind.
+pub enum Db {
+    Postgres(PgPool),
+    #[cfg(feature = "sqlite")]
+    Sqlite {
+        pool: sqlx::SqlitePool,
+        wakeup: txoutbox::store::wakeup::Wakeup,
+    },
+    #[cfg(feature = "mysql")]
+    Mysql {
+        pool: sqlx::MySqlPool,
+        wakeup: txoutbox::store::wakeup::Wakeup,
+    },
+}
+
+impl Db {
+    pub async fn open(
+        url: &str,
+        table: &OutboxTable,
+        max_connections: u32,
+    ) -> anyhow::Result<Self> {
+        match kind_of(url)? {
+            Kind::Postgres => Ok(Db::Postgres(connect(url, max_connections).await?)),
+            #[cfg(feature = "sqlite")]
+            Kind::Sqlite => {
+                use txoutbox::store::sqlite;
+                let wakeup = sqlite::Wakeup::default();
+                let pool = sqlite::connect(url, table, max_connections, &wakeup)
+                    .await
+                    .map_err(|e| match e {
+                        txoutbox::Error::Unsupported(m) => UsageError(m).into(),
+                        other => anyhow::Error::new(other).context(format!(
+                            "cannot open the SQLite database {}",
+                            redact_url(url)
+                        )),
+                    })?;
+                Ok(Db::Sqlite { pool, wakeup })
+            }
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => {
+                let pool = connect_mysql(url, max_connections).await?;
+                Ok(Db::Mysql {
+                    pool,
+                    wakeup: Default::default(),
+                })
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(UsageError(format!("{} is not compiled in", other.name())).into()),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Db::Postgres(_) => Kind::Postgres,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite { .. } => Kind::Sqlite,
+            #[cfg(feature = "mysql")]
+            Db::Mysql { .. } => Kind::Mysql,
+        }
+    }
+
+    pub async fn migrate(&self, table: &OutboxTable) -> Result<MigrateReport, txoutbox::Error> {
+        match self {
+            Db::Postgres(pool) => txoutbox::migrate(pool, table).await,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite { pool, .. } => txoutbox::migrate(pool, table).await,
+            #[cfg(feature = "mysql")]
+            Db::Mysql { pool, .. } => txoutbox::migrate(pool, table).await,
+        }
+    }
+
+    pub async fn check_schema(&self, table: &OutboxTable) -> Result<(), txoutbox::Error> {
+        match self {
+            Db::Postgres(pool) => txoutbox::check_schema(pool, table).await,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite { pool, .. } => txoutbox::check_schema(pool, table).await,
+            #[cfg(feature = "mysql")]
+            Db::Mysql { pool, .. } => txoutbox::check_schema(pool, table).await,
+        }
+    }
+
+    pub async fn enqueue(
+        &self,
+        table: &OutboxTable,
+        event: &NewEvent,
+    ) -> Result<Uuid, txoutbox::Error> {
+        let outbox = txoutbox::Outbox::new(table.clone());
+        match self {
+            Db::Postgres(pool) => outbox.enqueue(pool, event).await,
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite { pool, .. } => outbox.enqueue(pool, event).await,
+            #[cfg(feature = "mysql")]
+            Db::Mysql { pool, .. } => outbox.enqueue(pool, event).await,
+        }
+    }
+
+    /// The store, for relaying and for the operator commands.
+    pub fn store(&self, table: &OutboxTable, retention: Retention) -> Box<dyn Operator> {
+        match self {
+            Db::Postgres(pool) => Box::new(txoutbox::store::postgres::PgStore::with_retention(
+                pool.clone(),
+                table.clone(),
+                retention,
+            )),
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite { pool, wakeup } => {
+                Box::new(txoutbox::store::sqlite::SqliteStore::with_retention(
+                    pool.clone(),
+                    table.clone(),
+                    wakeup.clone(),
+                    retention,
+                ))
+            }
+            #[cfg(feature = "mysql")]
+            Db::Mysql { pool, wakeup } => {
+                Box::new(txoutbox::store::mysql::MySqlStore::with_retention(
+                    pool.clone(),
+                    table.clone(),
+                    wakeup.clone(),
+                    retention,
+                ))
+            }
+        }
+    }
+
+    /// An `Outbox` for this process's writers: on MySQL it wakes this process's relay.
+    pub fn outbox(&self, table: &OutboxTable) -> txoutbox::Outbox {
+        let outbox = txoutbox::Outbox::new(table.clone());
+        match self {
+            #[cfg(feature = "mysql")]
+            Db::Mysql { wakeup, .. } => outbox.with_wakeup(wakeup.clone()),
+            _ => outbox,
+        }
+    }
+}
+
+/// A MySQL pool, probed first for an error that says why, not just "timed out".
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::MySqlPool> {
+    use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    let opts = MySqlConnectOptions::from_str(url).map_err(|e| {
+        UsageError(format!(
+            "invalid database URL {}: {}",
+            redact_url(url),
+            strip_secret(&e.to_string(), url)
+        ))
+    })?;
+    let context = || format!("cannot connect to MySQL at {}", redact_url(url));
+    let probe = tokio::time::timeout(Duration::from_secs(10), opts.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10s"))
+        .with_context(context)?
+        .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
+        .with_context(context)?;
+    let _ = probe.close().await;
+    Ok(MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(opts))
 }
 
 /// Connect with a short timeout and an error that names the (redacted) URL.

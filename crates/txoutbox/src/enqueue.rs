@@ -1,8 +1,9 @@
 //! The write path: put events into the outbox inside the caller's transaction.
 
-use sqlx::PgExecutor;
+use sqlx::Executor;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::error::{db_error, Error};
 use crate::{NewEvent, OutboxTable};
 
@@ -31,6 +32,7 @@ pub struct Outbox {
     table: OutboxTable,
     insert_one: String,
     insert_many: String,
+    wakeup: Option<crate::store::wakeup::Wakeup>,
 }
 
 impl Default for Outbox {
@@ -56,6 +58,21 @@ impl Outbox {
                  ORDER BY n"
             ),
             table,
+            wakeup: None,
+        }
+    }
+
+    /// Wake the relay of this process at once after each enqueue (MySQL, which has no
+    /// LISTEN/NOTIFY; give it the store's `wakeup()`). It fires before your commit: the relay
+    /// then polls fast (every 10 ms, backing off) until it sees the events.
+    pub fn with_wakeup(mut self, wakeup: crate::store::wakeup::Wakeup) -> Self {
+        self.wakeup = Some(wakeup);
+        self
+    }
+
+    fn woke(&self) {
+        if let Some(w) = &self.wakeup {
+            w.fire();
         }
     }
 
@@ -63,13 +80,46 @@ impl Outbox {
         &self.table
     }
 
-    /// Write one event. Returns its id.
-    pub async fn enqueue<'e, E: PgExecutor<'e>>(
+    /// Write one event in `executor` (your transaction, on any supported database). Returns
+    /// its id.
+    pub async fn enqueue<'e, E>(&self, executor: E, event: &NewEvent) -> Result<Uuid, Error>
+    where
+        E: Executor<'e>,
+        E::Database: Backend,
+    {
+        <E::Database as Backend>::insert(self, executor, std::slice::from_ref(event)).await?;
+        self.woke();
+        Ok(event.id)
+    }
+
+    /// Write many events in one statement, in slice order (their `seq` follows it).
+    pub async fn enqueue_many<'e, E>(
         &self,
         executor: E,
-        event: &NewEvent,
-    ) -> Result<Uuid, Error> {
-        sqlx::query(&self.insert_one)
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error>
+    where
+        E: Executor<'e>,
+        E::Database: Backend,
+    {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        <E::Database as Backend>::insert(self, executor, events).await?;
+        self.woke();
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+}
+
+/// The PostgreSQL insert: one row, or many through `unnest` in one statement.
+#[cfg(feature = "postgres")]
+pub(crate) async fn insert_pg<'e, E: sqlx::PgExecutor<'e>>(
+    outbox: &Outbox,
+    executor: E,
+    events: &[NewEvent],
+) -> Result<(), Error> {
+    if let [event] = events {
+        sqlx::query(&outbox.insert_one)
             .bind(event.id)
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
@@ -78,46 +128,35 @@ impl Outbox {
             .bind(sqlx::types::Json(&event.headers))
             .execute(executor)
             .await
-            .map_err(|e| db_error(&self.table, e))?;
-        Ok(event.id)
+            .map_err(|e| db_error(&outbox.table, e))?;
+        return Ok(());
     }
-
-    /// Write many events in one statement, in slice order (their `seq` follows it).
-    pub async fn enqueue_many<'e, E: PgExecutor<'e>>(
-        &self,
-        executor: E,
-        events: &[NewEvent],
-    ) -> Result<Vec<Uuid>, Error> {
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = events.len();
-        let mut ids = Vec::with_capacity(n);
-        let (mut at, mut ai, mut et, mut pl, mut hd) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for e in events {
-            ids.push(e.id);
-            at.push(e.aggregate_type.as_str());
-            ai.push(e.aggregate_id.as_str());
-            et.push(e.event_type.as_str());
-            pl.push(sqlx::types::Json(&e.payload));
-            hd.push(sqlx::types::Json(&e.headers));
-        }
-        sqlx::query(&self.insert_many)
-            .bind(&ids)
-            .bind(&at)
-            .bind(&ai)
-            .bind(&et)
-            .bind(&pl)
-            .bind(&hd)
-            .execute(executor)
-            .await
-            .map_err(|e| db_error(&self.table, e))?;
-        Ok(ids)
+    let n = events.len();
+    let (mut ids, mut at, mut ai, mut et, mut pl, mut hd) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for e in events {
+        ids.push(e.id);
+        at.push(e.aggregate_type.as_str());
+        ai.push(e.aggregate_id.as_str());
+        et.push(e.event_type.as_str());
+        pl.push(sqlx::types::Json(&e.payload));
+        hd.push(sqlx::types::Json(&e.headers));
     }
+    sqlx::query(&outbox.insert_many)
+        .bind(&ids)
+        .bind(&at)
+        .bind(&ai)
+        .bind(&et)
+        .bind(&pl)
+        .bind(&hd)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(&outbox.table, e))?;
+    Ok(())
 }

@@ -30,6 +30,16 @@ pub enum Error {
         other: String,
         other_mode: String,
     },
+    /// SQLite: another relay holds the database file's relay lease.
+    #[error("relay {other} already runs on {table} (SQLite: one relay per database file); stop it, or wait until its lease runs out ({remaining_secs:.0}s) if it died")]
+    RelayRunning {
+        table: String,
+        other: String,
+        remaining_secs: f64,
+    },
+    /// Something this database does not do (e.g. schemas on SQLite).
+    #[error("{0}")]
+    Unsupported(String),
     #[error(transparent)]
     Ident(#[from] IdentError),
     #[error("event payload is not valid JSON: {0}")]
@@ -60,6 +70,15 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_) => true,
+        // SQLite: SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        #[cfg(feature = "sqlite")]
+        sqlx::Error::Database(db)
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
+        {
+            db.code()
+                .and_then(|c| c.parse::<i32>().ok())
+                .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        }
         sqlx::Error::Database(db) => {
             // Class 08 (connection), 40 (serialization/deadlock), 53 (resources),
             // 57P0x (admin shutdown, crash shutdown, cannot connect now).
@@ -77,8 +96,13 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
 /// Map a sqlx error, turning "relation does not exist" into [`Error::NotMigrated`].
 pub(crate) fn db_error(table: &crate::OutboxTable, e: sqlx::Error) -> Error {
     if let sqlx::Error::Database(db) = &e {
-        // 42P01 undefined_table, 3F000 invalid_schema_name
-        if matches!(db.code().as_deref(), Some("42P01") | Some("3F000")) {
+        // 42P01 undefined_table, 3F000 invalid_schema_name; SQLite says "no such table".
+        // MySQL: 42S02 no such table.
+        if matches!(
+            db.code().as_deref(),
+            Some("42P01") | Some("3F000") | Some("42S02")
+        ) || db.message().starts_with("no such table")
+        {
             return Error::NotMigrated {
                 table: table.display(),
             };

@@ -1,8 +1,9 @@
 //! The consumer side: deduplicate deliveries by event id in the consumer's own transaction.
 
-use sqlx::PgExecutor;
+use sqlx::Executor;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
 
@@ -30,35 +31,60 @@ impl Inbox {
         Self { table }
     }
 
+    pub(crate) fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
     /// Create `processed_events` if it does not exist (for consumers that do not run the
     /// outbox migrations).
-    pub async fn create_table<'e, E: PgExecutor<'e>>(&self, executor: E) -> Result<(), Error> {
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
-            self.table.processed_events()
-        ))
-        .execute(executor)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+    pub async fn create_table<'e, E>(&self, executor: E) -> Result<(), Error>
+    where
+        E: Executor<'e>,
+        E::Database: Backend,
+    {
+        <E::Database as Backend>::create_inbox(self, executor).await
     }
 
     /// Record `event_id` as processed. `true`: it is new, process the event. `false`: it was
     /// processed before, skip it. One statement; a concurrent consumer with the same id waits
     /// on the primary key until this transaction ends, so exactly one of them sees `true`.
-    pub async fn mark_processed<'e, E: PgExecutor<'e>>(
-        &self,
-        executor: E,
-        event_id: Uuid,
-    ) -> Result<bool, Error> {
-        let done = sqlx::query(&format!(
-            "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
-            self.table.processed_events()
-        ))
-        .bind(event_id)
-        .execute(executor)
-        .await
-        .map_err(|e| db_error(&self.table, e))?;
-        Ok(done.rows_affected() == 1)
+    pub async fn mark_processed<'e, E>(&self, executor: E, event_id: Uuid) -> Result<bool, Error>
+    where
+        E: Executor<'e>,
+        E::Database: Backend,
+    {
+        <E::Database as Backend>::mark_processed(self, executor, event_id).await
     }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) async fn create_pg<'e, E: sqlx::PgExecutor<'e>>(
+    inbox: &Inbox,
+    executor: E,
+) -> Result<(), Error> {
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
+        inbox.table.processed_events()
+    ))
+    .execute(executor)
+    .await
+    .map_err(Error::Database)?;
+    Ok(())
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) async fn mark_pg<'e, E: sqlx::PgExecutor<'e>>(
+    inbox: &Inbox,
+    executor: E,
+    event_id: Uuid,
+) -> Result<bool, Error> {
+    let done = sqlx::query(&format!(
+        "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
+        inbox.table.processed_events()
+    ))
+    .bind(event_id)
+    .execute(executor)
+    .await
+    .map_err(|e| db_error(&inbox.table, e))?;
+    Ok(done.rows_affected() == 1)
 }

@@ -21,10 +21,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Cargo features: `postgres` (the store), `nats`, `amqp` (publishers). `stdout:`, `file:`
-//! and `null:` publishers are always there.
+//! The same works on SQLite (`sqlx::SqlitePool`, [`store::sqlite`]): every function that
+//! takes your pool or transaction takes either.
+//!
+//! Cargo features: `postgres`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`, `http`,
+//! `kafka` (publishers), `testing` (the store conformance suite, for a backend's tests).
+//! `stdout:`, `file:` and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod backend;
 pub mod enqueue;
 pub mod error;
 pub mod event;
@@ -34,12 +39,15 @@ pub mod metrics;
 pub mod migrate;
 pub mod publish;
 pub mod relay;
-#[cfg(feature = "postgres")]
 pub mod retention;
 pub mod retry;
 pub mod store;
 pub mod table;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
+pub use backend::Backend;
 pub use enqueue::Outbox;
 pub use error::Error;
 pub use event::{EventState, NewEvent, OutboxEvent};

@@ -1,7 +1,9 @@
 //! Embedded, numbered migrations, applied in order in one transaction and recorded in
 //! `<schema>.txoutbox_migrations`. Running them again is a no-op.
 
-use sqlx::{PgPool, Row};
+use sqlx::{PgPool, Pool, Row};
+
+use crate::backend::Backend;
 
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
@@ -61,9 +63,23 @@ fn render(sql: &str, t: &OutboxTable) -> String {
     out
 }
 
-/// Create or upgrade the outbox schema for `table`. Safe to run concurrently (an advisory
-/// lock serialises migrators) and repeatedly (applied versions are skipped).
-pub async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport, Error> {
+/// Create or upgrade the outbox schema for `table` on any supported database. Safe to run
+/// concurrently (migrators are serialised: an advisory lock on PostgreSQL, a write
+/// transaction on SQLite) and repeatedly (applied versions are skipped).
+pub async fn migrate<DB: Backend>(
+    pool: &Pool<DB>,
+    table: &OutboxTable,
+) -> Result<MigrateReport, Error> {
+    DB::migrate(pool, table).await
+}
+
+/// Check that `table` exists at the version this build needs, with an error that says to run
+/// `txoutbox migrate` when it does not.
+pub async fn check_schema<DB: Backend>(pool: &Pool<DB>, table: &OutboxTable) -> Result<(), Error> {
+    DB::check_schema(pool, table).await
+}
+
+pub(crate) async fn migrate_pg(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport, Error> {
     let mut tx = pool.begin().await.map_err(Error::Database)?;
     // One migrator at a time, across processes.
     sqlx::query("SELECT pg_advisory_xact_lock(7365838120958127469)")
@@ -124,9 +140,7 @@ pub async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport
     })
 }
 
-/// Check that `table` exists at the version this build needs, with an error that says to run
-/// `txoutbox migrate` when it does not.
-pub async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
+pub(crate) async fn check_schema_pg(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
     let found: Option<i32> = sqlx::query(&format!(
         "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
         table.schema().quoted()
@@ -137,6 +151,11 @@ pub async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Erro
     .map_err(|e| db_error(table, e))?
     .try_get(0)
     .map_err(Error::Database)?;
+    version_check(table, found)
+}
+
+/// The schema version found against the one this build needs.
+pub(crate) fn version_check(table: &OutboxTable, found: Option<i32>) -> Result<(), Error> {
     match found {
         None => Err(Error::NotMigrated {
             table: table.display(),

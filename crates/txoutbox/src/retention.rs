@@ -18,7 +18,44 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::metrics as m;
-use crate::store::postgres::PgStore;
+
+/// A store that can delete published rows older than some age.
+#[async_trait::async_trait]
+pub trait Purge: Send + Sync {
+    /// Delete up to `batch` published rows older than `older_than`; how many went.
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error>;
+}
+
+#[async_trait::async_trait]
+impl<P: Purge + ?Sized> Purge for std::sync::Arc<P> {
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        (**self).purge_processed(older_than, batch).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[async_trait::async_trait]
+impl Purge for crate::store::postgres::PgStore {
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        crate::store::postgres::PgStore::purge_processed(self, older_than, batch).await
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait::async_trait]
+impl Purge for crate::store::mysql::MySqlStore {
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        crate::store::mysql::MySqlStore::purge_processed(self, older_than, batch).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[async_trait::async_trait]
+impl Purge for crate::store::sqlite::SqliteStore {
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        crate::store::sqlite::SqliteStore::purge_processed(self, older_than, batch).await
+    }
+}
 
 /// How and how often published rows are purged.
 #[derive(Debug, Clone)]
@@ -47,7 +84,7 @@ impl Default for Purger {
 impl Purger {
     /// Purge every `every` until `cancel` fires. Database errors are logged and retried on
     /// the next round; they never stop the task.
-    pub async fn run(&self, store: &PgStore, cancel: CancellationToken) {
+    pub async fn run<S: Purge + ?Sized>(&self, store: &S, cancel: CancellationToken) {
         loop {
             match self.round(store, &cancel).await {
                 Ok(0) => {}
@@ -62,7 +99,11 @@ impl Purger {
     }
 
     /// One round: batches until a short one (or `cancel`). Returns how many rows went.
-    pub async fn round(&self, store: &PgStore, cancel: &CancellationToken) -> Result<u64, Error> {
+    pub async fn round<S: Purge + ?Sized>(
+        &self,
+        store: &S,
+        cancel: &CancellationToken,
+    ) -> Result<u64, Error> {
         let mut total = 0;
         while !cancel.is_cancelled() {
             let n = store.purge_processed(self.keep, self.batch).await?;

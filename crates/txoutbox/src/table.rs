@@ -50,7 +50,7 @@ impl OutboxTable {
         format!("\"{}\"", self.derived_name(suffix))
     }
 
-    fn derived_name(&self, suffix: &str) -> String {
+    pub(crate) fn derived_name(&self, suffix: &str) -> String {
         let base = self.table.as_str();
         let base = base.strip_suffix("_events").unwrap_or(base);
         format!("{base}_{suffix}")

@@ -1,4 +1,5 @@
-//! The seed's order service, end to end, on a real database and a real publisher.
+//! The seed's order service, end to end, on a real database and a real publisher. Without a
+//! database URL it runs on an SQLite file in the temporary directory: no server needed.
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -8,42 +9,37 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::FutureExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use sqlx::PgPool;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
 use txoutbox::relay::Relay;
-use txoutbox::store::postgres::PgStore;
+use txoutbox::store::Retention;
 use txoutbox::{NewEvent, Outbox};
 use uuid::Uuid;
 
 use super::{open_publisher, relay_config};
 use crate::cli::{DemoArgs, RelayTuning};
-use crate::ctx::{connect, Ctx};
+use crate::ctx::{Ctx, Db};
 
-const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
-const DEFAULT_DB: &str = "txoutbox_demo";
+/// The demo's SQLite file when no database URL is given.
+pub fn default_sqlite_path() -> std::path::PathBuf {
+    std::env::temp_dir().join("txoutbox-demo.db")
+}
 
 pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
     let url = match ctx.database_url() {
         Some(u) => u.to_string(),
         None => {
-            let url = format!("{DEFAULT_SERVER}/{DEFAULT_DB}");
+            let path = default_sqlite_path();
             eprintln!(
-                "No DATABASE_URL given: using the local PostgreSQL at {url} (created if missing)."
+                "No DATABASE_URL given: using the SQLite file {} (created if missing; \
+                 --database-url postgres://... or sqlite://... to choose).",
+                path.display()
             );
-            ensure_database(DEFAULT_SERVER, DEFAULT_DB).await?;
-            url
+            format!("sqlite://{}", path.display())
         }
     };
-    let pool = connect(&url, 6).await?;
-    txoutbox::migrate(&pool, &ctx.table).await?;
-    let orders = format!("{}.orders", ctx.table.schema().quoted());
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {orders} (id text PRIMARY KEY, customer_id text NOT NULL, \
-         total double precision NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
-    ))
-    .execute(&pool)
-    .await
-    .context("creating the demo's orders table")?;
+    let db = Db::open(&url, &ctx.table, 6).await?;
+    db.migrate(&ctx.table).await?;
+    let orders = create_orders_table(&db, ctx).await?;
 
     // The relay runs beside the writers, as it would in a service.
     let delivered = Arc::new(Mutex::new(HashSet::new()));
@@ -53,17 +49,17 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let tuning = demo_tuning();
     let relay = Relay::new(
-        PgStore::new(pool.clone(), ctx.table.clone()),
+        db.store(&ctx.table, Retention::Mark),
         Box::new(publisher),
         relay_config(&tuning, false)?,
     )
     .spawn();
 
-    let outbox = Outbox::new(ctx.table.clone());
+    let outbox = db.outbox(&ctx.table);
     let bar = bar_for(a.orders as u64, "writing orders (every 5th is rolled back)");
     let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
     for i in 1..=a.orders {
-        let (event_id, commit) = create_order(&pool, &outbox, &orders, i).await?;
+        let (event_id, commit) = create_order(&db, &outbox, &orders, i).await?;
         if commit {
             committed.push(event_id);
         } else {
@@ -111,10 +107,43 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The demo's own business table, beside the outbox.
+async fn create_orders_table(db: &Db, ctx: &Ctx) -> anyhow::Result<String> {
+    let orders = match db {
+        Db::Postgres(pool) => {
+            let orders = format!("{}.orders", ctx.table.schema().quoted());
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS {orders} (id text PRIMARY KEY, customer_id text NOT NULL, \
+                 total double precision NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+            ))
+            .execute(pool)
+            .await
+            .map(|_| orders)
+        }
+        #[cfg(feature = "sqlite")]
+        Db::Sqlite { pool, .. } => sqlx::query(
+            "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, customer_id TEXT NOT NULL, \
+             total REAL NOT NULL, created_at INTEGER NOT NULL)",
+        )
+        .execute(pool)
+        .await
+        .map(|_| "orders".to_string()),
+        #[cfg(feature = "mysql")]
+        Db::Mysql { pool, .. } => sqlx::query(
+            "CREATE TABLE IF NOT EXISTS orders (id VARCHAR(64) PRIMARY KEY, customer_id VARCHAR(255) NOT NULL, \
+             total DOUBLE NOT NULL, created_at BIGINT NOT NULL)",
+        )
+        .execute(pool)
+        .await
+        .map(|_| "orders".to_string()),
+    };
+    orders.context("creating the demo's orders table")
+}
+
 /// The seed's CreateOrder: the order row and its event in one transaction. Every 5th order
 /// fails after both writes (say, payment declined) and is rolled back.
 async fn create_order(
-    pool: &PgPool,
+    db: &Db,
     outbox: &Outbox,
     orders: &str,
     i: u32,
@@ -122,53 +151,67 @@ async fn create_order(
     let id = Uuid::now_v7().to_string();
     let customer = format!("customer-{}", i % 7);
     let total = f64::from(i) * 10.5;
-    let mut tx = pool.begin().await?;
-    sqlx::query(&format!(
-        "INSERT INTO {orders} (id, customer_id, total, created_at) VALUES ($1, $2, $3, now())"
-    ))
-    .bind(&id)
-    .bind(&customer)
-    .bind(total)
-    .execute(&mut *tx)
-    .await?;
     let payload = serde_json::json!({"order_id": id, "customer_id": customer, "total": total});
     let event = NewEvent::new("order", &id, "order.created", &payload)?;
-    let event_id = outbox.enqueue(&mut *tx, &event).await?;
     let commit = i % 5 != 0;
-    if commit {
-        tx.commit().await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok((event_id, commit))
-}
-
-async fn ensure_database(server: &str, name: &str) -> anyhow::Result<()> {
-    let admin = connect(&format!("{server}/postgres"), 1).await?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(&admin)
+    match db {
+        Db::Postgres(pool) => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(&format!(
+                "INSERT INTO {orders} (id, customer_id, total, created_at) VALUES ($1, $2, $3, now())"
+            ))
+            .bind(&id)
+            .bind(&customer)
+            .bind(total)
+            .execute(&mut *tx)
             .await?;
-    if !exists {
-        // `name` is our own constant, not input.
-        if let Err(e) = sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&admin)
-            .await
-        {
-            // Another demo may have created it meanwhile.
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                    .bind(name)
-                    .fetch_one(&admin)
-                    .await?;
-            if !exists {
-                return Err(e).context("creating the demo database");
+            outbox.enqueue(&mut *tx, &event).await?;
+            if commit {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+        }
+        #[cfg(feature = "sqlite")]
+        Db::Sqlite { pool, .. } => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(&format!(
+                "INSERT INTO {orders} (id, customer_id, total, created_at) VALUES (?1, ?2, ?3, ?4)"
+            ))
+            .bind(&id)
+            .bind(&customer)
+            .bind(total)
+            .bind(chrono::Utc::now().timestamp_millis())
+            .execute(&mut *tx)
+            .await?;
+            outbox.enqueue(&mut *tx, &event).await?;
+            if commit {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+        }
+        #[cfg(feature = "mysql")]
+        Db::Mysql { pool, .. } => {
+            let mut tx = pool.begin().await?;
+            sqlx::query(&format!(
+                "INSERT INTO {orders} (id, customer_id, total, created_at) VALUES (?, ?, ?, ?)"
+            ))
+            .bind(&id)
+            .bind(&customer)
+            .bind(total)
+            .bind(chrono::Utc::now().timestamp_millis())
+            .execute(&mut *tx)
+            .await?;
+            outbox.enqueue(&mut *tx, &event).await?;
+            if commit {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
             }
         }
     }
-    admin.close().await;
-    Ok(())
+    Ok((event.id(), commit))
 }
 
 fn demo_tuning() -> RelayTuning {

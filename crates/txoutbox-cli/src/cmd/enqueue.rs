@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use txoutbox::{NewEvent, Outbox};
+use txoutbox::NewEvent;
 
 use crate::cli::EnqueueArgs;
 use crate::ctx::{Ctx, UsageError};
@@ -21,11 +21,9 @@ pub async fn run(ctx: &Ctx, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         }
         event = event.header(k, v);
     }
-    let pool = ctx.pool(1).await?;
-    txoutbox::check_schema(&pool, &ctx.table).await?;
-    let id = Outbox::new(ctx.table.clone())
-        .enqueue(&pool, &event)
-        .await?;
+    let db = ctx.db(1).await?;
+    db.check_schema(&ctx.table).await?;
+    let id = db.enqueue(&ctx.table, &event).await?;
     println!("{id}");
     Ok(ExitCode::SUCCESS)
 }

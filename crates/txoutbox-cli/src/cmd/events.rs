@@ -30,6 +30,15 @@ pub fn page(p: &PageArgs) -> Page {
 }
 
 pub async fn run(ctx: &Ctx, cmd: EventsCommand) -> anyhow::Result<ExitCode> {
+    if let Ok(kind) = crate::ctx::kind_of(ctx.require_url()?) {
+        if kind != crate::ctx::Kind::Postgres {
+            return Err(crate::ctx::UsageError(format!(
+                "`txoutbox events` (the event browser) needs PostgreSQL, not {}: use `txoutbox dlq list` and `txoutbox status`",
+                kind.name()
+            ))
+            .into());
+        }
+    }
     let pool = ctx.pool(1).await?;
     let store = PgStore::new(pool, ctx.table.clone());
     store.check_schema().await?;

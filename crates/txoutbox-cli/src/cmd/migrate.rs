@@ -3,8 +3,8 @@ use std::process::ExitCode;
 use crate::ctx::Ctx;
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let pool = ctx.pool(1).await?;
-    let report = txoutbox::migrate(&pool, &ctx.table).await?;
+    let db = ctx.db(1).await?;
+    let report = db.migrate(&ctx.table).await?;
     if report.applied.is_empty() {
         println!(
             "{} is up to date (schema version {})",

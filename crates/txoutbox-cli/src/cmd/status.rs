@@ -1,14 +1,13 @@
 use std::process::ExitCode;
 
-use txoutbox::store::postgres::PgStore;
-use txoutbox::store::Store;
+use txoutbox::store::{Retention, Store};
 
 use crate::cli::StatusArgs;
 use crate::ctx::Ctx;
 
 pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
-    let pool = ctx.pool(1).await?;
-    let store = PgStore::new(pool, ctx.table.clone());
+    let db = ctx.db(1).await?;
+    let store = db.store(&ctx.table, Retention::Mark);
     store.check_schema().await?;
     let c = store.counts().await?;
     let relays = store.relays().await?;

@@ -1,12 +1,21 @@
 //! Where the relay gets events from and reports back to. One trait, [`Store`], with a params
-//! struct per operation so a new field does not break every backend. PostgreSQL first.
+//! struct per operation so a new field does not break every backend; [`Operator`] adds what
+//! operators do (dead letters, the relays list). One module per database, each behind its
+//! cargo feature: [`postgres`], [`sqlite`], [`mysql`].
 
 #[cfg(feature = "postgres")]
 pub mod admin;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 mod partitions;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
+pub mod wakeup;
 
 use std::time::Duration;
 
@@ -186,6 +195,36 @@ pub trait Store: Send + Sync + 'static {
     async fn counts(&self) -> Result<Counts, Error>;
 }
 
+/// A boxed store is a store: a store picked at run time (`Box<dyn Operator>`) can drive a
+/// relay.
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for Box<S> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+        (**self).claim(p).await
+    }
+    async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
+        (**self).settle(p).await
+    }
+    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        (**self).release(p).await
+    }
+    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
+        (**self).has_unfinished(ordering).await
+    }
+    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
+        (**self).rebalance(p).await
+    }
+    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error> {
+        (**self).wait_for_work(relay_id, max).await
+    }
+    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+        (**self).deregister(relay_id).await
+    }
+    async fn counts(&self) -> Result<Counts, Error> {
+        (**self).counts().await
+    }
+}
+
 /// Why [`Store::wait_for_work`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -194,3 +233,49 @@ pub enum Wake {
     Notified,
     Timeout,
 }
+
+/// What operators do besides relaying (`txoutbox dlq`, `txoutbox status`), on any store.
+#[async_trait::async_trait]
+pub trait Operator: Store {
+    /// Fail with "run `txoutbox migrate`" unless the schema is in place.
+    async fn check_schema(&self) -> Result<(), Error>;
+    /// Dead letters matching the filter, oldest first.
+    async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error>;
+    /// Put matching dead letters back in line (attempts reset, available now).
+    async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error>;
+    /// Delete matching dead letters for good.
+    async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error>;
+    /// The relays registered on the table.
+    async fn relays(&self) -> Result<Vec<RelayInfo>, Error>;
+}
+
+/// Delegates to the store's own methods of the same names.
+macro_rules! operator_by_inherent_methods {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl Operator for $store {
+            async fn check_schema(&self) -> Result<(), Error> {
+                <$store>::check_schema(self).await
+            }
+            async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
+                <$store>::list_dead(self, f).await
+            }
+            async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+                <$store>::retry_dead(self, f).await
+            }
+            async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+                <$store>::discard_dead(self, f).await
+            }
+            async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+                <$store>::relays(self).await
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+operator_by_inherent_methods!(postgres::PgStore);
+#[cfg(feature = "sqlite")]
+operator_by_inherent_methods!(sqlite::SqliteStore);
+#[cfg(feature = "mysql")]
+operator_by_inherent_methods!(mysql::MySqlStore);

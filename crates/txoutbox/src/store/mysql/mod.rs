@@ -1,0 +1,561 @@
+//! The MySQL 8 / MariaDB 10.6+ store.
+//!
+//! - Claim: one short transaction (`READ COMMITTED`): pick in `seq` order with the same "no
+//!   earlier blocking event of the aggregate" rule and the same partitions as PostgreSQL,
+//!   lock the picked rows (`FOR UPDATE SKIP LOCKED`), lease them under the claim's token,
+//!   read them back, COMMIT. No transaction stays open while publishing.
+//! - Settle and release set-based (`JSON_TABLE`, `IN` lists), fenced by the claim token.
+//! - Per-aggregate order and scale-out as on PostgreSQL: partitions of a CRC32 hash of the
+//!   aggregate, leased to relays through the `_partitions` and `_relays` tables.
+//! - Wake-ups: MySQL has no LISTEN/NOTIFY. Writers of the same process wake the relay through
+//!   a [`Wakeup`] (`Outbox::with_wakeup`); otherwise adaptive polling: 10 ms after work was
+//!   found or a wake-up came, doubling up to the poll interval while idle.
+//! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
+
+mod partitions;
+pub(crate) mod schema;
+pub(crate) mod write;
+
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::{MySqlPool, MySqlRow};
+use sqlx::{Connection, Row};
+use uuid::Uuid;
+
+pub use crate::store::wakeup::Wakeup;
+
+use self::schema::{derived, table, NOW_MS};
+use super::{
+    ClaimParams, Counts, DeadFilter, Membership, Ordering, RebalanceParams, RelayInfo,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, Wake,
+};
+use crate::error::{db_error, Error};
+use crate::event::headers_from_json;
+use crate::{OutboxEvent, OutboxTable};
+
+const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
+     attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
+     locked_by, locked_until, last_error";
+
+const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
+
+/// An ordered claim takes events only from partitions whose lease has this much left.
+const CLAIM_MARGIN_MS: i64 = 1000;
+
+/// The shortest poll, right after work or a wake-up; doubles per idle wait up to the poll
+/// interval.
+const FAST_POLL: Duration = Duration::from_millis(10);
+
+/// The outbox on MySQL or MariaDB. See the module docs.
+#[derive(Debug)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    table: OutboxTable,
+    retention: Retention,
+    wakeup: Wakeup,
+    idle: AtomicU32,
+    partitions: OnceLock<i64>,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| {
+        Error::Database(sqlx::Error::Decode(
+            format!("timestamp out of range: {ms} ms").into(),
+        ))
+    })
+}
+
+fn decode(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Database(sqlx::Error::Decode(Box::new(e)))
+}
+
+fn event_from_row(r: &MySqlRow) -> Result<OutboxEvent, Error> {
+    let g = |e| Error::Database(e);
+    let opt_ts = |v: Option<i64>| v.map(ts).transpose();
+    let id: String = r.try_get("id").map_err(g)?;
+    let payload: String = r.try_get("payload").map_err(g)?;
+    let headers: String = r.try_get("headers").map_err(g)?;
+    Ok(OutboxEvent {
+        id: Uuid::parse_str(&id).map_err(decode)?,
+        seq: r.try_get("seq").map_err(g)?,
+        aggregate_type: r.try_get("aggregate_type").map_err(g)?,
+        aggregate_id: r.try_get("aggregate_id").map_err(g)?,
+        event_type: r.try_get("event_type").map_err(g)?,
+        payload: serde_json::from_str(&payload).map_err(decode)?,
+        headers: headers_from_json(serde_json::from_str(&headers).map_err(decode)?),
+        attempts: r.try_get("attempts").map_err(g)?,
+        attempts_unavailable: r.try_get("attempts_unavailable").map_err(g)?,
+        available_at: ts(r.try_get("available_at").map_err(g)?)?,
+        created_at: ts(r.try_get("created_at").map_err(g)?)?,
+        processed_at: opt_ts(r.try_get("processed_at").map_err(g)?)?,
+        dead_at: opt_ts(r.try_get("dead_at").map_err(g)?)?,
+        locked_by: r.try_get("locked_by").map_err(g)?,
+        locked_until: opt_ts(r.try_get("locked_until").map_err(g)?)?,
+        last_error: r.try_get("last_error").map_err(g)?,
+    })
+}
+
+/// `?, ?, ?` for `n` values.
+fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+impl MySqlStore {
+    pub fn new(pool: MySqlPool, table: OutboxTable, wakeup: Wakeup) -> Self {
+        Self::with_retention(pool, table, wakeup, Retention::Mark)
+    }
+
+    pub fn with_retention(
+        pool: MySqlPool,
+        table: OutboxTable,
+        wakeup: Wakeup,
+        retention: Retention,
+    ) -> Self {
+        Self {
+            pool,
+            table,
+            retention,
+            wakeup,
+            idle: AtomicU32::new(0),
+            partitions: OnceLock::new(),
+        }
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+    pub fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+    /// Give it to the writers' `Outbox` (`Outbox::with_wakeup`) to wake this relay at once.
+    pub fn wakeup(&self) -> &Wakeup {
+        &self.wakeup
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        db_error(&self.table, e)
+    }
+
+    pub async fn check_schema(&self) -> Result<(), Error> {
+        schema::check_schema(&self.pool, &self.table).await
+    }
+
+    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        partitions::relays(&self.pool, &self.table).await
+    }
+
+    async fn partition_count(&self) -> Result<i64, Error> {
+        if let Some(n) = self.partitions.get() {
+            return Ok(*n);
+        }
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}",
+            derived(&self.table, "partitions")
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(*self.partitions.get_or_init(|| n.max(1)))
+    }
+
+    /// `WHERE dead ... AND <filters>` and its values, in order.
+    fn dead_where(f: &DeadFilter) -> (String, Vec<String>) {
+        let mut sql = String::from("dead_at IS NOT NULL AND processed_at IS NULL");
+        let mut args = Vec::new();
+        for (col, v) in [
+            ("id", f.id.map(|id| id.hyphenated().to_string())),
+            ("event_type", f.event_type.clone()),
+            ("aggregate_type", f.aggregate_type.clone()),
+            ("aggregate_id", f.aggregate_id.clone()),
+        ] {
+            if let Some(v) = v {
+                sql.push_str(&format!(" AND {col} = ?"));
+                args.push(v);
+            }
+        }
+        (sql, args)
+    }
+
+    pub async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
+        let (cond, args) = Self::dead_where(f);
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {} WHERE {cond} ORDER BY seq LIMIT ?",
+            table(&self.table)
+        );
+        let mut q = sqlx::query(&sql);
+        for a in &args {
+            q = q.bind(a);
+        }
+        let rows = q
+            .bind(f.limit.unwrap_or(100))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+        let (cond, args) = Self::dead_where(f);
+        let sql = format!(
+            "UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, \
+             available_at = {NOW_MS}, last_error = NULL WHERE {cond}",
+            table(&self.table)
+        );
+        let mut q = sqlx::query(&sql);
+        for a in &args {
+            q = q.bind(a);
+        }
+        let n = q
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if n > 0 {
+            self.wakeup.fire();
+        }
+        Ok(n)
+    }
+
+    pub async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
+        let (cond, args) = Self::dead_where(f);
+        let sql = format!("DELETE FROM {} WHERE {cond}", table(&self.table));
+        let mut q = sqlx::query(&sql);
+        for a in &args {
+            q = q.bind(a);
+        }
+        Ok(q.execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected())
+    }
+
+    /// Delete up to `batch` published rows older than `older_than`.
+    pub async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        let done = sqlx::query(&format!(
+            "DELETE FROM {} WHERE processed_at IS NOT NULL AND processed_at < {NOW_MS} - ? \
+             ORDER BY processed_at LIMIT ?",
+            table(&self.table)
+        ))
+        .bind(ms(older_than))
+        .bind(batch)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MySqlStore {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+        let q = table(&self.table);
+        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
+        let partitions = if p.ordering.is_ordered() {
+            self.partition_count().await?
+        } else {
+            0
+        };
+        let err = |e| self.err(e);
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        // No gap locks: writers inserting new events never wait for a claim.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        let mut tx = conn.begin().await.map_err(err)?;
+        let base = format!(
+            "SELECT e.seq FROM {q} e
+             WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
+               AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS})"
+        );
+        let seqs: Vec<i64> = if p.ordering.is_ordered() {
+            // Pick with a plain read, then lock what was picked: a locking read would also
+            // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
+            // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
+            let picked: Vec<i64> = sqlx::query_scalar(&format!(
+                "{base}
+                   AND MOD(e.partition_key, ?) IN (
+                       SELECT `partition` FROM {} WHERE owner = ? AND lease_until > {NOW_MS} + {CLAIM_MARGIN_MS})
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {q} b
+                       WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                         AND b.processed_at IS NULL AND b.seq < e.seq
+                         AND ((b.dead_at IS NULL AND (b.available_at > {NOW_MS} OR b.locked_until > {NOW_MS}))
+                              OR (b.dead_at IS NOT NULL AND ?)))
+                 ORDER BY e.seq LIMIT ?",
+                derived(&self.table, "partitions")
+            ))
+            .bind(partitions)
+            .bind(p.relay_id)
+            .bind(p.ordering == Ordering::OrderedHold)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+            if picked.is_empty() {
+                Vec::new()
+            } else {
+                // Still claimable, and not being changed by anyone else right now.
+                sqlx::query_scalar(&format!(
+                    "SELECT seq FROM {q} WHERE seq IN ({}) AND processed_at IS NULL AND dead_at IS NULL
+                       AND (locked_until IS NULL OR locked_until <= {NOW_MS})
+                     ORDER BY seq FOR UPDATE SKIP LOCKED",
+                    picked.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+                ))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?
+            }
+        } else {
+            sqlx::query_scalar(&format!(
+                "{base} ORDER BY e.seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            ))
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?
+        };
+        if seqs.is_empty() {
+            tx.commit().await.map_err(err)?;
+            return Ok(Vec::new());
+        }
+        // Integers read from the database: safe to inline.
+        let list = seqs
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = p.token.hyphenated().to_string();
+        sqlx::query(&format!(
+            "UPDATE {q} SET locked_until = {NOW_MS} + ?, locked_by = ?, lock_token = ? WHERE seq IN ({list})"
+        ))
+        .bind(ms(p.lease))
+        .bind(p.relay_id)
+        .bind(&token)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM {q} WHERE seq IN ({list}) AND lock_token = ? ORDER BY seq"
+        ))
+        .bind(&token)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        self.idle.store(0, AtomicOrdering::Relaxed);
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
+        if p.published.is_empty() && p.failed.is_empty() {
+            return Ok(SettleOutcome::default());
+        }
+        let q = table(&self.table);
+        let err = |e| self.err(e);
+        let token = p.token.hyphenated().to_string();
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        let mut out = SettleOutcome::default();
+        if !p.published.is_empty() {
+            let cond = format!("id IN ({}) AND lock_token = ?", marks(p.published.len()));
+            let sql = match self.retention {
+                Retention::Mark => format!(
+                    "UPDATE {q} SET processed_at = {NOW_MS}, locked_until = NULL, locked_by = NULL, \
+                     lock_token = NULL, last_error = NULL WHERE {cond}"
+                ),
+                Retention::Delete => format!("DELETE FROM {q} WHERE {cond}"),
+            };
+            let mut query = sqlx::query(&sql);
+            for id in p.published {
+                query = query.bind(id.hyphenated().to_string());
+            }
+            out.published = query
+                .bind(&token)
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?
+                .rows_affected();
+        }
+        if !p.failed.is_empty() {
+            let failed = serde_json::Value::Array(
+                p.failed
+                    .iter()
+                    .map(|f| {
+                        serde_json::json!([
+                            f.id.hyphenated().to_string(),
+                            f.error,
+                            ms(f.retry_in),
+                            i32::from(f.dead),
+                            i32::from(f.unavailable),
+                        ])
+                    })
+                    .collect(),
+            )
+            .to_string();
+            out.failed = sqlx::query(&format!(
+                "UPDATE {q} e
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (
+                     id CHAR(36) PATH '$[0]',
+                     err LONGTEXT PATH '$[1]',
+                     delay_ms BIGINT PATH '$[2]',
+                     dead INT PATH '$[3]',
+                     unavailable INT PATH '$[4]'
+                 )) AS f ON e.id = f.id
+                 SET e.attempts = e.attempts + 1,
+                     e.attempts_unavailable = e.attempts_unavailable + f.unavailable,
+                     e.last_error = f.err,
+                     e.available_at = {NOW_MS} + f.delay_ms,
+                     e.dead_at = CASE WHEN f.dead = 1 THEN {NOW_MS} END,
+                     e.locked_until = NULL, e.locked_by = NULL, e.lock_token = NULL
+                 WHERE e.lock_token = ?"
+            ))
+            .bind(failed)
+            .bind(&token)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(err)?;
+        Ok(out)
+    }
+
+    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        if p.ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
+             WHERE id IN ({}) AND lock_token = ?",
+            table(&self.table),
+            marks(p.ids.len())
+        );
+        let mut query = sqlx::query(&sql);
+        for id in p.ids {
+            query = query.bind(id.hyphenated().to_string());
+        }
+        Ok(query
+            .bind(p.token.hyphenated().to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected())
+    }
+
+    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
+        let q = table(&self.table);
+        let sql = if ordering == Ordering::OrderedHold {
+            format!(
+                "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM {q} b
+                     WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                       AND b.processed_at IS NULL AND b.seq < e.seq AND b.dead_at IS NOT NULL))"
+            )
+        } else {
+            format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})")
+        };
+        let n: i64 = sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(n != 0)
+    }
+
+    /// Ready when something is due; otherwise sleep until a writer of this process wakes us,
+    /// the earliest backing-off or leased event falls due, or the adaptive poll comes round.
+    async fn wait_for_work(&self, _relay_id: &str, max: Duration) -> Result<Wake, Error> {
+        let due: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT CAST(min(GREATEST(available_at, coalesce(locked_until, available_at))) - {NOW_MS} AS SIGNED)
+             FROM {} WHERE {UNFINISHED}",
+            table(&self.table)
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        if due.is_some_and(|ms| ms <= 0) {
+            return Ok(Wake::Ready);
+        }
+        let idle = self.idle.fetch_add(1, AtomicOrdering::Relaxed).min(16);
+        let poll = FAST_POLL.saturating_mul(1 << idle).min(max);
+        let sleep = match due {
+            Some(ms) => poll.min(Duration::from_millis(ms.unsigned_abs())),
+            None => poll,
+        };
+        tokio::select! {
+            _ = self.wakeup.wait() => {
+                // The writer fired before its commit: look again soon, not a poll later.
+                self.idle.store(0, AtomicOrdering::Relaxed);
+                Ok(Wake::Notified)
+            }
+            _ = tokio::time::sleep(sleep) => Ok(Wake::Timeout),
+        }
+    }
+
+    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
+        partitions::rebalance(&self.pool, &self.table, p).await
+    }
+
+    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+        let err = |e| self.err(e);
+        let mut tx = self.pool.begin().await.map_err(err)?;
+        sqlx::query(&format!(
+            "DELETE FROM {} WHERE relay_id = ?",
+            derived(&self.table, "relays")
+        ))
+        .bind(relay_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        sqlx::query(&format!(
+            "UPDATE {} SET owner = NULL, lease_until = NULL WHERE owner = ?",
+            derived(&self.table, "partitions")
+        ))
+        .bind(relay_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        let n = sqlx::query(&format!(
+            "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
+             WHERE {UNFINISHED} AND locked_by = ?",
+            table(&self.table)
+        ))
+        .bind(relay_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?
+        .rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(n)
+    }
+
+    async fn counts(&self) -> Result<Counts, Error> {
+        let r = sqlx::query(&format!(
+            "SELECT
+                CAST(coalesce(sum({UNFINISHED} AND (locked_until IS NULL OR locked_until <= {NOW_MS})), 0) AS SIGNED),
+                CAST(coalesce(sum({UNFINISHED} AND locked_until > {NOW_MS}), 0) AS SIGNED),
+                CAST(coalesce(sum(dead_at IS NOT NULL AND processed_at IS NULL), 0) AS SIGNED),
+                CAST(coalesce(sum(processed_at IS NOT NULL), 0) AS SIGNED),
+                CAST(({NOW_MS} - min(CASE WHEN {UNFINISHED} THEN created_at END)) AS DOUBLE) / 1000.0
+             FROM {}",
+            table(&self.table)
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        let g = |e| Error::Database(e);
+        Ok(Counts {
+            pending: r.try_get(0).map_err(g)?,
+            leased: r.try_get(1).map_err(g)?,
+            dead: r.try_get(2).map_err(g)?,
+            processed: r.try_get(3).map_err(g)?,
+            oldest_pending_age_secs: r.try_get(4).map_err(g)?,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The store conformance suite (cargo feature `testing`): the same checks — claim, settle,
+//! lease expiry, fencing, release, dead letters, ordering, `has_unfinished`, counts — run
+//! against every backend on a real database. A backend provides a [`Harness`] (a fresh,
+//! migrated outbox per test, and a way to read its rows); [`store_conformance!`] turns the
+//! checks of [`store`] into one `#[tokio::test]` each:
+//!
+//! ```ignore
+//! txoutbox::store_conformance!(txoutbox::testing::sqlite::SqliteHarness);
+//! ```
+//!
+//! Test support: it panics on failure, by design.
+#![allow(clippy::unwrap_used)]
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+pub mod store;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::store::{Operator, Retention};
+use crate::NewEvent;
+
+/// How long a wait on observable state may take before the check fails.
+pub const DEADLINE: Duration = Duration::from_secs(15);
+const POLL: Duration = Duration::from_millis(20);
+
+/// One outbox row as the checks look at it, whatever the database stores it as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowState {
+    pub id: Uuid,
+    pub seq: i64,
+    pub event_type: String,
+    pub attempts: i32,
+    pub attempts_unavailable: i32,
+    pub available_at: DateTime<Utc>,
+    pub locked_by: Option<String>,
+    pub locked_until: Option<DateTime<Utc>>,
+    pub lock_token: Option<Uuid>,
+    pub last_error: Option<String>,
+    pub processed_at: Option<DateTime<Utc>>,
+    pub dead_at: Option<DateTime<Utc>>,
+    /// The database's clock when the row was read.
+    pub db_now: DateTime<Utc>,
+}
+
+impl RowState {
+    /// The row without the read time, for before/after comparisons.
+    pub fn without_now(&self) -> RowState {
+        RowState {
+            db_now: DateTime::<Utc>::MIN_UTC,
+            ..self.clone()
+        }
+    }
+}
+
+/// One backend's side of the suite: a fresh, migrated outbox of the test's own (a schema, a
+/// database or a file), removed by [`Harness::cleanup`].
+#[async_trait::async_trait(?Send)]
+pub trait Harness: Send + Sync + Sized + 'static {
+    type Store: Operator;
+    /// A new outbox, migrated.
+    async fn new() -> Self;
+    /// A store on it (each call may open its own pool: a second relay process).
+    async fn store(&self, retention: Retention) -> Self::Store;
+    /// `Outbox::enqueue_many` in a committed transaction of the backend's pool.
+    async fn enqueue(&self, events: &[NewEvent]) -> Vec<Uuid>;
+    /// `Outbox::enqueue` and `enqueue_many` in one transaction that is rolled back.
+    async fn enqueue_rolled_back(&self, events: &[NewEvent]);
+    /// Every row, in `seq` order.
+    async fn rows(&self) -> Vec<RowState>;
+    /// Make every row available now (ends backoffs).
+    async fn make_available(&self);
+    /// Remove what [`Harness::new`] created.
+    async fn cleanup(self);
+}
+
+/// Poll `check` until it returns `Some`; panic naming `what` after [`DEADLINE`].
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {DEADLINE:?} waiting for: {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Instantiate the store conformance suite for a [`Harness`]: one `#[tokio::test]` per
+/// check of [`store`], each on a fresh outbox.
+#[macro_export]
+macro_rules! store_conformance {
+    ($harness:ty) => {
+        $crate::store_conformance!(@tests $harness,
+            enqueue_keeps_slice_order_and_rollback_leaves_nothing,
+            claims_are_leased_fenced_and_expire,
+            release_gives_rows_back_unattempted,
+            settle_marks_published_and_backs_off_or_buries_failures,
+            delete_retention_deletes_on_settle,
+            dead_letters_list_retry_and_discard,
+            counts_reflect_every_state,
+            ordered_claim_never_passes_a_blocked_aggregate,
+            hold_mode_keeps_an_aggregate_behind_its_dead_letter,
+            deregister_releases_and_forgets_the_relay,
+        );
+    };
+    (@tests $harness:ty, $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let h = <$harness as $crate::testing::Harness>::new().await;
+                $crate::testing::store::$name(&h).await;
+                $crate::testing::Harness::cleanup(h).await;
+            }
+        )*
+    };
+}

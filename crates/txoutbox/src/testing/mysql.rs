@@ -1,0 +1,174 @@
+//! The conformance harness for MySQL / MariaDB: a database of its own per test
+//! (`txo_conf_<random>`) on the server of `MYSQL_URL` (default
+//! `mysql://root@127.0.0.1:3306/test`), dropped at the end.
+
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{Harness, RowState};
+use crate::store::mysql::schema::NOW_MS;
+use crate::store::mysql::{MySqlStore, Wakeup};
+use crate::store::Retention;
+use crate::{migrate, NewEvent, Outbox, OutboxTable};
+
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The server's URL with `database` as its path.
+pub fn url_for(database: &str) -> String {
+    let mut u = url::Url::parse(&mysql_url()).unwrap();
+    u.set_path(&format!("/{database}"));
+    u.to_string()
+}
+
+async fn pool(url: &str, max: u32) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+async fn drop_database(database: &str) {
+    let admin = pool(&url_for(""), 1).await;
+    if let Err(e) = sqlx::query(&format!("DROP DATABASE IF EXISTS `{database}`"))
+        .execute(&admin)
+        .await
+    {
+        eprintln!("cleanup of database {database} failed: {e}");
+    }
+    admin.close().await;
+}
+
+pub struct MySqlHarness {
+    pub pool: MySqlPool,
+    pub database: String,
+    pub table: OutboxTable,
+    cleaned: bool,
+}
+
+#[async_trait::async_trait(?Send)]
+impl Harness for MySqlHarness {
+    type Store = MySqlStore;
+
+    async fn new() -> Self {
+        let database = format!("txo_conf_{}", &Uuid::new_v4().simple().to_string()[..16]);
+        let admin = pool(&url_for(""), 1).await;
+        sqlx::query(&format!("CREATE DATABASE `{database}`"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let table = OutboxTable::default();
+        let pool = pool(&url_for(&database), 10).await;
+        migrate(&pool, &table).await.unwrap();
+        Self {
+            pool,
+            database,
+            table,
+            cleaned: false,
+        }
+    }
+
+    async fn store(&self, retention: Retention) -> MySqlStore {
+        MySqlStore::with_retention(
+            pool(&url_for(&self.database), 5).await,
+            self.table.clone(),
+            Wakeup::default(),
+            retention,
+        )
+    }
+
+    async fn enqueue(&self, events: &[NewEvent]) -> Vec<Uuid> {
+        let mut tx = self.pool.begin().await.unwrap();
+        let ids = Outbox::new(self.table.clone())
+            .enqueue_many(&mut *tx, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        ids
+    }
+
+    async fn enqueue_rolled_back(&self, events: &[NewEvent]) {
+        let outbox = Outbox::new(self.table.clone());
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox
+            .enqueue(&mut *tx, &events[0].clone().with_id(Uuid::new_v4()))
+            .await
+            .unwrap();
+        outbox.enqueue_many(&mut *tx, events).await.unwrap();
+        tx.rollback().await.unwrap();
+    }
+
+    async fn rows(&self) -> Vec<RowState> {
+        let ts = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).unwrap();
+        let sql = format!(
+            "SELECT id, seq, event_type, attempts, attempts_unavailable, available_at, locked_by, \
+             locked_until, lock_token, last_error, processed_at, dead_at, {NOW_MS} AS db_now \
+             FROM `{}` ORDER BY seq",
+            self.table.table().as_str()
+        );
+        sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RowState {
+                id: Uuid::parse_str(r.get("id")).unwrap(),
+                seq: r.get("seq"),
+                event_type: r.get("event_type"),
+                attempts: r.get("attempts"),
+                attempts_unavailable: r.get("attempts_unavailable"),
+                available_at: ts(r.get("available_at")),
+                locked_by: r.get("locked_by"),
+                locked_until: r.get::<Option<i64>, _>("locked_until").map(ts),
+                lock_token: r
+                    .get::<Option<String>, _>("lock_token")
+                    .map(|t| Uuid::parse_str(&t).unwrap()),
+                last_error: r.get("last_error"),
+                processed_at: r.get::<Option<i64>, _>("processed_at").map(ts),
+                dead_at: r.get::<Option<i64>, _>("dead_at").map(ts),
+                db_now: ts(r.get("db_now")),
+            })
+            .collect()
+    }
+
+    async fn make_available(&self) {
+        sqlx::query(&format!(
+            "UPDATE `{}` SET available_at = {NOW_MS}",
+            self.table.table().as_str()
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn cleanup(mut self) {
+        self.cleaned = true;
+        self.pool.close().await;
+        drop_database(&self.database).await;
+    }
+}
+
+impl Drop for MySqlHarness {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let database = self.database.clone();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(drop_database(&database));
+            }
+        })
+        .join();
+    }
+}

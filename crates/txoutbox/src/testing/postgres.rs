@@ -1,0 +1,161 @@
+//! The conformance harness for PostgreSQL: a schema of its own per test in the database at
+//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), dropped at the end.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{Harness, RowState};
+use crate::store::postgres::PgStore;
+use crate::store::Retention;
+use crate::{migrate, NewEvent, Outbox, OutboxTable};
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+async fn pool(max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&database_url())
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", database_url()))
+}
+
+pub struct PgHarness {
+    pub pool: PgPool,
+    pub schema: String,
+    pub table: OutboxTable,
+    cleaned: bool,
+}
+
+async fn drop_schema(pool: &PgPool, schema: &str) {
+    let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+    if let Err(e) = sqlx::query(&sql).execute(pool).await {
+        eprintln!("cleanup of schema {schema} failed: {e}");
+    }
+}
+
+#[async_trait::async_trait(?Send)]
+impl Harness for PgHarness {
+    type Store = PgStore;
+
+    async fn new() -> Self {
+        let schema = format!("txo_conf_{}", &Uuid::new_v4().simple().to_string()[..16]);
+        let table = OutboxTable::new(&schema, "outbox_events").unwrap();
+        let pool = pool(10).await;
+        migrate(&pool, &table).await.unwrap();
+        Self {
+            pool,
+            schema,
+            table,
+            cleaned: false,
+        }
+    }
+
+    async fn store(&self, retention: Retention) -> PgStore {
+        PgStore::with_retention(pool(5).await, self.table.clone(), retention)
+    }
+
+    async fn enqueue(&self, events: &[NewEvent]) -> Vec<Uuid> {
+        let mut tx = self.pool.begin().await.unwrap();
+        let ids = Outbox::new(self.table.clone())
+            .enqueue_many(&mut *tx, events)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        ids
+    }
+
+    async fn enqueue_rolled_back(&self, events: &[NewEvent]) {
+        let outbox = Outbox::new(self.table.clone());
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox
+            .enqueue(&mut *tx, &events[0].clone().with_id(Uuid::new_v4()))
+            .await
+            .unwrap();
+        outbox.enqueue_many(&mut *tx, events).await.unwrap();
+        tx.rollback().await.unwrap();
+    }
+
+    async fn rows(&self) -> Vec<RowState> {
+        let sql = format!(
+            "SELECT id, seq, event_type, attempts, attempts_unavailable, available_at, locked_by, \
+             locked_until, lock_token, last_error, processed_at, dead_at, now() AS db_now \
+             FROM {} ORDER BY seq",
+            self.table.qualified()
+        );
+        sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RowState {
+                id: r.get("id"),
+                seq: r.get("seq"),
+                event_type: r.get("event_type"),
+                attempts: r.get("attempts"),
+                attempts_unavailable: r.get("attempts_unavailable"),
+                available_at: r.get("available_at"),
+                locked_by: r.get("locked_by"),
+                locked_until: r.get("locked_until"),
+                lock_token: r.get("lock_token"),
+                last_error: r.get("last_error"),
+                processed_at: r.get("processed_at"),
+                dead_at: r.get("dead_at"),
+                db_now: r.get("db_now"),
+            })
+            .collect()
+    }
+
+    async fn make_available(&self) {
+        sqlx::query(&format!(
+            "UPDATE {} SET available_at = now()",
+            self.table.qualified()
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn cleanup(mut self) {
+        self.cleaned = true;
+        drop_schema(&self.pool, &self.schema).await;
+        self.pool.close().await;
+    }
+}
+
+impl Drop for PgHarness {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        // The check panicked before `cleanup`: drop the schema from a thread of our own (the
+        // test's runtime cannot be blocked on).
+        let schema = self.schema.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(pool) = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&database_url())
+                    .await
+                {
+                    let _ = sqlx::query("SET lock_timeout = '5s'").execute(&pool).await;
+                    drop_schema(&pool, &schema).await;
+                    pool.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
