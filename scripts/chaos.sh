@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 profile=${CHAOS_PROFILE:-debug}
 flags=()
 [ "$profile" = release ] && flags+=(--release)
-cargo build -q "${flags[@]}" -p txoutbox-cli -p txoutbox-chaos
+# The same features as `cargo test --workspace --all-features`, so CI builds nothing twice.
+cargo build -q "${flags[@]}" --workspace --all-features --bins
 bin="${CARGO_TARGET_DIR:-target}/$profile"
 
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
