@@ -406,10 +406,13 @@ async fn inject(
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            let stopped_at = SystemTime::now();
             for i in &f.relays {
                 slots[*i].signal("STOP");
             }
+            // Taken once `kill` has returned, not before: spawning it takes milliseconds
+            // (more on a loaded machine), in which the relay may still claim and send; the
+            // in-flight-at-the-freeze allowance below must count from the real stop.
+            let stopped_at = SystemTime::now();
             eprintln!(
                 "chaos: SIGSTOP {who:?} (holding about {held} events) for {hold:?}, then SIGCONT"
             );
