@@ -241,3 +241,13 @@ async fn bad_publisher_is_a_usage_error() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.starts_with("error: --publisher"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_database_is_a_usage_error_not_a_postgres_connection_error() {
+    let (out, _) = bench(&["drain", "--database-url", "sqlite:///tmp/txo-bench.db"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("PostgreSQL only"), "{err}");
+    assert!(!std::path::Path::new("/tmp/txo-bench.db").exists());
+}

@@ -55,6 +55,14 @@ impl Env {
 
 pub async fn run(ctx: &Ctx, a: BenchArgs) -> anyhow::Result<ExitCode> {
     let url = ctx.require_url()?.to_string();
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(crate::ctx::UsageError(
+            "txoutbox bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
+             use scripts/drain-db.sh"
+                .into(),
+        )
+        .into());
+    }
     // Malformed publisher URLs are usage errors, before anything is created.
     for p in &a.publishers {
         let publisher = super::open_publisher(p).await?;
