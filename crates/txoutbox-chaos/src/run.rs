@@ -299,10 +299,19 @@ async fn migrate(txoutbox: &Path, url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Record every claim (who, from when, until when) with a trigger, so the checker can tell
-/// from the outside whether a relay ever sent an event it did not hold.
+/// Record every claim (who, from when, until when) with triggers, so the checker can tell
+/// from the outside whether a relay ever sent an event it did not hold: row leases
+/// (unordered claims) on the outbox table, and partition leases (ordered claims hold their
+/// events by partition) on the partitions table.
 async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
     for sql in [
+        "CREATE TABLE chaos_partition_leases (partition int NOT NULL, owner text, at timestamptz NOT NULL, lease_until timestamptz)",
+        "CREATE FUNCTION chaos_partition_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO chaos_partition_leases VALUES (NEW.partition, NEW.owner, clock_timestamp(), NEW.lease_until);
+           RETURN NULL;
+         END $$",
+        "CREATE TRIGGER chaos_partition_audit AFTER UPDATE ON public.outbox_partitions FOR EACH ROW EXECUTE FUNCTION chaos_partition_audit()",
         "CREATE TABLE chaos_claims (id uuid NOT NULL, relay text NOT NULL, claimed_at timestamptz NOT NULL, locked_until timestamptz NOT NULL)",
         "CREATE FUNCTION chaos_claim_audit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -571,6 +580,43 @@ async fn unfenced_sends(
     let mut claims: HashMap<Uuid, Vec<(String, f64, f64)>> = HashMap::new();
     for (id, relay, from, until) in rows {
         claims.entry(id).or_default().push((relay, from, until));
+    }
+    // An ordered claim holds its events for as long as the relay holds their partition: from
+    // each acquisition or renewal to its lease's end, or to the moment the partition went to
+    // someone else (or no one) if that came first.
+    let log: Vec<(i32, Option<String>, f64, Option<f64>)> = sqlx::query_as(
+        "SELECT partition, owner, extract(epoch FROM at)::float8, extract(epoch FROM lease_until)::float8
+         FROM chaos_partition_leases ORDER BY partition, at",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the partition lease audit")?;
+    let mut held: HashMap<i32, Vec<(String, f64, f64)>> = HashMap::new();
+    for (i, (partition, owner, at, until)) in log.iter().enumerate() {
+        let (Some(owner), Some(until)) = (owner, until) else {
+            continue;
+        };
+        let handed_over = log[i + 1..]
+            .iter()
+            .take_while(|next| next.0 == *partition)
+            .find(|next| next.1.as_deref() != Some(owner.as_str()))
+            .map(|next| next.2)
+            .unwrap_or(f64::INFINITY);
+        held.entry(*partition)
+            .or_default()
+            .push((owner.clone(), *at, until.min(handed_over)));
+    }
+    let partitions: Vec<(Uuid, i32)> = sqlx::query_as(
+        "SELECT e.id, e.partition_key % (SELECT count(*) FROM public.outbox_partitions)::int
+         FROM public.outbox_events e",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the events' partitions")?;
+    for (id, partition) in partitions {
+        if let Some(leases) = held.get(&partition) {
+            claims.entry(id).or_default().extend(leases.iter().cloned());
+        }
     }
     let (mut outside, mut in_flight) = (0, 0);
     let mut shown = 0;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tokio::sync::OwnedRwLockReadGuard;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -31,6 +32,9 @@ pub(super) struct Claimed {
     token: Uuid,
     claimed_at: Instant,
     pub(super) events: Vec<OutboxEvent>,
+    /// Held until the batch is settled: the heartbeat gives partitions up only while no claim
+    /// or batch of this relay is in flight (an ordered claim holds its events by partition).
+    _hold: OwnedRwLockReadGuard<()>,
 }
 
 impl Relay {
@@ -49,8 +53,8 @@ impl Relay {
         let cfg = &self.config;
         let token = Uuid::new_v4();
         let claimed_at = Instant::now();
-        // A heartbeat never gives up a partition while a claim on it is running.
-        let claim_guard = self.claim_lock.lock().await;
+        // A heartbeat never gives up a partition while a claim or batch is in flight.
+        let hold = self.claim_lock.clone().read_owned().await;
         let events = self
             .store
             .claim(ClaimParams {
@@ -61,11 +65,11 @@ impl Relay {
                 ordering: cfg.ordering,
             })
             .await?;
-        drop(claim_guard);
         Ok(Claimed {
             token,
             claimed_at,
             events,
+            _hold: hold,
         })
     }
 
@@ -80,13 +84,23 @@ impl Relay {
             token,
             claimed_at,
             events,
+            _hold,
         } = claimed;
         let mut report = BatchReport {
             claimed: events.len(),
             ..Default::default()
         };
-        // Never publish past this point: after it another relay may own these rows.
-        let deadline = claimed_at + cfg.lease.saturating_sub(cfg.lease_margin());
+        // Never publish past this point: after it another relay may own these rows (their
+        // row lease, or for an ordered claim on PostgreSQL their partitions' lease, runs out).
+        let deadline = match self.store.claim_expires(token) {
+            Some(end) => {
+                let held = Instant::from_std(end)
+                    .saturating_duration_since(claimed_at)
+                    .min(cfg.lease);
+                claimed_at + held.saturating_sub((held / 5).min(cfg.lease_margin()))
+            }
+            None => claimed_at + cfg.lease.saturating_sub(cfg.lease_margin()),
+        };
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);
 
         let ordered = cfg.ordering.is_ordered() && !self.publisher.keeps_key_order();

@@ -4,6 +4,7 @@ mod batch;
 mod config;
 mod send;
 
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +36,12 @@ pub struct Relay {
     store: Arc<dyn Store>,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
-    /// Held while claiming and while giving partitions up, so the two never overlap.
-    claim_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Read-held by every claim and batch in flight, write-held while giving partitions up,
+    /// so a partition never changes hands while this relay may still publish from it.
+    claim_lock: Arc<tokio::sync::RwLock<()>>,
+    /// The heartbeat wants to give partitions up (this relay is over its fair share) but
+    /// batches are in flight: stop claiming until they are done, then rebalance.
+    release_wanted: Arc<AtomicBool>,
 }
 
 /// Totals over a relay's life.
@@ -76,7 +81,8 @@ impl Relay {
             store: Arc::new(store),
             publisher: Arc::from(publisher),
             config,
-            claim_lock: Arc::new(tokio::sync::Mutex::new(())),
+            claim_lock: Arc::new(tokio::sync::RwLock::new(())),
+            release_wanted: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -106,6 +112,7 @@ impl Relay {
         let heartbeat = AbortOnDrop(tokio::spawn(heartbeat_loop(
             self.store.clone(),
             self.claim_lock.clone(),
+            self.release_wanted.clone(),
             cfg.clone(),
             membership,
             heartbeat_stop.clone(),
@@ -129,7 +136,8 @@ impl Relay {
     /// settles it, with up to `pipeline` batches in flight. The next claim overlaps the
     /// publishing and settling of the previous batches, so the database and the broker work
     /// at the same time. In ordered mode this is safe: the claim skips events whose
-    /// aggregate has an earlier event still leased.
+    /// aggregate has an earlier event still in flight (leased, or on PostgreSQL held by this
+    /// relay's own claims in flight).
     async fn pipeline(
         &self,
         cancel: &CancellationToken,
@@ -160,7 +168,17 @@ impl Relay {
                 break Ok(());
             }
             let busy = in_flight.len();
-            if busy >= cfg.pipeline.max(1) || (busy > 0 && !claim_ahead) {
+            if busy == 0 && self.release_wanted.load(AtomicOrdering::SeqCst) {
+                // Nothing in flight: give the partitions up now, then go on claiming.
+                if let Err(e) = self.rebalance().await {
+                    if let Err(e) = self.backoff_after(e, &mut errors, retry, cancel).await {
+                        break Err(e);
+                    }
+                }
+                continue;
+            }
+            let pausing = self.release_wanted.load(AtomicOrdering::SeqCst);
+            if busy >= cfg.pipeline.max(1) || (busy > 0 && (!claim_ahead || pausing)) {
                 tokio::select! {
                     _ = cancel.cancelled() => break Ok(()),
                     Some(joined) = in_flight.join_next() => {
@@ -280,13 +298,16 @@ impl Relay {
             publisher: self.publisher.clone(),
             config: self.config.clone(),
             claim_lock: self.claim_lock.clone(),
+            release_wanted: self.release_wanted.clone(),
         }
     }
 
     /// One heartbeat: renew, and move towards a fair share of the partitions.
     async fn rebalance(&self) -> Result<Membership, Error> {
-        let _guard = self.claim_lock.lock().await;
-        rebalance(self.store.as_ref(), &self.config, true).await
+        let _guard = self.claim_lock.write().await;
+        let m = rebalance(self.store.as_ref(), &self.config, true).await?;
+        self.release_wanted.store(false, AtomicOrdering::SeqCst);
+        Ok(m)
     }
 
     /// Run on a task of its own. The handle stops it gracefully.
@@ -359,7 +380,8 @@ async fn rebalance(
 /// hand partitions over within a second, not a whole heartbeat later).
 async fn heartbeat_loop(
     store: Arc<dyn Store>,
-    claim_lock: Arc<tokio::sync::Mutex<()>>,
+    claim_lock: Arc<tokio::sync::RwLock<()>>,
+    release_wanted: Arc<AtomicBool>,
     cfg: RelayConfig,
     mut membership: Membership,
     stop: CancellationToken,
@@ -381,14 +403,18 @@ async fn heartbeat_loop(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        // Never wait for a claim to finish: a slow claim must not cost the relay its
-        // partitions. While one runs, renew and take, but do not give up.
-        let result = match claim_lock.try_lock() {
+        // Never wait for a claim or a batch to finish: a slow one must not cost the relay
+        // its partitions. While one is in flight, renew and take, but do not give up; if
+        // partitions should go, ask the main loop to pause claiming (it then rebalances).
+        let result = match claim_lock.clone().try_write_owned() {
             Ok(_guard) => rebalance(store.as_ref(), &cfg, true).await,
             Err(_) => rebalance(store.as_ref(), &cfg, false).await,
         };
         match result {
-            Ok(m) => membership = m,
+            Ok(m) => {
+                release_wanted.store(m.owned.len() > m.target, AtomicOrdering::SeqCst);
+                membership = m;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "heartbeat failed; partitions expire unless it recovers")
             }

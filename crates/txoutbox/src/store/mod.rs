@@ -193,6 +193,13 @@ pub trait Store: Send + Sync + 'static {
     /// and stop writers notifying for it.
     async fn deregister(&self, relay_id: &str) -> Result<u64, Error>;
     async fn counts(&self) -> Result<Counts, Error>;
+    /// When the events claimed under `token` stop being this relay's to publish, where that
+    /// is not the row lease the claim asked for: PostgreSQL's ordered claims lease no rows and
+    /// hold events by partition ownership, so a claim lasts as long as the partitions' lease.
+    /// The relay stops sending before then. `None`: the row lease (`ClaimParams::lease`).
+    fn claim_expires(&self, _token: Uuid) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// A boxed store is a store: a store picked at run time (`Box<dyn Operator>`) can drive a
@@ -222,6 +229,9 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     async fn counts(&self) -> Result<Counts, Error> {
         (**self).counts().await
+    }
+    fn claim_expires(&self, token: Uuid) -> Option<std::time::Instant> {
+        (**self).claim_expires(token)
     }
 }
 

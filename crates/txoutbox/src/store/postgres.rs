@@ -1,6 +1,7 @@
 //! The PostgreSQL store: set-based claim and settle, fenced leases, LISTEN/NOTIFY wake-ups.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgListener, PgPool, PgRow};
@@ -37,6 +38,10 @@ const SECOND_LOOK: Duration = Duration::from_millis(50);
 /// retried ones).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 
+/// How long after its partition lease ran out an ordered claim that was never settled is
+/// kept for a late settle (which needs to know it was an ordered claim, and by whom).
+const FORGET_AFTER: Duration = Duration::from_secs(300);
+
 /// "Not yet published and not dead": the rows the partial index covers.
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
@@ -48,6 +53,7 @@ struct Queries {
     has_unfinished_hold: String,
     partition_count: String,
     settle: String,
+    settle_ordered: String,
     release: String,
     has_unfinished: String,
     has_claimable: String,
@@ -73,6 +79,16 @@ impl Queries {
                 format!("DELETE FROM {q} WHERE id = ANY($1) AND lock_token = $5 RETURNING 1")
             }
         };
+        let mine = "partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine))";
+        let published_ordered = match retention {
+            Retention::Mark => format!(
+                "UPDATE {q} SET processed_at = now(), last_error = NULL \
+                 WHERE id = ANY($1) AND processed_at IS NULL AND {mine} RETURNING 1"
+            ),
+            Retention::Delete => {
+                format!("DELETE FROM {q} WHERE id = ANY($1) AND {mine} RETURNING 1")
+            }
+        };
         Self {
             // One autocommit statement: pick available rows in seq order, skip rows another
             // relay holds, and lease them. No transaction stays open while publishing.
@@ -94,40 +110,38 @@ impl Queries {
                    e.locked_by, e.locked_until, e.last_error"
             ),
             // Ordered: only partitions this relay owns under a live lease (with a margin, so a
-            // claim never overlaps a takeover), and only events with no earlier event of
-            // their aggregate leased, backing off or (with $7, `hold`) dead. Together with one
-            // owner per partition, this keeps each aggregate's events in seq order.
+            // claim never overlaps a takeover), only events of aggregates this relay has no
+            // event of in flight ($5: their partition keys), and only events with no earlier
+            // event of their aggregate backing off, leased (by an unordered relay of old) or
+            // (with $4, `hold`) dead. Together with one owner per partition, this keeps each
+            // aggregate's events in seq order. It writes nothing: the partition lease is the
+            // claim, and the settle is fenced by partition ownership. `lease_left` is how long
+            // the shortest of the partition leases still runs.
             claim_ordered: format!(
                 "WITH owned AS (
                     SELECT partition, lease_until FROM {partitions}
-                    WHERE owner = $3 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
-                 ),
-                 c AS (
-                    SELECT e.id FROM {q} e
-                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
-                      AND (e.locked_until IS NULL OR e.locked_until <= now())
-                      AND e.partition_key % $5 = ANY (ARRAY(SELECT partition FROM owned))
-                      AND NOT EXISTS (
-                        SELECT 1 FROM {q} b
-                        WHERE b.partition_key = e.partition_key AND b.seq < e.seq
-                          AND {BLOCKING}
-                          AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                          AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
-                               OR (b.dead_at IS NOT NULL AND $6))
-                        OFFSET 0
-                      )
-                    ORDER BY e.seq
-                    LIMIT $1
-                    FOR UPDATE SKIP LOCKED
+                    WHERE owner = $2 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
                  )
-                 UPDATE {q} AS e
-                 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
-                 FROM c WHERE e.id = c.id
-                   AND clock_timestamp() + interval '{CLAIM_MARGIN_MS} milliseconds'
-                       < (SELECT min(lease_until) FROM owned)
-                 RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+                 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
                    e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
-                   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error"
+                   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
+                   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left
+                 FROM {q} e
+                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
+                   AND (e.locked_until IS NULL OR e.locked_until <= now())
+                   AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
+                   AND NOT (e.partition_key = ANY ($5::int[]))
+                   AND NOT EXISTS (
+                     SELECT 1 FROM {q} b
+                     WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+                       AND {BLOCKING}
+                       AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                       AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
+                            OR (b.dead_at IS NOT NULL AND $4))
+                     OFFSET 0
+                   )
+                 ORDER BY e.seq
+                 LIMIT $1"
             ),
             has_unfinished_hold: format!(
                 "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
@@ -152,6 +166,28 @@ impl Queries {
                     FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[])
                         AS f(id, err, delay_ms, dead, unavailable)
                     WHERE e.id = f.id AND e.lock_token = $5
+                    RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
+            ),
+            // The settle of an ordered claim: fenced by partition ownership ($5: relay id; a
+            // relay that lost the partition changes nothing), not by a row lease.
+            settle_ordered: format!(
+                "WITH mine AS (
+                    SELECT partition FROM {partitions} WHERE owner = $5
+                 ),
+                 ok AS ({published_ordered}),
+                 bad AS (
+                    UPDATE {q} AS e
+                    SET attempts = e.attempts + 1,
+                        attempts_unavailable = e.attempts_unavailable + f.unavailable::int,
+                        last_error = f.err,
+                        available_at = now() + f.delay_ms * interval '1 millisecond',
+                        dead_at = CASE WHEN f.dead THEN now() END
+                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[])
+                        AS f(id, err, delay_ms, dead, unavailable)
+                    WHERE e.id = f.id AND e.processed_at IS NULL
+                      AND e.partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine))
                     RETURNING 1
                  )
                  SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
@@ -205,6 +241,27 @@ pub struct PgStore {
     listener: Mutex<Option<PgListener>>,
     partitions: std::sync::OnceLock<i32>,
     scan: std::sync::Mutex<ScanState>,
+    /// The last wake-up's "no longer waiting" statement, still running (see `wait_for_work`).
+    pending_clear: std::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), sqlx::Error>>>>,
+    /// Ordered claims in flight, by claim token (see [`InFlight`]).
+    in_flight: std::sync::Mutex<HashMap<Uuid, InFlight>>,
+}
+
+/// An ordered claim that has not been settled or released yet.
+///
+/// Ordered claims write nothing to the table: the relay holds the events because it owns
+/// their partitions. What a row lease did besides (keep this relay's next claim off the
+/// aggregates of the events it is still publishing) is done here, in memory: the next ordered
+/// claim skips every aggregate hash in `keys`, until the batch is settled or released, or its
+/// partition lease (`until`) has run out, after which the relay does not send it any more.
+#[derive(Debug)]
+struct InFlight {
+    relay_id: String,
+    /// The `partition_key` (aggregate hash) of each event of the claim.
+    keys: Vec<i32>,
+    /// The shortest lease of the partitions the claim came from, on this process's clock
+    /// (taken before the claim was sent, so never later than the database's).
+    until: std::time::Instant,
 }
 
 /// Where the next claim starts reading the pending index.
@@ -271,6 +328,8 @@ impl PgStore {
                 last_full: std::time::Instant::now(),
                 backlog: false,
             }),
+            in_flight: std::sync::Mutex::new(HashMap::new()),
+            pending_clear: std::sync::Mutex::new(None),
         }
     }
 
@@ -378,6 +437,107 @@ impl PgStore {
         Ok(rows)
     }
 
+    /// An ordered claim: read-only, see [`InFlight`].
+    async fn claim_ordered(&self, p: &ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+        let partitions = self.partition_count().await?;
+        let started = Instant::now();
+        let busy: Vec<i32> = match self.in_flight.lock() {
+            Ok(mut map) => {
+                // A claim never settled (its settle failed) is forgotten a while after its
+                // partition lease ran out; until then its keys no longer hold anything back.
+                map.retain(|_, f| f.until + FORGET_AFTER > started);
+                map.values()
+                    .filter(|f| f.until > started)
+                    .flat_map(|f| f.keys.iter().copied())
+                    .collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        let rows = sqlx::query(&self.q.claim_ordered)
+            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+            .bind(p.relay_id)
+            .bind(partitions)
+            .bind(p.ordering == Ordering::OrderedHold)
+            .bind(&busy)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let g = |e| Error::Database(e);
+        let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
+        let keys = rows
+            .iter()
+            .map(|r| r.try_get::<i32, _>("partition_key"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(g)?;
+        let events = rows
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
+        if let Ok(mut map) = self.in_flight.lock() {
+            map.insert(
+                p.token,
+                InFlight {
+                    relay_id: p.relay_id.to_owned(),
+                    keys,
+                    until: started + left,
+                },
+            );
+        }
+        Ok(events)
+    }
+
+    /// Forget an ordered claim (settled or released); `None` if `token` is not one.
+    fn take_in_flight(&self, token: Uuid) -> Option<InFlight> {
+        self.in_flight.lock().ok()?.remove(&token)
+    }
+
+    /// One settle statement: fenced by the claim token, or for an ordered claim (`relay_id`)
+    /// by partition ownership.
+    async fn settle_inner(
+        &self,
+        p: &SettleParams<'_>,
+        relay_id: Option<&str>,
+    ) -> Result<SettleOutcome, Error> {
+        if p.published.is_empty() && p.failed.is_empty() {
+            return Ok(SettleOutcome::default());
+        }
+        let ids: Vec<Uuid> = p.failed.iter().map(|f| f.id).collect();
+        let errs: Vec<&str> = p.failed.iter().map(|f| f.error.as_str()).collect();
+        let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
+        let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
+        let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
+        let query = match relay_id {
+            Some(relay_id) => sqlx::query(&self.q.settle_ordered)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(relay_id)
+                .bind(&dead)
+                .bind(&unavailable)
+                .bind(self.partition_count().await?),
+            None => sqlx::query(&self.q.settle)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(p.token)
+                .bind(&dead)
+                .bind(&unavailable),
+        };
+        let row = query.fetch_one(&self.pool).await.map_err(|e| self.err(e))?;
+        let ok: i64 = row.try_get(0).map_err(Error::Database)?;
+        let bad: i64 = row.try_get(1).map_err(Error::Database)?;
+        Ok(SettleOutcome {
+            published: ok as u64,
+            failed: bad as u64,
+        })
+    }
+
     async fn listen(&self, slot: &mut Option<PgListener>) -> Result<(), Error> {
         if slot.is_none() {
             let mut l = PgListener::connect_with(&self.pool)
@@ -436,31 +596,19 @@ fn millis(d: Duration) -> i64 {
 #[async_trait::async_trait]
 impl Store for PgStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
-        let rows = if p.ordering.is_ordered() {
+        if p.ordering.is_ordered() {
             // Ordered claims always scan from the start: an event below a cursor (released,
             // or retried from the dead letters with `hold`) must be found before any later
             // event of its aggregate.
-            let partitions = self.partition_count().await?;
-            sqlx::query(&self.q.claim_ordered)
-                .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
-                .bind(millis(p.lease) as f64)
-                .bind(p.relay_id)
-                .bind(p.token)
-                .bind(partitions)
-                .bind(p.ordering == Ordering::OrderedHold)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?
-        } else {
-            let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
-            let mut rows = self.claim_unordered(&p, floor, p.limit).await?;
-            if floor > 0 && rows.len() < p.limit {
-                // The backlog past the cursor ran out: look behind it too, so that a short
-                // claim always means "nothing more is claimable now".
-                rows.extend(self.claim_unordered(&p, 0, p.limit - rows.len()).await?);
-            }
-            rows
-        };
+            return self.claim_ordered(&p).await;
+        }
+        let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
+        let mut rows = self.claim_unordered(&p, floor, p.limit).await?;
+        if floor > 0 && rows.len() < p.limit {
+            // The backlog past the cursor ran out: look behind it too, so that a short
+            // claim always means "nothing more is claimable now".
+            rows.extend(self.claim_unordered(&p, 0, p.limit - rows.len()).await?);
+        }
         let mut events = rows
             .iter()
             .map(event_from_row)
@@ -470,34 +618,25 @@ impl Store for PgStore {
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
-        if p.published.is_empty() && p.failed.is_empty() {
-            return Ok(SettleOutcome::default());
+        let ordered = self
+            .in_flight
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&p.token).map(|f| f.relay_id.clone()));
+        let result = self.settle_inner(&p, ordered.as_deref()).await;
+        // Only now (the settle committed, or failed and the events are free to go again) may
+        // the next ordered claim take these aggregates' next events.
+        if ordered.is_some() {
+            self.take_in_flight(p.token);
         }
-        let ids: Vec<Uuid> = p.failed.iter().map(|f| f.id).collect();
-        let errs: Vec<&str> = p.failed.iter().map(|f| f.error.as_str()).collect();
-        let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
-        let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
-        let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
-        let row = sqlx::query(&self.q.settle)
-            .bind(p.published)
-            .bind(&ids)
-            .bind(&errs)
-            .bind(&delays)
-            .bind(p.token)
-            .bind(&dead)
-            .bind(&unavailable)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let ok: i64 = row.try_get(0).map_err(Error::Database)?;
-        let bad: i64 = row.try_get(1).map_err(Error::Database)?;
-        Ok(SettleOutcome {
-            published: ok as u64,
-            failed: bad as u64,
-        })
+        result
     }
 
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        if self.take_in_flight(p.token).is_some() {
+            // An ordered claim holds nothing in the table: forgetting it is the release.
+            return Ok(p.ids.len() as u64);
+        }
         if p.ids.is_empty() {
             return Ok(0);
         }
@@ -511,6 +650,10 @@ impl Store for PgStore {
             scan.rewind();
         }
         Ok(done.rows_affected())
+    }
+
+    fn claim_expires(&self, token: Uuid) -> Option<Instant> {
+        self.in_flight.lock().ok()?.get(&token).map(|f| f.until)
     }
 
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
@@ -536,6 +679,14 @@ impl Store for PgStore {
         let Some(listener) = slot.as_mut() else {
             return Ok(Wake::Timeout);
         };
+        // The previous wake-up's "no longer waiting" must land before "waiting" is said again.
+        let clear = self.pending_clear.lock().ok().and_then(|mut p| p.take());
+        if let Some(clear) = clear {
+            match clear.await {
+                Ok(result) => result.map_err(|e| self.err(e))?,
+                Err(e) => return Err(Error::Task(e.to_string())),
+            }
+        }
         // Notifications that arrived while we were busy are stale: the claim after them saw
         // their rows.
         while listener.next_buffered().is_some() {}
@@ -587,12 +738,21 @@ impl Store for PgStore {
             }
         };
         drop(slot);
-        // Stop writers notifying while we work.
-        sqlx::query(&self.q.wait_clear)
-            .bind(relay_id)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        // Stop writers notifying while we work, off the wake-up's critical path: the claim
+        // runs at once, and the next wait first makes sure this has landed (else it could
+        // delete the flag that wait sets).
+        let (pool, sql, relay) = (
+            self.pool.clone(),
+            self.q.wait_clear.clone(),
+            relay_id.to_owned(),
+        );
+        let clear =
+            tokio::spawn(
+                async move { sqlx::query(&sql).bind(relay).execute(&pool).await.map(drop) },
+            );
+        if let Ok(mut pending) = self.pending_clear.lock() {
+            *pending = Some(clear);
+        }
         Ok(wake)
     }
 
@@ -606,7 +766,18 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
+        // Its ordered claims in flight are given back with its partitions.
+        let mut forgotten = 0;
+        if let Ok(mut map) = self.in_flight.lock() {
+            map.retain(|_, f| {
+                let mine = f.relay_id == relay_id;
+                if mine {
+                    forgotten += f.keys.len() as u64;
+                }
+                !mine
+            });
+        }
+        Ok(done.rows_affected() + forgotten)
     }
 
     async fn counts(&self) -> Result<Counts, Error> {
