@@ -2,8 +2,9 @@
 # A short fault-injection run with a fixed seed, as CI runs it: real `txoutbox relay`
 # processes against their own PostgreSQL cluster and NATS server (started in a temp dir, on
 # free ports, removed afterwards), with every fault kind. Exits non-zero if an invariant broke.
-#   scripts/chaos.sh                              # 60 s, seed 42, debug build
+#   scripts/chaos.sh                              # 60 s, seed 42, debug build (CI's run)
 #   CHAOS_PROFILE=release scripts/chaos.sh --duration 10m --seed 7
+#   scripts/chaos.sh --publisher amqp --duration 2m --seed 42   # a private RabbitMQ node instead
 # Extra arguments go to txoutbox-chaos (see `txoutbox-chaos --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +21,15 @@ if [ -z "$pg_bin" ] || [ ! -x "$nats" ]; then
   echo "chaos: needs PostgreSQL's server binaries and nats-server (scripts/services.sh installs them)" >&2
   exit 1
 fi
-exec "$bin/txoutbox-chaos" --pg-bin "$pg_bin" --nats-server "$nats" \
+# With --publisher amqp: the server script itself (Debian's /usr/sbin wrapper switches users).
+rabbit=/usr/lib/rabbitmq/bin/rabbitmq-server
+[ -x "$rabbit" ] || rabbit=$(command -v rabbitmq-server || echo "$rabbit")
+case " $* " in
+  *" --publisher amqp "* | *" --publisher=amqp "*)
+    if [ ! -x "$rabbit" ]; then
+      echo "chaos: --publisher amqp needs rabbitmq-server (scripts/services.sh installs it)" >&2
+      exit 1
+    fi ;;
+esac
+exec "$bin/txoutbox-chaos" --pg-bin "$pg_bin" --nats-server "$nats" --rabbitmq-server "$rabbit" \
   --duration 60s --seed 42 --relays 3 --faults all --fault-interval 4s "$@"

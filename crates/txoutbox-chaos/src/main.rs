@@ -1,7 +1,8 @@
 //! `txoutbox-chaos`: a workload, fault injector and checker for the txoutbox relay.
 //!
-//! It starts its own PostgreSQL cluster and NATS server (so restarting them disturbs nobody),
-//! puts a fault-injecting proxy in front of each for every relay, runs writers that commit
+//! It starts its own PostgreSQL cluster and broker (a NATS server, or a RabbitMQ node with
+//! `--publisher amqp`; so restarting them disturbs nobody), puts a fault-injecting proxy in
+//! front of each for every relay, runs writers that commit
 //! (and roll back) events, runs real `txoutbox relay` processes, injects faults at seeded
 //! random moments, lets the relays drain, reads everything the broker holds, and checks:
 //! nothing lost, nothing phantom, per-aggregate order of first deliveries, dead letters only
@@ -10,10 +11,14 @@
 //! It ends with one line, `lost=N phantom=N duplicates=N order_violations=N faults=N`, and
 //! exits 1 when an invariant broke (2 on bad flags).
 
+mod amqp_consumer;
+mod amqp_tap;
+mod broker;
 mod check;
 mod cluster;
 mod faults;
 mod proxy;
+mod rabbit;
 mod relays;
 mod run;
 mod workload;
@@ -40,8 +45,10 @@ pub struct Args {
     /// Relay processes at once.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
     pub relays: u16,
-    /// The broker. Only `nats` (JetStream) for now.
-    #[arg(long, default_value = "nats", value_parser = ["nats"])]
+    /// The broker, run privately for the run: `nats` (a nats-server with JetStream; the
+    /// checker reads the stream) or `amqp` (a RabbitMQ node; a consumer reads a durable
+    /// queue during the run, reconnecting through broker restarts).
+    #[arg(long, default_value = "nats", value_parser = ["nats", "amqp"])]
     pub publisher: String,
     /// Seed of every random choice: the fault schedule and the workload.
     #[arg(long, default_value_t = 1)]
@@ -74,7 +81,8 @@ pub struct Args {
     /// Fraction of transactions rolled back.
     #[arg(long, default_value_t = 0.1)]
     pub rollback_ratio: f64,
-    /// Fraction of events that are poison (an invalid subject): dead-lettered, nothing else.
+    /// Fraction of events that are poison (an event type no publisher takes): dead-lettered,
+    /// nothing else.
     #[arg(long, default_value_t = 0.002)]
     pub poison_ratio: f64,
     /// The relays' --lease.
@@ -95,6 +103,11 @@ pub struct Args {
     /// The nats-server binary.
     #[arg(long, default_value = "/usr/sbin/nats-server")]
     pub nats_server: PathBuf,
+    /// With `--publisher amqp`: the rabbitmq-server script (rabbitmqctl is taken from the same
+    /// directory). Debian's /usr/sbin wrapper would switch to the rabbitmq user, who cannot
+    /// write to the run's directory: hence the script itself.
+    #[arg(long, default_value = "/usr/lib/rabbitmq/bin/rabbitmq-server")]
+    pub rabbitmq_server: PathBuf,
     /// Keep the run directory (databases, logs) even when the run passes.
     #[arg(long)]
     pub keep: bool,
@@ -124,7 +137,7 @@ async fn main() -> ExitCode {
     let result = tokio::select! {
         r = run::run(args, kinds) => r,
         _ = tokio::signal::ctrl_c() => {
-            // Dropping the run stops the relays, NATS and PostgreSQL it started.
+            // Dropping the run stops the relays, the broker and PostgreSQL it started.
             eprintln!("chaos: interrupted; stopping what this run started");
             return ExitCode::from(130);
         }

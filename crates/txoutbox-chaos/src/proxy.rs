@@ -3,9 +3,10 @@
 //! moves, connections stay open), slows it (latency per chunk), or resets the live
 //! connections once, mid-stream.
 //!
-//! Optionally it taps the client-to-server direction of a NATS connection and records the
-//! `Nats-Msg-Id` of every `HPUB` with the time it passed, so the checker can see from the
-//! outside what a relay sent and when.
+//! Optionally it taps the client-to-server direction of a broker connection and records the
+//! message id of every publish with the time it passed (NATS: the `Nats-Msg-Id` of every
+//! `HPUB`; AMQP: the `message_id` of every content header, see `amqp_tap`), so the checker can
+//! see from the outside what a relay sent and when.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::amqp_tap::AmqpTap;
 
 /// What the proxy does with traffic right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,15 +32,43 @@ pub enum Mode {
     Slow(Duration),
 }
 
-/// The `Nats-Msg-Id`s a tapped proxy saw, with when.
+/// The message ids a tapped proxy saw, with when.
 pub type TapLog = Arc<Mutex<Vec<(String, SystemTime)>>>;
+
+/// Which protocol a tapped proxy reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tap {
+    Nats,
+    Amqp,
+}
+
+/// A tap's parser, fed the client's bytes as they pass.
+enum Parser {
+    Nats(NatsTap),
+    Amqp(AmqpTap),
+}
+
+impl Parser {
+    fn new(tap: Tap) -> Self {
+        match tap {
+            Tap::Nats => Parser::Nats(NatsTap::default()),
+            Tap::Amqp => Parser::Amqp(AmqpTap::default()),
+        }
+    }
+    fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+        match self {
+            Parser::Nats(p) => p.feed(bytes),
+            Parser::Amqp(p) => p.feed(bytes),
+        }
+    }
+}
 
 struct Shared {
     target: SocketAddr,
     mode: Mutex<Mode>,
     /// Cancelled to drop every live connection; replaced by a fresh token after.
     kill: Mutex<CancellationToken>,
-    tap: Option<TapLog>,
+    tap: Option<(Tap, TapLog)>,
 }
 
 impl Shared {
@@ -67,15 +98,16 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listen on a free loopback port and forward to `target`. `tap`: record NATS message ids.
-    pub async fn start(target: SocketAddr, tap: bool) -> std::io::Result<Self> {
+    /// Listen on a free loopback port and forward to `target`. `tap`: record the message ids
+    /// of what the client publishes.
+    pub async fn start(target: SocketAddr, tap: Option<Tap>) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target,
             mode: Mutex::new(Mode::Pass),
             kill: Mutex::new(CancellationToken::new()),
-            tap: tap.then(TapLog::default),
+            tap: tap.map(|t| (t, TapLog::default())),
         });
         let s = shared.clone();
         let accept = tokio::spawn(async move {
@@ -100,7 +132,7 @@ impl Proxy {
 
     /// The tap's records, if this proxy taps.
     pub fn tap(&self) -> Option<TapLog> {
-        self.shared.tap.clone()
+        self.shared.tap.as_ref().map(|(_, log)| log.clone())
     }
 
     /// Set the mode. `Cut` also resets every live connection.
@@ -150,7 +182,10 @@ async fn serve(shared: Arc<Shared>, mut client: TcpStream) {
     let killed = {
         let (cr, cw) = client.split();
         let (ur, uw) = upstream.split();
-        let tap = shared.tap.clone().map(|log| (NatsTap::default(), log));
+        let tap = shared
+            .tap
+            .as_ref()
+            .map(|(kind, log)| (Parser::new(*kind), log.clone()));
         let up = pump(cr, uw, &shared, tap);
         let down = pump(ur, cw, &shared, None);
         tokio::select! {
@@ -167,7 +202,7 @@ async fn serve(shared: Arc<Shared>, mut client: TcpStream) {
 /// Copy one direction until EOF or an error. Bytes are read (and tapped, with the time) as
 /// soon as the sender writes them; the mode applies on the way out, so a stall holds data in
 /// the proxy as a partitioned network would, while the tap still sees when it was sent.
-async fn pump<R, W>(mut from: R, mut to: W, shared: &Shared, mut tap: Option<(NatsTap, TapLog)>)
+async fn pump<R, W>(mut from: R, mut to: W, shared: &Shared, mut tap: Option<(Parser, TapLog)>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -315,7 +350,7 @@ mod tests {
 
     #[tokio::test]
     async fn passes_slows_stalls_and_cuts() {
-        let proxy = Proxy::start(echo().await, false).await.unwrap();
+        let proxy = Proxy::start(echo().await, None).await.unwrap();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
         assert_eq!(roundtrip(&mut c, b"hello").await.unwrap(), b"hello");
 
@@ -353,7 +388,7 @@ mod tests {
 
     #[tokio::test]
     async fn reset_drops_live_connections_only() {
-        let proxy = Proxy::start(echo().await, false).await.unwrap();
+        let proxy = Proxy::start(echo().await, None).await.unwrap();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
         assert_eq!(roundtrip(&mut c, b"a").await.unwrap(), b"a");
         proxy.reset();
@@ -387,7 +422,7 @@ mod tests {
 
     #[tokio::test]
     async fn tapped_proxy_records_ids() {
-        let proxy = Proxy::start(echo().await, true).await.unwrap();
+        let proxy = Proxy::start(echo().await, Some(Tap::Nats)).await.unwrap();
         let mut c = TcpStream::connect(proxy.addr).await.unwrap();
         let hdr = "NATS/1.0\r\nNats-Msg-Id: id-9\r\n\r\n";
         let m = format!("HPUB s {} {}\r\n{hdr}\r\n", hdr.len(), hdr.len());

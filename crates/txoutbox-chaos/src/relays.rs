@@ -1,5 +1,5 @@
 //! Real `txoutbox relay` processes, each behind its own two proxies (to PostgreSQL and to
-//! NATS), so a fault can hit one relay's network without touching the others.
+//! the broker), so a fault can hit one relay's network without touching the others.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
+use crate::broker::BrokerKind;
 use crate::cluster::free_port;
 use crate::proxy::Proxy;
 
@@ -18,7 +19,7 @@ use crate::proxy::Proxy;
 pub struct RelaySettings {
     pub exe: PathBuf,
     pub mode: String,
-    pub stream: String,
+    pub broker: BrokerKind,
     pub inject_faults: f64,
     pub lease: Duration,
     pub partition_lease: Duration,
@@ -31,7 +32,8 @@ pub struct RelaySlot {
     pub relay_id: String,
     child: Option<Child>,
     pub pg: Proxy,
-    pub nats: Proxy,
+    /// To the broker; taps what the relay publishes.
+    pub broker: Proxy,
     admin_port: u16,
     /// Exits we did not cause.
     pub unexpected_exits: u32,
@@ -47,7 +49,7 @@ impl RelaySlot {
     pub async fn new(
         index: usize,
         pg: SocketAddr,
-        nats: SocketAddr,
+        broker: SocketAddr,
         s: &RelaySettings,
     ) -> anyhow::Result<Self> {
         let mut slot = Self {
@@ -55,10 +57,12 @@ impl RelaySlot {
             generation: 0,
             relay_id: String::new(),
             child: None,
-            pg: Proxy::start(pg, false)
+            pg: Proxy::start(pg, None)
                 .await
                 .context("proxy to PostgreSQL")?,
-            nats: Proxy::start(nats, true).await.context("proxy to NATS")?,
+            broker: Proxy::start(broker, Some(s.broker.tap()))
+                .await
+                .context("proxy to the broker")?,
             admin_port: 0,
             unexpected_exits: 0,
             freezes: Vec::new(),
@@ -73,11 +77,7 @@ impl RelaySlot {
         self.relay_id = format!("chaos-r{}-g{}", self.index, self.generation);
         self.admin_port = free_port()?;
         let db = format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg.port());
-        let publisher = format!(
-            "nats://127.0.0.1:{}?stream={}&subject=chaos.{{aggregate_type}}.{{event_type}}&create_stream=false&ack_timeout=3s&connect_timeout=3s",
-            self.nats.port(),
-            s.stream
-        );
+        let publisher = s.broker.relay_url(self.broker.port());
         let log = s.log_dir.join(format!("{}.log", self.relay_id));
         let file = std::fs::File::create(&log).context("create a relay log")?;
         let child = Command::new(&s.exe)

@@ -12,15 +12,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::broker::Broker;
 use crate::check::{self, FinalTruth};
-use crate::cluster::{NatsServer, PgCluster};
+use crate::cluster::PgCluster;
 use crate::faults::{self, Kind, Link, Planned, Tally};
 use crate::proxy::Mode;
 use crate::relays::{find_txoutbox, RelaySettings, RelaySlot};
 use crate::workload::{self, WorkloadConfig};
 use crate::Args;
 
-const STREAM: &str = "CHAOS";
 const TABLE: &str = "public.outbox_events";
 
 /// The run's temporary directory: removed on drop unless kept.
@@ -43,7 +43,7 @@ impl Drop for RunDir {
 pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     let started = Instant::now();
     let txoutbox = find_txoutbox(args.txoutbox_bin.as_deref())?;
-    // Declared first, dropped last: after PostgreSQL and NATS have stopped.
+    // Declared first, dropped last: after PostgreSQL and the broker have stopped.
     let mut dir = RunDir {
         path: std::env::temp_dir().join(format!(
             "txoutbox-chaos-{}",
@@ -56,14 +56,19 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     let pg = PgCluster::start(&args.pg_bin, &dir.path)
         .await
         .context("start PostgreSQL")?;
-    let mut nats = NatsServer::start(&args.nats_server, &dir.path)
-        .await
-        .context("start nats-server")?;
+    let mut broker = match Broker::start(&args, &dir.path).await {
+        Ok(b) => b,
+        Err(e) => {
+            dir.keep = true; // its output says why
+            return Err(e);
+        }
+    };
     eprintln!(
-        "chaos: seed {} | PostgreSQL {} | NATS {} | {} relays ({}) | faults: {} | logs in {}",
+        "chaos: seed {} | PostgreSQL {} | {} {} | {} relays ({}) | faults: {} | logs in {}",
         args.seed,
         pg.url(),
-        nats.url(),
+        broker.name(),
+        broker.url(),
         args.relays,
         args.mode,
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
@@ -77,12 +82,12 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         .await
         .context("connect to the run's PostgreSQL")?;
     install_claim_audit(&pool).await?;
-    create_stream(&nats.url()).await?;
+    broker.prepare().await?;
 
     let settings = RelaySettings {
         exe: txoutbox,
         mode: args.mode.clone(),
-        stream: STREAM.into(),
+        broker: broker.kind(),
         inject_faults: if kinds.contains(&Kind::Publisher) {
             args.publisher_fault_rate
         } else {
@@ -94,7 +99,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     };
     let mut slots = Vec::new();
     for i in 0..usize::from(args.relays) {
-        slots.push(RelaySlot::new(i, pg.addr(), nats.addr(), &settings).await?);
+        slots.push(RelaySlot::new(i, pg.addr(), broker.addr(), &settings).await?);
     }
 
     // --- writers and faults ---------------------------------------------------------------
@@ -129,7 +134,16 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         let Some(fault) = schedule.next(&mut rng, slots.len()) else {
             continue;
         };
-        inject(&fault, &mut slots, &settings, &pg, &mut nats, &pool, &args).await?;
+        inject(
+            &fault,
+            &mut slots,
+            &settings,
+            &pg,
+            &mut broker,
+            &pool,
+            &args,
+        )
+        .await?;
         tally.add(&fault);
     }
     stop_writers.cancel();
@@ -148,7 +162,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     // --- drain ------------------------------------------------------------------------------
     for s in &slots {
         s.pg.set(Mode::Pass);
-        s.nats.set(Mode::Pass);
+        s.broker.set(Mode::Pass);
     }
     let drained = drain(
         &pool,
@@ -170,7 +184,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     }
 
     // --- check ------------------------------------------------------------------------------
-    let deliveries = check::read_stream(&nats.url(), STREAM).await?;
+    let (deliveries, broker_note) = broker.deliveries().await?;
     let dead: HashSet<Uuid> =
         sqlx::query_scalar(&format!("SELECT id FROM {TABLE} WHERE dead_at IS NOT NULL"))
             .fetch_all(&pool)
@@ -184,7 +198,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         unfenced_sends(&pool, &slots, &final_truth, args.mode == "ordered").await?;
     let sends: usize = slots
         .iter()
-        .filter_map(|s| s.nats.tap())
+        .filter_map(|s| s.broker.tap())
         .map(|t| t.lock().map(|l| l.len()).unwrap_or(0))
         .sum();
     let attempts_failed: i64 = sqlx::query_scalar(&format!(
@@ -244,6 +258,9 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     println!(
         "relays: sends seen on the wire={sends} failed attempts recorded={attempts_failed} fenced settles (live relays' metrics)={fenced} sends outside a held lease={unfenced} (besides {in_flight_at_freeze} already in flight when a relay was frozen) exits by themselves={unexpected_exits} unclean shutdowns={unclean_exits} drained={drained}"
     );
+    if let Some(note) = broker_note {
+        println!("{note}");
+    }
     if missing_commits > 0 {
         println!("committed by the writers but missing from the table: {missing_commits}");
     }
@@ -327,23 +344,6 @@ async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The stream, created by us with a 100 ms duplicate window (the server's minimum): JetStream then keeps (nearly) every copy a
-/// relay sends, and the checker counts the duplicates instead of the broker hiding them.
-async fn create_stream(url: &str) -> anyhow::Result<()> {
-    let client = async_nats::connect(url).await.context("connect to NATS")?;
-    let js = async_nats::jetstream::new(client);
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: STREAM.into(),
-        subjects: vec!["chaos.>".into()],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        duplicate_window: Duration::from_millis(100),
-        ..Default::default()
-    })
-    .await
-    .context("create the stream")?;
-    Ok(())
-}
-
 /// Restart relays that exited by themselves, until `until`.
 async fn supervise_until(
     slots: &mut [RelaySlot],
@@ -370,7 +370,7 @@ async fn inject(
     slots: &mut [RelaySlot],
     settings: &RelaySettings,
     pg: &PgCluster,
-    nats: &mut NatsServer,
+    broker: &mut Broker,
     pool: &PgPool,
     args: &Args,
 ) -> anyhow::Result<()> {
@@ -381,7 +381,7 @@ async fn inject(
         .collect();
     let link = match f.link {
         Link::Postgres => "PostgreSQL",
-        Link::Broker => "NATS",
+        Link::Broker => broker.name(),
     };
     match f.kind {
         Kind::Kill => {
@@ -461,8 +461,8 @@ async fn inject(
             pg.restart().await?;
         }
         Kind::BrokerRestart => {
-            eprintln!("chaos: NATS restart");
-            nats.restart().await?;
+            eprintln!("chaos: {} restart", broker.name());
+            broker.restart().await?;
         }
         Kind::Publisher => {}
     }
@@ -472,7 +472,7 @@ async fn inject(
 fn proxy_of(slot: &RelaySlot, link: Link) -> &crate::proxy::Proxy {
     match link {
         Link::Postgres => &slot.pg,
-        Link::Broker => &slot.nats,
+        Link::Broker => &slot.broker,
     }
 }
 
@@ -622,7 +622,7 @@ async fn unfenced_sends(
     let mut shown = 0;
     for s in slots {
         let prefix = format!("chaos-r{}-", s.index);
-        let Some(tap) = s.nats.tap() else { continue };
+        let Some(tap) = s.broker.tap() else { continue };
         let log = tap.lock().map(|l| l.clone()).unwrap_or_default();
         let freezes: Vec<(f64, f64)> = s
             .freezes

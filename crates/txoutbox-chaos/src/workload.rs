@@ -4,8 +4,8 @@
 //! Each aggregate belongs to one writer, whose transactions are sequential, so an aggregate's
 //! commit order is its `seq` order (the precondition of the relay's order guarantee). Some
 //! transactions are rolled back (their events must never arrive), some carry many events,
-//! and a few carry a poison event (an event type that makes an invalid NATS subject), which
-//! must be dead-lettered and nothing else.
+//! and a few carry a poison event (an event type no broker takes), which must be
+//! dead-lettered and nothing else.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -18,8 +18,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// An event type with a space: the NATS publisher refuses the subject, permanently.
-pub const POISON_TYPE: &str = "poison pill";
+/// An event type that every publisher of the run refuses, permanently: NATS for the space (an
+/// invalid subject), AMQP for the length (over 255 bytes, the most a routing key or the `type`
+/// property holds).
+pub const POISON_TYPE: &str = concat!(
+    "poison pill ",
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+);
+const _: () = assert!(POISON_TYPE.len() > 255);
 
 /// What the writers know for sure.
 #[derive(Default, Debug)]
