@@ -3,6 +3,7 @@
 # test of the workspace. Extra arguments go to `cargo test` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/build-deps.sh   # libssl-dev and pkg-config: librdkafka is built with TLS
 scripts/services.sh
 scripts/kafka.sh   # a Kafka-protocol broker (tansu), installed with cargo on a new machine
 scripts/tools.sh || echo "test: could not install chromium/promtool; the browser test will skip outside CI" >&2

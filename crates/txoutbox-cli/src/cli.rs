@@ -133,8 +133,8 @@ pub struct EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// Where to publish: nats://, amqp://, redis://, mqtt://, kafka://, https://, stdout:,
-    /// file:PATH or null: (required; TLS forms such as tls://, amqps://, rediss://, mqtts://
-    /// take tls_ca, tls_cert and tls_key parameters)
+    /// file:PATH or null: (required; the TLS forms tls://, amqps://, rediss://, mqtts://,
+    /// kafkas://, https:// take tls_ca, tls_cert and tls_key parameters)
     #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
     pub publisher: Option<String>,
     /// File holding the publisher URL (when it carries a password); a trailing newline is

@@ -1,14 +1,16 @@
-//! `kafka://` — Apache Kafka (and compatible brokers), through librdkafka.
+//! `kafka://` and `kafkas://` — Apache Kafka (and compatible brokers), through librdkafka.
 //!
 //! ```text
 //! kafka://[user:password@]127.0.0.1:9092?topic=outbox.{aggregate_type}&compression=lz4
+//! kafkas://broker:9093?tls_ca=/etc/kafka/ca.pem&tls_cert=/etc/kafka/client.pem&tls_key=/etc/kafka/client.key
 //! ```
 //!
 //! Our parameters: `topic` (a [`Template`], default `outbox.{aggregate_type}`), `create_topic`
 //! (default `false`: create missing topics through the admin API — at connect time for a
 //! template without placeholders, otherwise on the first send to each new topic),
 //! `partitions` (of a topic we create, default `3`), `replication` (of a topic we create,
-//! default `1`), `connect_timeout` (for topic creation and `check`, default `5s`).
+//! default `1`), `connect_timeout` (for topic creation, `check` and the TLS check at connect
+//! time, default `5s`).
 //!
 //! Every other parameter is a librdkafka producer setting, with `_` standing for `.`:
 //! `message_timeout_ms=5000` sets `message.timeout.ms`, `bootstrap_servers=h1:9092,h2:9092`
@@ -17,7 +19,17 @@
 //! may wait for its delivery report; override it like any other setting) and always
 //! `enable.idempotence=true` and `acks=all`, which the URL cannot change. A user name and
 //! password in the URL become `sasl.username` / `sasl.password`, with `security.protocol`
-//! `SASL_PLAINTEXT` and `sasl.mechanism` `PLAIN` unless set otherwise.
+//! `SASL_PLAINTEXT` (`SASL_SSL` over TLS) and `sasl.mechanism` `PLAIN` unless set otherwise.
+//!
+//! TLS: `kafkas://host:9093` or `kafka://host:9093?tls=true` sets `security.protocol=SSL`,
+//! and the shared `tls_ca`, `tls_cert` and `tls_key` parameters (see the `tls` module) become
+//! `ssl.ca.location`, `ssl.certificate.location` and `ssl.key.location`; `tls_*` on a plain
+//! URL is an error. librdkafka does TLS with OpenSSL (it cannot use rustls): the broker's
+//! certificate and host name are verified against `tls_ca`, else OpenSSL's default roots
+//! (the system's). Since librdkafka retries a failed handshake quietly, `connect` checks the
+//! handshake once (up to `connect_timeout`) and fails at once on a TLS error such as an
+//! unknown CA or a missing client certificate; a broker that is merely down does not stop
+//! start-up, as without TLS.
 //!
 //! Each event is one record: key = aggregate id, value = the body, headers = the `outbox-*`
 //! contract headers and the user headers (a user header named like a contract header is
@@ -30,56 +42,49 @@
 //!
 //! Errors: a record too large for the producer or broker, an invalid topic name (checked
 //! before sending: `[a-zA-Z0-9._-]{1,249}`, not `.` or `..`) or an invalid record is
-//! *permanent*; a missing topic (with `create_topic` off), a delivery timeout or an
-//! unreachable broker is *unavailable*; anything else is *transient*.
+//! *permanent*; a missing topic (with `create_topic` off), a delivery timeout, an unreachable
+//! broker or a failed TLS handshake is *unavailable*; anything else is *transient*. A timed-out
+//! delivery names the last TLS or authentication failure, if there was one.
+
+mod context;
+mod settings;
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use super::url::{percent_decode, PublisherUrl};
-use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
+use self::context::BrokerErrors;
+use self::settings::Settings;
+use super::url::PublisherUrl;
+use super::{Ack, ConnectError, ErrorKind, Message, PublishError, Publisher, Template};
 
-/// The URL parameters txoutbox reads itself; every other one goes to librdkafka.
-const OWN_PARAMS: &[&str] = &[
-    "topic",
-    "create_topic",
-    "partitions",
-    "replication",
-    "connect_timeout",
-];
 const DEFAULT_TOPIC: &str = "outbox.{aggregate_type}";
 /// Longest topic name Kafka accepts.
 pub const MAX_TOPIC_LEN: usize = 249;
-/// Short names for common librdkafka settings.
-const ALIASES: &[(&str, &str)] = &[("compression", "compression.codec")];
 /// Settings the delivery guarantee rests on: always set, never taken from the URL.
 const FIXED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
-/// librdkafka names of the fixed settings (with aliases), refused as URL parameters.
-const PROTECTED: &[&str] = &["enable.idempotence", "acks", "request.required.acks"];
-/// Our defaults for librdkafka settings; URL parameters override them.
-const DEFAULTS: &[(&str, &str)] = &[("message.timeout.ms", "30000"), ("client.id", "txoutbox")];
 /// How long `send` waits for room when the producer's local queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(10);
 
 /// Produces every event to a Kafka topic and waits for its delivery report.
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    producer: FutureProducer<BrokerErrors>,
     /// Set when `create_topic` is on.
-    admin: Option<AdminClient<DefaultClientContext>>,
+    admin: Option<AdminClient<BrokerErrors>>,
+    /// librdkafka's client-level errors, shared with the producer and the admin client.
+    errors: BrokerErrors,
     /// Topics that exist (created by us or found to exist), when `create_topic` is on.
     known_topics: Mutex<HashSet<String>>,
     topic: Template,
     partitions: i32,
     replication: i32,
     connect_timeout: Duration,
+    tls: bool,
     redacted_url: String,
 }
 
@@ -89,152 +94,9 @@ impl std::fmt::Debug for KafkaPublisher {
             .field("url", &self.redacted_url)
             .field("topic", &self.topic.as_str())
             .field("create_topic", &self.admin.is_some())
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
-}
-
-/// What the URL asks for. (No `Debug`: the client config holds secrets.)
-struct Settings {
-    topic: Template,
-    create_topic: bool,
-    partitions: i32,
-    replication: i32,
-    connect_timeout: Duration,
-    /// Brokers, credentials and pass-through settings; not yet the fixed ones.
-    base: ClientConfig,
-    /// librdkafka key -> the URL parameter it came from, for error messages.
-    origins: Vec<(String, String)>,
-    /// Values that must not appear in any message.
-    secrets: Vec<String>,
-}
-
-impl Settings {
-    fn from_url(url: &PublisherUrl) -> Result<Self, ConfigError> {
-        let topic = Template::parse(url.param("topic").unwrap_or(DEFAULT_TOPIC))?;
-        if let Some(literal) = literal(&topic) {
-            validate_topic(literal).map_err(|reason| ConfigError::BadParam {
-                name: "topic".into(),
-                reason: format!("{literal:?}: {reason}"),
-            })?;
-        }
-        let create_topic = url.bool_param("create_topic", false)?;
-        let partitions = positive(url, "partitions", 3)?;
-        let replication = positive(url, "replication", 1)?;
-        let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(5))?;
-
-        let u = url.url();
-        let host = match u.host_str() {
-            Some(h) if !h.is_empty() => h,
-            _ => {
-                return Err(ConfigError::BadUrl {
-                    url: url.redacted(),
-                    reason: "kafka:// needs a host, e.g. kafka://127.0.0.1:9092".into(),
-                })
-            }
-        };
-        let mut base = ClientConfig::new();
-        let mut origins = Vec::new();
-        let mut secrets = Vec::new();
-        for (key, value) in DEFAULTS {
-            base.set(*key, *value);
-        }
-        base.set(
-            "bootstrap.servers",
-            format!("{host}:{}", u.port().unwrap_or(9092)),
-        );
-        if !u.username().is_empty() {
-            base.set("sasl.username", percent_decode(u.username()));
-            base.set("security.protocol", "SASL_PLAINTEXT");
-            base.set("sasl.mechanism", "PLAIN");
-        }
-        if let Some(password) = u.password() {
-            let password = percent_decode(password);
-            secrets.push(password.clone());
-            base.set("sasl.password", password);
-        }
-        for (name, value) in u.query_pairs() {
-            if OWN_PARAMS.contains(&name.as_ref()) {
-                continue;
-            }
-            if matches!(name.as_ref(), "tls_ca" | "tls_cert" | "tls_key") {
-                return Err(ConfigError::BadParam {
-                    name: name.into_owned(),
-                    reason: "TLS to Kafka is not supported yet: this build's librdkafka has no \
-                             SSL (rdkafka's `ssl` feature is off)"
-                        .into(),
-                });
-            }
-            let key = librdkafka_key(&name);
-            if PROTECTED.contains(&key.as_str()) {
-                return Err(ConfigError::BadParam {
-                    name: name.into_owned(),
-                    reason: "txoutbox always uses the idempotent producer with acks=all".into(),
-                });
-            }
-            if key.contains("password") || key.contains("secret") {
-                secrets.push(value.to_string());
-            }
-            base.set(key.clone(), value.into_owned());
-            origins.push((key, name.into_owned()));
-        }
-        Ok(Self {
-            topic,
-            create_topic,
-            partitions,
-            replication,
-            connect_timeout,
-            base,
-            origins,
-            secrets,
-        })
-    }
-
-    /// A librdkafka error about our config, as a [`ConfigError`] without secrets in it.
-    fn config_error(&self, e: KafkaError, redacted_url: &str) -> ConfigError {
-        let clean = |s: &str| {
-            let mut s = s.to_string();
-            for secret in self.secrets.iter().filter(|s| !s.is_empty()) {
-                s = s.replace(secret.as_str(), "***");
-            }
-            s
-        };
-        match e {
-            KafkaError::ClientConfig(_, desc, key, _value) => {
-                let name = self
-                    .origins
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map_or_else(|| key.clone(), |(_, n)| n.clone());
-                ConfigError::BadParam {
-                    name,
-                    reason: format!("librdkafka setting `{key}`: {}", clean(&desc)),
-                }
-            }
-            other => ConfigError::BadUrl {
-                url: redacted_url.to_string(),
-                reason: clean(&other.to_string()),
-            },
-        }
-    }
-}
-
-/// `compression` -> `compression.codec`, `message_timeout_ms` -> `message.timeout.ms`.
-fn librdkafka_key(param: &str) -> String {
-    ALIASES
-        .iter()
-        .find(|(alias, _)| *alias == param)
-        .map_or_else(|| param.replace('_', "."), |(_, key)| (*key).to_string())
-}
-
-fn positive(url: &PublisherUrl, name: &str, default: i32) -> Result<i32, ConfigError> {
-    let n: i32 = url.parse_param(name, default)?;
-    if n < 1 {
-        return Err(ConfigError::BadParam {
-            name: name.into(),
-            reason: format!("must be at least 1, got {n}"),
-        });
-    }
-    Ok(n)
 }
 
 /// The topic name of a template without placeholders. (A template that parsed holds a `{`
@@ -291,6 +153,25 @@ fn headers(m: &Message) -> OwnedHeaders {
     out
 }
 
+/// Why a metadata request failed.
+enum MetadataError {
+    /// A TLS or authentication failure (librdkafka's words).
+    Refused(String),
+    Failed(PublishError),
+}
+
+/// `e`, naming the last TLS or authentication failure if there was one and `e` is not
+/// about the message itself (a timed-out delivery says only "Message timed out").
+fn explain(errors: &BrokerErrors, e: PublishError) -> PublishError {
+    match errors.last_refusal() {
+        Some(reason) if e.kind() != ErrorKind::Permanent => PublishError::new(
+            e.kind(),
+            format!("{e} (the last broker connection failed: {reason})"),
+        ),
+        _ => e,
+    }
+}
+
 /// Sort a failed produce (or topic creation) into what the relay should do.
 fn classify(what: String, e: &KafkaError) -> PublishError {
     use RDKafkaErrorCode as C;
@@ -324,6 +205,7 @@ fn classify(what: String, e: &KafkaError) -> PublishError {
             | C::NotEnoughReplicas
             | C::NotEnoughReplicasAfterAppend
             | C::KafkaStorageError
+            | C::SSL
             | C::Authentication
             | C::SaslAuthenticationFailed
             | C::TopicAuthorizationFailed
@@ -337,23 +219,25 @@ fn classify(what: String, e: &KafkaError) -> PublishError {
 }
 
 impl KafkaPublisher {
-    /// Check the URL, create the producer (it connects in the background), and create the
-    /// topic if asked to and the template has no placeholders.
+    /// Check the URL, create the producer (it connects in the background), check the TLS
+    /// handshake (over TLS), and create the topic if asked to and the template has no
+    /// placeholders.
     pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
         let settings = Settings::from_url(url)?;
         let redacted_url = url.redacted();
+        let errors = BrokerErrors::new(settings.secrets.clone());
         let mut producer_config = settings.base.clone();
         for (key, value) in FIXED {
             producer_config.set(*key, *value);
         }
-        let producer: FutureProducer = producer_config
-            .create()
+        let producer: FutureProducer<BrokerErrors> = producer_config
+            .create_with_context(errors.clone())
             .map_err(|e| settings.config_error(e, &redacted_url))?;
         let admin = if settings.create_topic {
             Some(
                 settings
                     .base
-                    .create::<AdminClient<DefaultClientContext>>()
+                    .create_with_context::<_, AdminClient<BrokerErrors>>(errors.clone())
                     .map_err(|e| settings.config_error(e, &redacted_url))?,
             )
         } else {
@@ -362,18 +246,90 @@ impl KafkaPublisher {
         let publisher = Self {
             producer,
             admin,
+            errors,
             known_topics: Mutex::new(HashSet::new()),
             topic: settings.topic,
             partitions: settings.partitions,
             replication: settings.replication,
             connect_timeout: settings.connect_timeout,
+            tls: settings.tls,
             redacted_url,
         };
+        if publisher.tls {
+            publisher.check_tls().await?;
+        }
         if let (Some(_), Some(topic)) = (&publisher.admin, literal(&publisher.topic)) {
             publisher.ensure_topic(topic).await?;
         }
-        tracing::info!(url = %publisher.redacted_url, topic = %publisher.topic.as_str(), "Kafka producer ready");
+        tracing::info!(url = %publisher.redacted_url, topic = %publisher.topic.as_str(), tls = publisher.tls, "Kafka producer ready");
         Ok(publisher)
+    }
+
+    /// Over TLS, fail at once on a handshake that fails (wrong CA, client certificate missing
+    /// or refused): librdkafka would retry it quietly until every delivery times out. A broker
+    /// that does not answer within `connect_timeout` does not stop start-up, as without TLS.
+    async fn check_tls(&self) -> Result<(), PublishError> {
+        match self.fetch_metadata(true).await {
+            Ok(_) => Ok(()),
+            Err(MetadataError::Refused(reason)) => Err(PublishError::unavailable(format!(
+                "Kafka at {}: cannot connect: {reason}",
+                self.redacted_url
+            ))),
+            Err(MetadataError::Failed(e)) => {
+                tracing::warn!(url = %self.redacted_url, error = %e.chain(), "Kafka: no broker answered yet; the producer keeps trying");
+                Ok(())
+            }
+        }
+    }
+
+    /// Ask any broker for the cluster's metadata (the number of brokers), giving up on the
+    /// first TLS or authentication failure reported meanwhile (or already, with
+    /// `include_earlier`) or after `connect_timeout`. librdkafka's call blocks a thread, so it
+    /// is asked in short slices: one given up on (a refusal) then holds a thread only briefly,
+    /// not until `connect_timeout`, which would also hold up the runtime's shutdown.
+    async fn fetch_metadata(&self, include_earlier: bool) -> Result<usize, MetadataError> {
+        const SLICE: Duration = Duration::from_millis(250);
+        let what = || format!("Kafka at {}: fetch metadata", self.redacted_url);
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let refusal = self.errors.refusal(include_earlier);
+        tokio::pin!(refusal);
+        loop {
+            let producer = self.producer.clone();
+            let slice = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .min(SLICE);
+            let fetch = tokio::task::spawn_blocking(move || {
+                producer
+                    .client()
+                    .fetch_metadata(None, slice)
+                    .map(|metadata| metadata.brokers().len())
+            });
+            let fetched = tokio::select! {
+                fetched = fetch => fetched,
+                reason = &mut refusal => return Err(MetadataError::Refused(reason)),
+            };
+            let failed = match fetched {
+                Ok(Ok(brokers)) if brokers > 0 => {
+                    self.errors.forget();
+                    return Ok(brokers);
+                }
+                Ok(Ok(_)) => PublishError::unavailable(format!("{}: it lists no brokers", what())),
+                // Whatever librdkafka says (a timeout, no broker up), the cluster cannot be
+                // reached: unavailable.
+                Ok(Err(e)) => self.explain(PublishError::unavailable(format!("{}: {e}", what()))),
+                Err(e) => PublishError::unavailable(format!("{}: {e}", what())),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(MetadataError::Failed(failed));
+            }
+            // A fast failure (no broker up yet): do not spin.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Name the last TLS or authentication failure in an error that may stem from it.
+    fn explain(&self, e: PublishError) -> PublishError {
+        explain(&self.errors, e)
     }
 
     /// Create `topic` unless we know it exists (only with `create_topic`).
@@ -397,12 +353,12 @@ impl KafkaPublisher {
         let results = match tokio::time::timeout(limit, admin.create_topics([&new], &options)).await
         {
             Ok(Ok(results)) => results,
-            Ok(Err(e)) => return Err(classify(what(), &e)),
+            Ok(Err(e)) => return Err(self.explain(classify(what(), &e))),
             Err(_) => {
-                return Err(PublishError::unavailable(format!(
+                return Err(self.explain(PublishError::unavailable(format!(
                     "{}: timed out after {limit:?}",
                     what()
-                )))
+                ))))
             }
         };
         for result in results {
@@ -464,42 +420,30 @@ impl Publisher for KafkaPublisher {
                     // The local queue drains as the broker acknowledges; wait for room.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(e) => return Err(classify(what(&topic), &e)),
+                Err(e) => return Err(self.explain(classify(what(&topic), &e))),
             }
         };
+        let errors = self.errors.clone();
         Ok(Box::pin(async move {
             match delivery.await {
-                Ok(Ok(_delivery)) => Ok(()),
-                Ok(Err((e, _message))) => Err(classify(what(&topic), &e)),
+                Ok(Ok(_delivery)) => {
+                    errors.forget();
+                    Ok(())
+                }
+                Ok(Err((e, _message))) => Err(explain(&errors, classify(what(&topic), &e))),
                 Err(_canceled) => Err(classify(what(&topic), &KafkaError::Canceled)),
             }
         }))
     }
 
     async fn check(&self) -> Result<(), PublishError> {
-        let producer = self.producer.clone();
-        let limit = self.connect_timeout;
-        let fetched = tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(None, limit)
-                .map(|metadata| metadata.brokers().len())
-        })
-        .await;
-        match fetched {
-            Ok(Ok(brokers)) if brokers > 0 => Ok(()),
-            Ok(Ok(_)) => Err(PublishError::unavailable(format!(
-                "Kafka at {}: metadata lists no brokers",
+        match self.fetch_metadata(false).await {
+            Ok(_) => Ok(()),
+            Err(MetadataError::Refused(reason)) => Err(PublishError::unavailable(format!(
+                "Kafka at {}: {reason}",
                 self.redacted_url
             ))),
-            Ok(Err(e)) => Err(classify(
-                format!("Kafka at {}: fetch metadata", self.redacted_url),
-                &e,
-            )),
-            Err(e) => Err(PublishError::unavailable(format!(
-                "Kafka at {}: fetch metadata: {e}",
-                self.redacted_url
-            ))),
+            Err(MetadataError::Failed(e)) => Err(e),
         }
     }
 
@@ -508,10 +452,10 @@ impl Publisher for KafkaPublisher {
         let limit = self.connect_timeout;
         match tokio::task::spawn_blocking(move || producer.flush(limit)).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(classify(
+            Ok(Err(e)) => Err(self.explain(classify(
                 format!("Kafka at {}: flush on close", self.redacted_url),
                 &e,
-            )),
+            ))),
             Err(e) => Err(PublishError::unavailable(format!(
                 "Kafka at {}: flush on close: {e}",
                 self.redacted_url
@@ -524,41 +468,6 @@ impl Publisher for KafkaPublisher {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn settings(url: &str) -> Result<Settings, ConfigError> {
-        Settings::from_url(&super::super::url::parse(url).unwrap())
-    }
-
-    #[test]
-    fn settings_from_url() {
-        let s =
-            settings("kafka://h:9093?topic=t.{event_type}&compression=lz4&linger_ms=5").unwrap();
-        assert_eq!(s.topic.as_str(), "t.{event_type}");
-        assert!(!s.create_topic);
-        assert_eq!((s.partitions, s.replication), (3, 1));
-        assert_eq!(s.base.get("bootstrap.servers"), Some("h:9093"));
-        assert_eq!(s.base.get("compression.codec"), Some("lz4"));
-        assert_eq!(s.base.get("linger.ms"), Some("5"));
-        assert_eq!(s.base.get("message.timeout.ms"), Some("30000"));
-        let s = settings("kafka://u:p%40ss@h?create_topic=true&partitions=6").unwrap();
-        assert_eq!(s.base.get("bootstrap.servers"), Some("h:9092"));
-        assert_eq!(s.base.get("sasl.password"), Some("p@ss"));
-        assert_eq!(s.secrets, ["p@ss"]);
-        assert_eq!(s.partitions, 6);
-        for bad in [
-            "kafka://h?topic={nope}",
-            "kafka://h?topic=a%20b",
-            "kafka://h?topic=..",
-            "kafka://h?partitions=0",
-            "kafka://h?replication=x",
-            "kafka://h?create_topic=maybe",
-            "kafka://h?acks=1",
-            "kafka://h?enable_idempotence=false",
-            "kafka://h?connect_timeout=soon",
-        ] {
-            assert!(settings(bad).is_err(), "{bad} should be refused");
-        }
-    }
 
     #[test]
     fn topic_names() {
@@ -585,6 +494,7 @@ mod tests {
         assert_eq!(e(RDKafkaErrorCode::InvalidTopic), K::Permanent);
         assert_eq!(e(RDKafkaErrorCode::MessageTimedOut), K::Unavailable);
         assert_eq!(e(RDKafkaErrorCode::UnknownTopicOrPartition), K::Unavailable);
+        assert_eq!(e(RDKafkaErrorCode::SSL), K::Unavailable);
         assert_eq!(e(RDKafkaErrorCode::OutOfOrderSequenceNumber), K::Transient);
     }
 }

@@ -19,7 +19,8 @@ mod template;
     feature = "mqtt",
     feature = "http",
     feature = "nats",
-    feature = "amqp"
+    feature = "amqp",
+    feature = "kafka"
 ))]
 mod tls;
 mod url;
@@ -181,7 +182,7 @@ impl PublishError {
 pub enum ConfigError {
     #[error("publisher URL {url:?} is not a valid URL: {reason}")]
     BadUrl { url: String, reason: String },
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, http, https, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, stdout, file, null)")]
     UnknownScheme { scheme: String },
     #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
     FeatureNotEnabled {
@@ -240,10 +241,10 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         }
         .into()),
         #[cfg(feature = "kafka")]
-        "kafka" => Ok(Box::new(kafka::KafkaPublisher::connect(&parsed).await?)),
+        "kafka" | "kafkas" => Ok(Box::new(kafka::KafkaPublisher::connect(&parsed).await?)),
         #[cfg(not(feature = "kafka"))]
-        "kafka" => Err(ConfigError::FeatureNotEnabled {
-            scheme: "kafka".into(),
+        s @ ("kafka" | "kafkas") => Err(ConfigError::FeatureNotEnabled {
+            scheme: s.into(),
             feature: "kafka",
         }
         .into()),

@@ -8,8 +8,9 @@
 //! ```
 //!
 //! TLS itself is switched on by the URL's secure form (`tls://`, `amqps://`, `rediss://`,
-//! `mqtts://`, `https://`, or `nats://...?tls=true`). A `tls_*` parameter on a plain URL is an
-//! error rather than a silent plaintext connection. The files are read once, at start-up;
+//! `mqtts://`, `kafkas://`, `https://`, or `nats://...?tls=true`, `kafka://...?tls=true`). A
+//! `tls_*` parameter on a plain URL is an error rather than a silent plaintext connection
+//! (except on `nats://`, where it implies `tls=true`). The files are read once, at start-up;
 //! errors name the parameter and the path, never the content.
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! Every broker over TLS, each a private instance on a free port with the test CA's
 //! certificates and client certificates required: NATS (nats-server), Redis (redis-server
 //! --tls-port), MQTT (mosquitto) and an HTTPS webhook endpoint (rustls, in this process).
+//! RabbitMQ and Kafka have modules of their own.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -10,7 +11,7 @@ use txoutbox::publish::{self, ConnectError, Message};
 
 use crate::pki::{self, Daemon, Pki};
 
-fn message() -> Message {
+pub fn message() -> Message {
     Message {
         id: uuid::Uuid::now_v7(),
         seq: 1,
@@ -230,29 +231,8 @@ async fn mqtt_over_tls_with_a_client_certificate() {
 /// test CA and records the `webhook-id` of every POST.
 async fn https_server(pki: &Pki) -> (u16, Arc<Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_rustls::rustls;
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.ca_der.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![pki.server_der.clone()],
-            pki::rustls_pki::PrivateKeyDer::Pkcs8(pki::rustls_pki::PrivatePkcs8KeyDer::from(
-                pki.server_key_der.clone(),
-            )),
-        )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.rustls_server(true));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -352,7 +332,7 @@ async fn tls_files_are_checked_at_start_up_without_echoing_them() {
     // A key file that is not a key: the error names the parameter and the path, not the bytes.
     let not_a_key = pki.dir.join("not-a-key.pem");
     std::fs::write(&not_a_key, "-----BEGIN CERTIFICATE-----\nS3CRET-BYTES\n").unwrap();
-    for scheme in ["tls", "rediss", "mqtts", "https"] {
+    for scheme in ["tls", "rediss", "mqtts", "https", "kafkas"] {
         let url = format!(
             "{scheme}://127.0.0.1:1/x?tls_ca={}&tls_cert={}&tls_key={}",
             pki.path(&pki.ca),
@@ -374,6 +354,7 @@ async fn tls_files_are_checked_at_start_up_without_echoing_them() {
     .await;
     assert!(e.contains("tls_ca") && e.contains("missing-ca.pem"), "{e}");
     assert!(!e.contains("pw-Q9"), "{e}");
+    // Kafka: TLS parameters on a plain kafka:// URL are refused, not ignored.
     let e = refused(&format!("kafka://127.0.0.1:1?tls_ca={}", pki.path(&pki.ca))).await;
-    assert!(e.contains("TLS to Kafka is not supported"), "{e}");
+    assert!(e.contains("tls_ca") && e.contains("kafkas://"), "{e}");
 }

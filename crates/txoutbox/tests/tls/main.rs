@@ -2,7 +2,7 @@
 //! TLS to PostgreSQL and to the brokers, each against a private server this test starts on a
 //! free port with certificates made at test time (see `pki`). Needs the server binaries:
 //! PostgreSQL in /usr/lib/postgresql/*/bin (or PG_BIN), nats-server, redis-server (built with TLS),
-//! mosquitto — scripts/services.sh installs them.
+//! mosquitto — scripts/services.sh installs them; tansu for Kafka — scripts/kafka.sh.
 #![cfg(all(
     feature = "nats",
     feature = "redis",
@@ -14,5 +14,6 @@
 
 mod amqp;
 mod brokers;
+mod kafka;
 mod pg;
 mod pki;

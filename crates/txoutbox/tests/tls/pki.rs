@@ -4,6 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+
+use tokio_rustls::rustls;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -118,6 +121,37 @@ impl Pki {
 
     pub fn path(&self, p: &Path) -> String {
         p.display().to_string()
+    }
+
+    /// A rustls server config with the server certificate, requiring a client certificate
+    /// from the test CA when `client_auth` is set.
+    pub fn rustls_server(&self, client_auth: bool) -> Arc<rustls::ServerConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if client_auth {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(self.ca_der.clone()).unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = builder
+            .with_single_cert(
+                vec![self.server_der.clone()],
+                rustls_pki::PrivateKeyDer::Pkcs8(rustls_pki::PrivatePkcs8KeyDer::from(
+                    self.server_key_der.clone(),
+                )),
+            )
+            .unwrap();
+        Arc::new(config)
     }
 }
 
