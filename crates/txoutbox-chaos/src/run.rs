@@ -398,11 +398,28 @@ async fn inject(
             // Past the event lease and the partition lease: others take its work over.
             let hold = args.lease.max(args.partition_lease) + Duration::from_secs(2);
             // Freeze it while it holds a claim (waiting up to 3 s for one), so that the
-            // zombie wakes up with events another relay has taken over since.
+            // zombie wakes up with events another relay has taken over since: right after its
+            // broker link carried a send (a batch is in flight; an ordered relay's claim is
+            // its partitions, with no row to see), or while rows are leased to it.
             let ids: Vec<String> = who.iter().map(|w| w.to_string()).collect();
+            let taps: Vec<_> = f
+                .relays
+                .iter()
+                .filter_map(|i| slots[*i].broker.tap())
+                .collect();
+            let sent = |taps: &[crate::proxy::TapLog]| -> usize {
+                taps.iter()
+                    .map(|t| t.lock().map(|l| l.len()).unwrap_or(0))
+                    .sum()
+            };
+            let before = sent(&taps);
             let until = Instant::now() + Duration::from_secs(3);
             let mut held = 0i64;
             loop {
+                if sent(&taps) > before {
+                    held = -1;
+                    break;
+                }
                 held = sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM {TABLE} WHERE locked_by = ANY($1) AND processed_at IS NULL"
                 ))
@@ -415,6 +432,11 @@ async fn inject(
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
+            let held = match held {
+                -1 => "while sending".to_string(),
+                0 => "holding nothing".to_string(),
+                n => format!("holding {n} leased events"),
+            };
             for i in &f.relays {
                 slots[*i].signal("STOP");
             }
@@ -422,9 +444,7 @@ async fn inject(
             // (more on a loaded machine), in which the relay may still claim and send; the
             // in-flight-at-the-freeze allowance below must count from the real stop.
             let stopped_at = SystemTime::now();
-            eprintln!(
-                "chaos: SIGSTOP {who:?} (holding about {held} events) for {hold:?}, then SIGCONT"
-            );
+            eprintln!("chaos: SIGSTOP {who:?} ({held}) for {hold:?}, then SIGCONT");
             tokio::time::sleep(hold).await;
             for i in &f.relays {
                 slots[*i].signal("CONT");
