@@ -718,6 +718,9 @@ struct PausedStore {
     inner: PgStore,
     gate: Arc<tokio::sync::Semaphore>,
     settling: Arc<AtomicBool>,
+    /// The whole relay is paused (SIGSTOP, a long GC pause): its heartbeat stops too, so its
+    /// partitions run out while it waits.
+    freeze_heartbeat: bool,
 }
 
 #[async_trait::async_trait]
@@ -743,6 +746,9 @@ impl Store for PausedStore {
         &self,
         p: txoutbox::store::RebalanceParams<'_>,
     ) -> Result<txoutbox::store::Membership, txoutbox::Error> {
+        if self.freeze_heartbeat && self.settling.load(Ordering::SeqCst) {
+            let _permit = self.gate.acquire().await.unwrap();
+        }
         self.inner.rebalance(p).await
     }
     async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, txoutbox::Error> {
@@ -753,6 +759,9 @@ impl Store for PausedStore {
     }
     async fn counts(&self) -> Result<Counts, txoutbox::Error> {
         self.inner.counts().await
+    }
+    fn claim_expires(&self, token: Uuid) -> Option<std::time::Instant> {
+        self.inner.claim_expires(token)
     }
 }
 
@@ -778,6 +787,7 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
         inner: db.store(),
         gate: gate.clone(),
         settling: settling.clone(),
+        freeze_heartbeat: false,
     };
     let mut cfg = config("relay-a");
     cfg.lease = Duration::from_secs(2);
@@ -823,6 +833,86 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
         assert!(r.last_error.is_none());
     }
     assert_eq!(pb.acked_count(), 10);
+    db.cleanup().await;
+}
+
+/// Ordered mode holds events by partition, not by row lease: a relay paused (heartbeat and
+/// all) between its broker's acks and its settle loses its partitions to another relay, and
+/// when it wakes up its settle is fenced off by partition ownership: nothing it says takes
+/// effect, and the other relay's results stand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_ordered_relays_late_settle_is_fenced_off() {
+    let db = TestDb::new().await;
+    let events: Vec<NewEvent> = (0..10)
+        .map(|i| {
+            if i % 2 == 0 {
+                typed(i, "order.created")
+            } else {
+                typed(i, "order.flaky")
+            }
+        })
+        .collect();
+    db.outbox().enqueue_many(&db.pool, &events).await.unwrap();
+    let ordered = |id: &str| {
+        let mut c = config(id);
+        c.ordering = txoutbox::store::Ordering::Ordered;
+        c.partition_lease = Duration::from_secs(2);
+        c.max_attempts = 10;
+        c
+    };
+    let pa = RecordingPublisher::new();
+    pa.fail_type("order.flaky", Fail::Transient);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let settling = Arc::new(AtomicBool::new(false));
+    let store_a = PausedStore {
+        inner: db.store(),
+        gate: gate.clone(),
+        settling: settling.clone(),
+        freeze_heartbeat: true,
+    };
+    let a = Relay::new(store_a, pa.boxed(), ordered("relay-a")).spawn();
+    wait_until("relay A is about to settle", || async {
+        settling.load(Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(pa.acked_count(), 5);
+    assert_eq!(
+        db.processed().await,
+        0,
+        "an ordered claim wrote to the table"
+    );
+
+    // Relay B gets the partitions once A's lease on them has run out: it delivers the good
+    // events and dead-letters the flaky ones (they fail for good at B).
+    let pb = RecordingPublisher::new();
+    pb.fail_type("order.flaky", Fail::Permanent);
+    let b = Relay::new(db.store(), pb.boxed(), ordered("relay-b")).spawn();
+    wait_until("relay B settles everything", || async {
+        db.processed().await == 5 && db.dead().await == 5
+    })
+    .await;
+    let settled_by_b: Vec<RowState> = db.rows().await.iter().map(RowState::without_now).collect();
+
+    // A wakes up and settles: 5 published, 5 failed (transient: "retry later"). Without the
+    // partition fence the failures would bring B's dead letters back to life.
+    gate.add_permits(1000);
+    tokio::time::timeout(DEADLINE, a.shutdown())
+        .await
+        .expect("relay A did not stop")
+        .unwrap();
+    let after: Vec<RowState> = db.rows().await.iter().map(RowState::without_now).collect();
+    assert_eq!(
+        after, settled_by_b,
+        "a stale relay overwrote another relay's result"
+    );
+    assert_eq!(db.dead().await, 5);
+    assert_eq!(
+        pa.acked_count(),
+        5,
+        "the stale relay sent again after waking"
+    );
+    assert_eq!(pb.acked_count(), 5);
+    shutdown(b).await;
     db.cleanup().await;
 }
 
