@@ -42,6 +42,17 @@ const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
 /// kept for a late settle (which needs to know it was an ordered claim, and by whom).
 const FORGET_AFTER: Duration = Duration::from_secs(300);
 
+/// A settle's failures, unnested: $2 ids, $3 errors, $4 delays (ms), $6 dead, $7 unavailable.
+const FAILURES: &str = "unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[]) \
+     AS f(id, err, delay_ms, dead, unavailable)";
+
+/// What a failed attempt does to its row (`e`), from [`FAILURES`] (`f`).
+const FAILED: &str = "attempts = e.attempts + 1, \
+     attempts_unavailable = e.attempts_unavailable + f.unavailable::int, \
+     last_error = f.err, \
+     available_at = now() + f.delay_ms * interval '1 millisecond', \
+     dead_at = CASE WHEN f.dead THEN now() END";
+
 /// "Not yet published and not dead": the rows the partial index covers.
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
@@ -157,14 +168,8 @@ impl Queries {
                 "WITH ok AS ({published}),
                  bad AS (
                     UPDATE {q} AS e
-                    SET attempts = e.attempts + 1,
-                        attempts_unavailable = e.attempts_unavailable + f.unavailable::int,
-                        last_error = f.err,
-                        available_at = now() + f.delay_ms * interval '1 millisecond',
-                        dead_at = CASE WHEN f.dead THEN now() END,
-                        locked_until = NULL, locked_by = NULL, lock_token = NULL
-                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[])
-                        AS f(id, err, delay_ms, dead, unavailable)
+                    SET {FAILED}, locked_until = NULL, locked_by = NULL, lock_token = NULL
+                    FROM {FAILURES}
                     WHERE e.id = f.id AND e.lock_token = $5
                     RETURNING 1
                  )
@@ -179,13 +184,8 @@ impl Queries {
                  ok AS ({published_ordered}),
                  bad AS (
                     UPDATE {q} AS e
-                    SET attempts = e.attempts + 1,
-                        attempts_unavailable = e.attempts_unavailable + f.unavailable::int,
-                        last_error = f.err,
-                        available_at = now() + f.delay_ms * interval '1 millisecond',
-                        dead_at = CASE WHEN f.dead THEN now() END
-                    FROM unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[])
-                        AS f(id, err, delay_ms, dead, unavailable)
+                    SET {FAILED}
+                    FROM {FAILURES}
                     WHERE e.id = f.id AND e.processed_at IS NULL
                       AND e.partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine))
                     RETURNING 1
