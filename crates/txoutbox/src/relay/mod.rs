@@ -151,6 +151,8 @@ impl Relay {
         // everything claimable may be behind the batch in flight. After a short claim ahead,
         // claim again only once the batches in flight are done, until a claim is full.
         let mut claim_ahead = true;
+        // The last wake-up said "work is due" and the claim after it found none.
+        let mut ready_without_work = false;
         let result = loop {
             let mut failure = None;
             while let Some(joined) = in_flight.try_join_next() {
@@ -200,6 +202,9 @@ impl Relay {
             };
             errors = 0;
             let n = claimed.events.len();
+            if n > 0 {
+                ready_without_work = false;
+            }
             let full = n >= cfg.batch_size;
             if busy > 0 {
                 claim_ahead = full;
@@ -230,7 +235,7 @@ impl Relay {
                 continue;
             }
             // Nothing in flight and nothing (more) to claim.
-            match self.idle(cancel).await {
+            match self.idle(cancel, &mut ready_without_work).await {
                 Ok(true) => {}
                 Ok(false) => break Ok(()),
                 Err(e) => {
@@ -252,7 +257,11 @@ impl Relay {
 
     /// After a claim that was not full and with nothing in flight: stop when drained (with
     /// `exit_when_drained`), else wait for work. `Ok(false)`: stop.
-    async fn idle(&self, cancel: &CancellationToken) -> Result<bool, Error> {
+    async fn idle(
+        &self,
+        cancel: &CancellationToken,
+        ready_without_work: &mut bool,
+    ) -> Result<bool, Error> {
         if self.config.exit_when_drained && !self.store.has_unfinished(self.config.ordering).await?
         {
             return Ok(false);
@@ -263,9 +272,16 @@ impl Relay {
         };
         tracing::trace!(?wake, "woke");
         if wake == Wake::Ready {
-            // Work is due but another relay holds it or it was just settled; yield briefly
+            // Work is due: usually an event committed between our last claim and going to
+            // sleep, so claim again at once. If the claim after the previous "due" found
+            // nothing (another relay holds it, or its aggregate is held back), yield briefly
             // rather than spin.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            if *ready_without_work {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            *ready_without_work = true;
+        } else {
+            *ready_without_work = false;
         }
         Ok(true)
     }
