@@ -197,6 +197,8 @@ pub trait Store: Send + Sync + 'static {
     /// is not the row lease the claim asked for: PostgreSQL's ordered claims lease no rows and
     /// hold events by partition ownership, so a claim lasts as long as the partitions' lease.
     /// The relay stops sending before then. `None`: the row lease (`ClaimParams::lease`).
+    /// A store that wraps another must forward this, or the relay would fall back to the row
+    /// lease and could send after the partitions' lease ran out.
     fn claim_expires(&self, _token: Uuid) -> Option<std::time::Instant> {
         None
     }
