@@ -282,6 +282,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
             strip_secret(&e.to_string(), url)
         ))
     })?;
+    let opts = txoutbox::store::postgres::relay_connect_options(opts);
     let context = || format!("cannot connect to PostgreSQL at {}", redact_url(url));
     // One direct connection first: a pool would report only "timed out", not why.
     let probe = tokio::time::timeout(Duration::from_secs(10), opts.connect())

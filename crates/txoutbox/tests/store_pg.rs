@@ -812,3 +812,99 @@ async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases()
     assert_eq!(db.count_where("locked_until IS NULL").await, 0);
     db.cleanup().await;
 }
+
+/// The relay's statements run with JIT off (it cost the server as much CPU as the claim
+/// itself), unless the URL's own `options` set `jit`.
+#[tokio::test]
+async fn relay_connect_options_turn_jit_off_unless_the_url_sets_it() {
+    use sqlx::postgres::{PgConnectOptions, PgConnection};
+    use std::str::FromStr;
+    use txoutbox::store::postgres::relay_connect_options;
+
+    async fn jit(url: &str) -> String {
+        let opts = relay_connect_options(PgConnectOptions::from_str(url).unwrap());
+        let mut conn = PgConnection::connect_with(&opts).await.unwrap();
+        let jit: String = sqlx::query_scalar("SHOW jit")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+        jit
+    }
+    let url = database_url();
+    assert_eq!(jit(&url).await, "off");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    assert_eq!(jit(&format!("{url}{sep}options=-c%20jit%3Don")).await, "on");
+}
+
+/// While an ordered claim is in flight, the next claim skips its aggregates and reads only a
+/// few batches past it: with every aggregate of that stretch in flight it finds nothing (and
+/// does not read the whole backlog to find so). Once the batch is settled, all is claimable
+/// again, in order.
+#[tokio::test]
+async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
+    use txoutbox::store::{Ordering, RebalanceParams};
+    let db = TestDb::new().await;
+    let store = db.store();
+    let outbox = txoutbox::Outbox::new(db.table.clone());
+    // 20 events of aggregate a, then one of b.
+    let mut ids = Vec::new();
+    for i in 0..21 {
+        let agg = if i < 20 { "a" } else { "b" };
+        let e = NewEvent::new("order", agg, "e", &serde_json::json!({ "i": i })).unwrap();
+        ids.push(outbox.enqueue(&db.pool, &e).await.unwrap());
+    }
+    store
+        .rebalance(RebalanceParams {
+            relay_id: "r",
+            ordering: Ordering::Ordered,
+            lease: LEASE,
+            may_release: true,
+        })
+        .await
+        .unwrap();
+    let ordered = |token, limit| ClaimParams {
+        relay_id: "r",
+        token,
+        limit,
+        lease: LEASE,
+        ordering: Ordering::Ordered,
+    };
+    let first = Uuid::new_v4();
+    let got = store.claim(ordered(first, 2)).await.unwrap();
+    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids[..2]);
+
+    // a is in flight; b's event lies past the window (4 batches of 2 after the last in
+    // flight), so the claim ahead finds nothing.
+    let ahead = store.claim(ordered(Uuid::new_v4(), 2)).await.unwrap();
+    assert!(
+        ahead.is_empty(),
+        "{:?}",
+        ahead.iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    // A big enough batch reaches b, and only b.
+    let wide = Uuid::new_v4();
+    let got = store.claim(ordered(wide, 10)).await.unwrap();
+    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids[20..]);
+    store
+        .settle(SettleParams {
+            token: wide,
+            published: &ids[20..],
+            failed: &[],
+        })
+        .await
+        .unwrap();
+
+    // a's first batch settled: a goes on from its third event.
+    store
+        .settle(SettleParams {
+            token: first,
+            published: &ids[..2],
+            failed: &[],
+        })
+        .await
+        .unwrap();
+    let next = store.claim(ordered(Uuid::new_v4(), 100)).await.unwrap();
+    assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), ids[2..20]);
+    db.cleanup().await;
+}

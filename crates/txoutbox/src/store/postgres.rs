@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgListener, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow};
 use sqlx::Row;
 use tokio::sync::Mutex;
 use uuid::Uuid;
@@ -24,6 +24,10 @@ pub(crate) const COLUMNS: &str =
 /// An ordered claim takes events only from partitions whose lease has at least this much
 /// left, so that it never overlaps another relay taking the partition over.
 const CLAIM_MARGIN_MS: u64 = 1000;
+
+/// While ordered claims are in flight, the next claim reads at most this many batches' worth
+/// of `seq` past the last event in flight (see `claim_ordered`).
+const CLAIM_AHEAD_WINDOW: usize = 4;
 
 /// The predicate of the `blocking` index (migration 2), repeated so the planner uses it:
 /// rows that may hold their aggregate back.
@@ -122,7 +126,11 @@ impl Queries {
             ),
             // Ordered: only partitions this relay owns under a live lease (with a margin, so a
             // claim never overlaps a takeover), only events of aggregates this relay has no
-            // event of in flight ($5: their partition keys), and only events with no earlier
+            // event of in flight ($5: their partition keys, looked up in a hashed subplan: a
+            // plain `<> ALL ($5)` compared each candidate with every key, up to a thousand),
+            // at most $6 (while batches are in flight, a few batches past the last event in
+            // flight: when every aggregate is in flight, a claim ahead would otherwise read the
+            // whole backlog to find nothing), and only events with no earlier
             // event of their aggregate backing off, leased (by an unordered relay of old) or
             // (with $4, `hold`) dead. Together with one owner per partition, this keeps each
             // aggregate's events in seq order. It writes nothing: the partition lease is the
@@ -141,7 +149,8 @@ impl Queries {
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
                    AND (e.locked_until IS NULL OR e.locked_until <= now())
                    AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
-                   AND NOT (e.partition_key = ANY ($5::int[]))
+                   AND e.seq <= $6
+                   AND e.partition_key NOT IN (SELECT unnest($5::int[]))
                    AND NOT EXISTS (
                      SELECT 1 FROM {q} b
                      WHERE b.partition_key = e.partition_key AND b.seq < e.seq
@@ -232,7 +241,35 @@ impl Queries {
     }
 }
 
+/// Connection options for a relay's pool: `opts` with PostgreSQL's JIT compiler turned off
+/// (`jit = off`), unless its `options` already set `jit`.
+///
+/// The relay's statements are short OLTP statements run thousands of times a second, but the
+/// planner's cost estimate of the ordered claim on a large backlog passes `jit_above_cost`, and
+/// JIT-compiling it each time cost PostgreSQL about as much CPU as running it: in a 200k-event
+/// drain, half of the server's CPU was in LLVM, and turning JIT off took the drain from about
+/// 21.7k to 37–40k events/s (`txoutbox bench drain`, same session). The CLI's pools use this;
+/// build the pool you give [`PgStore::new`] with it too:
+///
+/// ```no_run
+/// # async fn f() -> Result<(), sqlx::Error> {
+/// use std::str::FromStr;
+/// let opts = sqlx::postgres::PgConnectOptions::from_str("postgres://app@db/app")?;
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .connect_with(txoutbox::store::postgres::relay_connect_options(opts))
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub fn relay_connect_options(opts: PgConnectOptions) -> PgConnectOptions {
+    if opts.get_options().is_some_and(|o| o.contains("jit")) {
+        return opts;
+    }
+    opts.options([("jit", "off")])
+}
+
 /// The outbox on PostgreSQL.
+///
+/// Give it a pool built with [`relay_connect_options`] (JIT off).
 #[derive(Debug)]
 pub struct PgStore {
     pool: PgPool,
@@ -257,8 +294,10 @@ pub struct PgStore {
 #[derive(Debug)]
 struct InFlight {
     relay_id: String,
-    /// The `partition_key` (aggregate hash) of each event of the claim.
+    /// The `partition_key` (aggregate hash) of the claim's events, sorted, without repeats.
     keys: Vec<i32>,
+    /// The highest `seq` of the claim.
+    max_seq: i64,
     /// The shortest lease of the partitions the claim came from, on this process's clock
     /// (taken before the claim was sent, so never later than the database's).
     until: std::time::Instant,
@@ -441,24 +480,28 @@ impl PgStore {
     async fn claim_ordered(&self, p: &ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
         let partitions = self.partition_count().await?;
         let started = Instant::now();
-        let busy: Vec<i32> = match self.in_flight.lock() {
-            Ok(mut map) => {
-                // A claim never settled (its settle failed) is forgotten a while after its
-                // partition lease ran out; until then its keys no longer hold anything back.
-                map.retain(|_, f| f.until + FORGET_AFTER > started);
-                map.values()
-                    .filter(|f| f.until > started)
-                    .flat_map(|f| f.keys.iter().copied())
-                    .collect()
+        let (mut busy, mut upto) = (Vec::new(), i64::MAX);
+        if let Ok(mut map) = self.in_flight.lock() {
+            // A claim never settled (its settle failed) is forgotten a while after its
+            // partition lease ran out; until then its keys no longer hold anything back.
+            map.retain(|_, f| f.until + FORGET_AFTER > started);
+            let live = || map.values().filter(|f| f.until > started);
+            busy.extend(live().flat_map(|f| f.keys.iter().copied()));
+            if let Some(last) = live().map(|f| f.max_seq).max() {
+                let window =
+                    i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
+                upto = last.saturating_add(window);
             }
-            Err(_) => Vec::new(),
-        };
+        }
+        busy.sort_unstable();
+        busy.dedup();
         let rows = sqlx::query(&self.q.claim_ordered)
             .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
             .bind(p.relay_id)
             .bind(partitions)
             .bind(p.ordering == Ordering::OrderedHold)
             .bind(&busy)
+            .bind(upto)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -467,15 +510,18 @@ impl PgStore {
         }
         let g = |e| Error::Database(e);
         let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
-        let keys = rows
+        let mut keys = rows
             .iter()
             .map(|r| r.try_get::<i32, _>("partition_key"))
             .collect::<Result<Vec<_>, _>>()
             .map_err(g)?;
+        keys.sort_unstable();
+        keys.dedup();
         let events = rows
             .iter()
             .map(event_from_row)
             .collect::<Result<Vec<_>, _>>()?;
+        let max_seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
         let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
         if let Ok(mut map) = self.in_flight.lock() {
             map.insert(
@@ -483,6 +529,7 @@ impl PgStore {
                 InFlight {
                     relay_id: p.relay_id.to_owned(),
                     keys,
+                    max_seq,
                     until: started + left,
                 },
             );

@@ -1,14 +1,15 @@
 //! The conformance harness for PostgreSQL: a schema of its own per test in the database at
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`), dropped at the end.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Row;
 use uuid::Uuid;
 
 use super::{Harness, RowState};
-use crate::store::postgres::PgStore;
+use crate::store::postgres::{relay_connect_options, PgStore};
 use crate::store::Retention;
 use crate::{migrate, NewEvent, Outbox, OutboxTable};
 
@@ -18,10 +19,12 @@ pub fn database_url() -> String {
 }
 
 async fn pool(max: u32) -> PgPool {
+    let opts = PgConnectOptions::from_str(&database_url())
+        .unwrap_or_else(|e| panic!("invalid DATABASE_URL {}: {e}", database_url()));
     PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30))
-        .connect(&database_url())
+        .connect_with(relay_connect_options(opts))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", database_url()))
 }

@@ -172,9 +172,11 @@ async fn interrupted() {
 async fn bench_pool(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     // For its clear errors (bad URL: exit 2; unreachable: names the redacted URL).
     connect(url, 1).await?.close().await;
-    let opts = PgConnectOptions::from_str(url)
-        .context("invalid database URL")?
-        .disable_statement_logging();
+    let opts = txoutbox::store::postgres::relay_connect_options(
+        PgConnectOptions::from_str(url)
+            .context("invalid database URL")?
+            .disable_statement_logging(),
+    );
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(30))

@@ -93,13 +93,20 @@ impl BenchDb {
 
     /// `n` events over `aggregates` aggregates in one set-based statement, payload ~200 bytes
     /// (as scripts/drain.sh), then VACUUM ANALYZE so the relay starts on fresh statistics.
+    ///
+    /// Their ids are UUIDv7 in insert order, as `Outbox::enqueue` writes them (the column's
+    /// default, `gen_random_uuid()`, is v4 and would scatter the primary-key index): a
+    /// millisecond timestamp rising with `g` (100 events a millisecond), the version and
+    /// variant bits, and random bits from md5.
     pub async fn insert_events(&self, n: u64, aggregates: u64) -> anyhow::Result<()> {
         sqlx::query(&format!(
-            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', (g % $2)::text, 'order.created',
+            "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint + g / 100), 12, '0')
+                     || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+                    'order', (g % $2)::text, 'order.created',
                     jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
                                        'total', g * 1.5, 'note', repeat('x', 100))
-             FROM generate_series(1, $1) g",
+             FROM generate_series(1, $1) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r",
             self.qualified()
         ))
         .bind(i64::try_from(n).context("--events too large")?)
