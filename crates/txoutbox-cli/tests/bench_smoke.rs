@@ -251,3 +251,36 @@ async fn another_database_is_a_usage_error_not_a_postgres_connection_error() {
     assert!(err.contains("PostgreSQL only"), "{err}");
     assert!(!std::path::Path::new("/tmp/txo-bench.db").exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_measures_each_broker_alone() {
+    let stream = unique("TXO_BENCH_PUB").to_uppercase();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let report = ok_json(&[
+        "publish",
+        "--events",
+        "3000",
+        "--publisher",
+        "null:",
+        "--publisher",
+        &nats,
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "publish");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in rows {
+        assert!(median(r, "messages_per_s") > 0.0, "{r}");
+    }
+    // Every message reached the stream (JetStream acknowledged each one).
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 3000);
+    js.delete_stream(&stream).await.unwrap();
+}

@@ -13,10 +13,12 @@ use crate::cli::{parse_duration, ModeArg};
 /// processes of this same binary (`txoutbox relay`).
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// drain: N pre-inserted events drained by one relay (events/s, peak RSS); latency:
-    /// writers commit at a fixed rate while a relay runs (commit-to-ack p50/p90/p99/max);
-    /// write: commits/s of a business transaction with and without the outbox; scale: drain
-    /// rate with 1, 2, 4 relays, ordered and unordered; all: the four in turn
+    /// publish: each publisher alone, no database (messages/s: the broker's ceiling through
+    /// txoutbox's client); drain: N pre-inserted events drained by one relay (events/s, peak
+    /// RSS); latency: writers commit at a fixed rate while a relay runs (commit-to-ack
+    /// p50/p90/p99/max); write: commits/s of a business transaction with and without the
+    /// outbox; scale: drain rate with 1, 2, 4 relays, ordered and unordered; all: the five in
+    /// turn
     #[arg(value_enum)]
     pub scenario: Scenario,
     /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
@@ -29,7 +31,7 @@ pub struct BenchArgs {
         hide_env_values = true
     )]
     pub publishers: Vec<String>,
-    /// drain, scale: events pre-inserted per run
+    /// drain, scale: events pre-inserted per run (publish: messages sent)
     #[arg(long, env = "TXOUTBOX_BENCH_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub events: u64,
     /// drain, scale: distinct aggregates the events are spread over
@@ -82,6 +84,7 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
+    Publish,
     Drain,
     Latency,
     Write,

@@ -32,6 +32,7 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
     for s in &report.sections {
         for r in &s.rows {
             match s.scenario {
+                "publish" => push_bar(&mut throughput, s.scenario, r, "messages_per_s"),
                 "drain" | "scale" => push_bar(&mut throughput, s.scenario, r, "events_per_s"),
                 "write" => push_bar(&mut write_ratios, "", r, "ratio"),
                 "latency" => {
@@ -78,7 +79,7 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
             if let Some(area) = areas.next() {
                 bars(
                     &area,
-                    "Drain rate, events/s (median; line: min-max)",
+                    "Drain rate, events/s (publish: the broker alone, messages/s; median; line: min-max)",
                     &throughput,
                 )?;
             }

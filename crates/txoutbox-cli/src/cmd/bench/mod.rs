@@ -6,6 +6,7 @@ mod chart;
 mod child;
 mod drain;
 mod latency;
+mod publish;
 mod report;
 mod schema;
 mod write;
@@ -216,6 +217,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         .collect();
     let mut runs = 0;
     for (s, n) in [
+        (Scenario::Publish, a.publishers.len()),
         (Scenario::Drain, drains.len()),
         (Scenario::Latency, latencies.len()),
         (Scenario::Write, write::ALL.len()),
@@ -228,6 +230,23 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
     env.bar.set_length(runs);
 
     let mut sections = Vec::new();
+    if wanted(Scenario::Publish) {
+        let rows = interleave(
+            env,
+            a.repeats,
+            &a.publishers,
+            |p| short_url(p),
+            |p| serde_json::json!({ "publisher": txoutbox::publish::redact_url(p) }),
+            |p| publish::run_once(env, p),
+        )
+        .await?;
+        sections.push(Section {
+            scenario: "publish",
+            measures: publish::measures(env.events, env.aggregates),
+            columns: publish::COLUMNS.to_vec(),
+            rows,
+        });
+    }
     if wanted(Scenario::Drain) {
         let rows = interleave(
             env,
