@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The full benchmark behind README's "Performance" section, on a release build:
-# drain (null: and NATS JetStream), latency at 500 and 5,000 events/s, the write path with
-# 16 writers, and scale (1, 2, 4 relays, ordered and unordered), 3 interleaved runs each.
+# The full benchmark behind README's "Performance" section, on a release build: each
+# publisher alone (publish), drain (null: and NATS JetStream), latency at 500 and 5,000
+# events/s, the write path with 16 writers, and scale (1, 2, 4 relays, ordered and
+# unordered), 3 interleaved runs each.
 # Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table).
-#   scripts/bench.sh                  # everything (about 15 minutes on 2 cores)
+#   scripts/bench.sh                  # everything (about 10 minutes on 2 cores)
 #   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
 #   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to every bench
 # Needs the services of scripts/services.sh (PostgreSQL; NATS for the broker reference).
