@@ -66,6 +66,7 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
 async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
     env.status(&format!("{}: inserting {} events", cfg.name(), env.events));
     db.insert_events(env.events, env.aggregates).await?;
+    super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
     let spec = RelaySpec {
         database_url: &env.database_url,

@@ -102,6 +102,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
         .context("writing the warm-up event")?;
     wait_published(db, Duration::from_secs(60), "the warm-up event").await?;
     let offset = clock_offset(env).await?;
+    super::checkpoint(env).await;
 
     env.status(&format!("{}: writing for {:?}", cfg.name(), env.duration));
     let total = (f64::from(cfg.rate) * env.duration.as_secs_f64())

@@ -351,6 +351,23 @@ where
         .collect())
 }
 
+/// `CHECKPOINT` before a measured phase, as the reference scripts do: a checkpoint that a
+/// previous run's WAL started (a drain writes hundreds of MB) would otherwise run during this
+/// one, and the full-page writes after it make commits slower, so the interleaved runs would
+/// not be alike. Needs superuser or `pg_checkpoint`; without them the bench says so once and
+/// goes on.
+pub async fn checkpoint(env: &Env) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(&env.pool).await {
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: CHECKPOINT before each measured run failed ({e}); runs may include \
+                 a checkpoint started by the previous one"
+            )
+        });
+    }
+}
+
 /// Wait until no event of `db` is unpublished; fail after `stall` without progress (the
 /// deadline moves on while events keep getting published, so slowness alone never fails).
 pub async fn wait_published(db: &BenchDb, stall: Duration, what: &str) -> anyhow::Result<()> {

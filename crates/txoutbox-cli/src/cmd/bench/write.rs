@@ -159,6 +159,7 @@ async fn setup_and_measure(env: &Env, db: &BenchDb, cfg: WriteConfig) -> anyhow:
 }
 
 async fn measure(env: &Env, db: &BenchDb, cfg: WriteConfig) -> anyhow::Result<RunResult> {
+    super::checkpoint(env).await;
     env.status(&format!("{}: writing for {:?}", cfg.name(), env.duration));
     let insert = Arc::new(format!(
         "INSERT INTO {} (id, customer_id, total) VALUES ($1, $2, $3)",
