@@ -835,6 +835,11 @@ async fn relay_connect_options_turn_jit_off_unless_the_url_sets_it() {
     assert_eq!(jit(&url).await, "off");
     let sep = if url.contains('?') { '&' } else { '?' };
     assert_eq!(jit(&format!("{url}{sep}options=-c%20jit%3Don")).await, "on");
+    // Another setting whose value merely contains "jit" does not count.
+    assert_eq!(
+        jit(&format!("{url}{sep}options=-c%20application_name%3Djitter")).await,
+        "off"
+    );
 }
 
 /// While an ordered claim is in flight, the next claim skips its aggregates and reads only a
@@ -906,5 +911,7 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
         .unwrap();
     let next = store.claim(ordered(Uuid::new_v4(), 100)).await.unwrap();
     assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), ids[2..20]);
+    // Deregistering gives back the claim in flight: 18 events (of one aggregate).
+    assert_eq!(store.deregister("r").await.unwrap(), 18);
     db.cleanup().await;
 }

@@ -261,7 +261,14 @@ impl Queries {
 /// # Ok(()) }
 /// ```
 pub fn relay_connect_options(opts: PgConnectOptions) -> PgConnectOptions {
-    if opts.get_options().is_some_and(|o| o.contains("jit")) {
+    // `-c jit=on`, `-cjit=on` or `--jit=on`; not merely a value that contains "jit".
+    let sets_jit = |o: &str| {
+        o.split_whitespace().any(|t| {
+            let t = t.trim_start_matches('-');
+            t.strip_prefix('c').unwrap_or(t).starts_with("jit=")
+        })
+    };
+    if opts.get_options().is_some_and(sets_jit) {
         return opts;
     }
     opts.options([("jit", "off")])
@@ -294,6 +301,8 @@ pub struct PgStore {
 #[derive(Debug)]
 struct InFlight {
     relay_id: String,
+    /// How many events the claim holds.
+    events: usize,
     /// The `partition_key` (aggregate hash) of the claim's events, sorted, without repeats.
     keys: Vec<i32>,
     /// The highest `seq` of the claim.
@@ -528,6 +537,7 @@ impl PgStore {
                 p.token,
                 InFlight {
                     relay_id: p.relay_id.to_owned(),
+                    events: events.len(),
                     keys,
                     max_seq,
                     until: started + left,
@@ -819,7 +829,7 @@ impl Store for PgStore {
             map.retain(|_, f| {
                 let mine = f.relay_id == relay_id;
                 if mine {
-                    forgotten += f.keys.len() as u64;
+                    forgotten += f.events as u64;
                 }
                 !mine
             });
