@@ -37,6 +37,13 @@ pub enum Error {
         other: String,
         remaining_secs: f64,
     },
+    /// Another live process already runs a relay with this id.
+    #[error("relay id {relay_id} is held by another live process on {table}; give each relay process its own --relay-id (or leave it unset), or wait until the other one's lease runs out ({remaining_secs:.0}s) if it died")]
+    RelayIdInUse {
+        table: String,
+        relay_id: String,
+        remaining_secs: f64,
+    },
     /// Something this database does not do (e.g. schemas on SQLite).
     #[error("{0}")]
     Unsupported(String),
@@ -53,6 +60,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// Does this say the relay must not run (another mode on the table, another relay on an
+    /// SQLite file, its relay id held by another process)? Found by a heartbeat, it stops the
+    /// relay with this error.
+    pub fn is_membership_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::ModeConflict { .. } | Error::RelayRunning { .. } | Error::RelayIdInUse { .. }
+        )
+    }
+
     /// Is this worth retrying (connection lost, server restarting, pool timeout)?
     pub fn is_transient(&self) -> bool {
         match self {

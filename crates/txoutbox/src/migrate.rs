@@ -25,10 +25,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "ordering",
         sql: include_str!("../migrations/postgres/0002_ordering.sql"),
     },
+    Migration {
+        version: 3,
+        name: "fencing",
+        sql: include_str!("../migrations/postgres/0003_fencing.sql"),
+    },
 ];
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// What [`migrate`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

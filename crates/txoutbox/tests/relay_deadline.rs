@@ -39,6 +39,7 @@ async fn a_chain_waiting_for_the_window_does_not_send_past_the_deadline() {
     store
         .rebalance(RebalanceParams {
             relay_id: "deadline",
+            instance: uuid::Uuid::nil(),
             ordering: Ordering::Ordered,
             lease: Duration::from_secs(10),
             may_release: true,

@@ -751,11 +751,17 @@ impl Store for PausedStore {
         }
         self.inner.rebalance(p).await
     }
-    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, txoutbox::Error> {
-        self.inner.wait_for_work(relay_id, max).await
+    async fn wait_for_work(
+        &self,
+        p: txoutbox::store::WaitParams<'_>,
+    ) -> Result<Wake, txoutbox::Error> {
+        self.inner.wait_for_work(p).await
     }
-    async fn deregister(&self, relay_id: &str) -> Result<u64, txoutbox::Error> {
-        self.inner.deregister(relay_id).await
+    async fn deregister(
+        &self,
+        p: txoutbox::store::DeregisterParams<'_>,
+    ) -> Result<u64, txoutbox::Error> {
+        self.inner.deregister(p).await
     }
     async fn counts(&self) -> Result<Counts, txoutbox::Error> {
         self.inner.counts().await

@@ -348,7 +348,16 @@ async fn release_gives_rows_back_unattempted() {
         .unwrap();
     assert_eq!(again.len(), 3, "released rows are claimable at once");
     // Deregister frees what a relay holds.
-    assert_eq!(store.deregister("other").await.unwrap(), 3);
+    assert_eq!(
+        store
+            .deregister(txoutbox::store::DeregisterParams {
+                relay_id: "other",
+                instance: uuid::Uuid::nil()
+            })
+            .await
+            .unwrap(),
+        3
+    );
     assert_eq!(db.locked().await, 0);
     db.cleanup().await;
 }
@@ -862,6 +871,7 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
     store
         .rebalance(RebalanceParams {
             relay_id: "r",
+            instance: uuid::Uuid::nil(),
             ordering: Ordering::Ordered,
             lease: LEASE,
             may_release: true,
@@ -912,6 +922,15 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
     let next = store.claim(ordered(Uuid::new_v4(), 100)).await.unwrap();
     assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), ids[2..20]);
     // Deregistering gives back the claim in flight: 18 events (of one aggregate).
-    assert_eq!(store.deregister("r").await.unwrap(), 18);
+    assert_eq!(
+        store
+            .deregister(txoutbox::store::DeregisterParams {
+                relay_id: "r",
+                instance: uuid::Uuid::nil()
+            })
+            .await
+            .unwrap(),
+        18
+    );
     db.cleanup().await;
 }

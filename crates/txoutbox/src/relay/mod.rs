@@ -17,7 +17,7 @@ pub use config::{default_relay_id, RelayConfig};
 use crate::error::Error;
 use crate::publish::Publisher;
 use crate::retry::Backoff;
-use crate::store::{Membership, RebalanceParams, Store, Wake};
+use crate::store::{DeregisterParams, Membership, RebalanceParams, Store, WaitParams, Wake};
 
 /// Moves committed events from a [`Store`] to a [`Publisher`].
 ///
@@ -42,6 +42,9 @@ pub struct Relay {
     /// The heartbeat wants to give partitions up (this relay is over its fair share) but
     /// batches are in flight: stop claiming until they are done, then rebalance.
     release_wanted: Arc<AtomicBool>,
+    /// This relay's own random id: a second process with the same relay id is refused, and
+    /// only this instance's exit deregisters the relay id it holds.
+    instance: uuid::Uuid,
 }
 
 /// Totals over a relay's life.
@@ -83,6 +86,7 @@ impl Relay {
             config,
             claim_lock: Arc::new(tokio::sync::RwLock::new(())),
             release_wanted: Arc::new(AtomicBool::new(false)),
+            instance: uuid::Uuid::new_v4(),
         }
     }
 
@@ -106,6 +110,9 @@ impl Relay {
         tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
             mode = cfg.ordering.mode_name(), partitions = membership.owned.len(), "relay started");
         let heartbeat_stop = cancel.child_token();
+        // The pipeline stops on the caller's cancel, and when a heartbeat finds that this
+        // relay must not run (another mode on the table, its relay id held by another process).
+        let stop = cancel.child_token();
         // Aborted when dropped: if this future is dropped (an embedder gives up on it, or the
         // task is aborted), the heartbeat must stop too, or a dead relay's partitions would
         // stay renewed forever.
@@ -114,14 +121,20 @@ impl Relay {
             self.claim_lock.clone(),
             self.release_wanted.clone(),
             cfg.clone(),
+            self.instance,
             membership,
             heartbeat_stop.clone(),
+            stop.clone(),
         )));
-        let result = self.pipeline(&cancel, &mut stats, &retry).await;
+        let result = self.pipeline(&stop, &mut stats, &retry).await;
         heartbeat_stop.cancel();
-        heartbeat.join().await;
+        let conflict = heartbeat.join().await.flatten();
         // Whatever happened, give back what we hold and stop asking writers to notify us.
-        if let Err(e) = self.store.deregister(&cfg.relay_id).await {
+        let leaving = DeregisterParams {
+            relay_id: &cfg.relay_id,
+            instance: self.instance,
+        };
+        if let Err(e) = self.store.deregister(leaving).await {
             tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
         }
         if let Err(e) = self.publisher.close().await {
@@ -129,6 +142,9 @@ impl Relay {
         }
         tracing::info!(relay_id = %cfg.relay_id, published = stats.published, failed = stats.failed,
             dead = stats.dead, "relay stopped");
+        if let Some(e) = conflict {
+            return Err(RelayError::Store(e));
+        }
         result.map(|_| stats).map_err(RelayError::Store)
     }
 
@@ -268,7 +284,11 @@ impl Relay {
         }
         let wake = tokio::select! {
             _ = cancel.cancelled() => return Ok(true),
-            w = self.store.wait_for_work(&self.config.relay_id, self.config.poll_interval) => w?,
+            w = self.store.wait_for_work(WaitParams {
+                relay_id: &self.config.relay_id,
+                ordering: self.config.ordering,
+                max: self.config.poll_interval,
+            }) => w?,
         };
         tracing::trace!(?wake, "woke");
         if wake == Wake::Ready {
@@ -315,13 +335,14 @@ impl Relay {
             config: self.config.clone(),
             claim_lock: self.claim_lock.clone(),
             release_wanted: self.release_wanted.clone(),
+            instance: self.instance,
         }
     }
 
     /// One heartbeat: renew, and move towards a fair share of the partitions.
     async fn rebalance(&self) -> Result<Membership, Error> {
         let _guard = self.claim_lock.write().await;
-        let m = rebalance(self.store.as_ref(), &self.config, true).await?;
+        let m = rebalance(self.store.as_ref(), &self.config, self.instance, true).await?;
         self.release_wanted.store(false, AtomicOrdering::SeqCst);
         Ok(m)
     }
@@ -372,11 +393,13 @@ impl RelayHandle {
 async fn rebalance(
     store: &dyn Store,
     cfg: &RelayConfig,
+    instance: uuid::Uuid,
     may_release: bool,
 ) -> Result<Membership, Error> {
     let m = store
         .rebalance(RebalanceParams {
             relay_id: &cfg.relay_id,
+            instance,
             ordering: cfg.ordering,
             lease: cfg.partition_lease,
             may_release,
@@ -393,15 +416,20 @@ async fn rebalance(
 
 /// Heartbeats three times per partition lease; every 500 ms while this relay is not at its
 /// fair share, and during its first lease (relays that start together find each other and
-/// hand partitions over within a second, not a whole heartbeat later).
+/// hand partitions over within a second, not a whole heartbeat later). A heartbeat that finds
+/// this relay must not run ([`Error::is_membership_conflict`]) stops the relay (`fatal`) and
+/// returns the error.
+#[allow(clippy::too_many_arguments)]
 async fn heartbeat_loop(
     store: Arc<dyn Store>,
     claim_lock: Arc<tokio::sync::RwLock<()>>,
     release_wanted: Arc<AtomicBool>,
     cfg: RelayConfig,
+    instance: uuid::Uuid,
     mut membership: Membership,
     stop: CancellationToken,
-) {
+    fatal: CancellationToken,
+) -> Option<Error> {
     let steady = cfg.partition_lease / 3;
     let fast = steady.min(Duration::from_millis(500));
     let warm_until = tokio::time::Instant::now() + cfg.partition_lease;
@@ -416,20 +444,25 @@ async fn heartbeat_loop(
             steady
         };
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(wait) => {}
         }
         // Never wait for a claim or a batch to finish: a slow one must not cost the relay
         // its partitions. While one is in flight, renew and take, but do not give up; if
         // partitions should go, ask the main loop to pause claiming (it then rebalances).
         let result = match claim_lock.clone().try_write_owned() {
-            Ok(_guard) => rebalance(store.as_ref(), &cfg, true).await,
-            Err(_) => rebalance(store.as_ref(), &cfg, false).await,
+            Ok(_guard) => rebalance(store.as_ref(), &cfg, instance, true).await,
+            Err(_) => rebalance(store.as_ref(), &cfg, instance, false).await,
         };
         match result {
             Ok(m) => {
                 release_wanted.store(m.owned.len() > m.target, AtomicOrdering::SeqCst);
                 membership = m;
+            }
+            Err(e) if e.is_membership_conflict() => {
+                tracing::error!(error = %e, "this relay must not run any more; stopping");
+                fatal.cancel();
+                return Some(e);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "heartbeat failed; partitions expire unless it recovers")
@@ -454,15 +487,16 @@ fn absorb(
 }
 
 /// A task handle that aborts the task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
+struct AbortOnDrop<T>(JoinHandle<T>);
 
-impl AbortOnDrop {
-    async fn join(mut self) {
-        let _ = (&mut self.0).await;
+impl<T> AbortOnDrop<T> {
+    /// The task's result; `None` if it panicked or was aborted.
+    async fn join(mut self) -> Option<T> {
+        (&mut self.0).await.ok()
     }
 }
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }

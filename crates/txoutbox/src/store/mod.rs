@@ -68,6 +68,9 @@ impl Ordering {
 #[derive(Debug, Clone)]
 pub struct RebalanceParams<'a> {
     pub relay_id: &'a str,
+    /// This process's own random id (one per [`crate::relay::Relay`]): a relay id that a live
+    /// process with another instance holds is refused ([`Error::RelayIdInUse`]).
+    pub instance: Uuid,
     pub ordering: Ordering,
     /// How long partitions (and the relay's liveness) last without a heartbeat.
     pub lease: Duration,
@@ -130,6 +133,25 @@ pub struct SettleOutcome {
     pub failed: u64,
 }
 
+/// Wait for work a relay can take.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitParams<'a> {
+    pub relay_id: &'a str,
+    /// The relay's mode: an ordered relay waits only for events in its own partitions that
+    /// no earlier event of their aggregate holds back.
+    pub ordering: Ordering,
+    /// Sleep at most this long (the poll interval).
+    pub max: Duration,
+}
+
+/// A relay is leaving: fenced by its instance, so the exit of a process that was refused (or
+/// found another process holding its relay id) never strips the holder.
+#[derive(Debug, Clone, Copy)]
+pub struct DeregisterParams<'a> {
+    pub relay_id: &'a str,
+    pub instance: Uuid,
+}
+
 /// Give events back unattempted (shutdown, or lease about to run out before sending).
 #[derive(Debug, Clone)]
 pub struct ReleaseParams<'a> {
@@ -186,12 +208,13 @@ pub trait Store: Send + Sync + 'static {
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error>;
     /// Heartbeat, renew owned partitions, and move towards a fair share of them.
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error>;
-    /// Sleep until new work may be there: a wake-up from a writer, the earliest time a
-    /// backing-off or leased event becomes claimable, or `max`, whichever comes first.
-    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error>;
-    /// Forget `relay_id`: release its events and partitions, remove it from the live relays,
-    /// and stop writers notifying for it.
-    async fn deregister(&self, relay_id: &str) -> Result<u64, Error>;
+    /// Sleep until new work may be there: a wake-up from a writer, the earliest time an
+    /// event *this relay can claim* (ordered: in its partitions, not held back by an earlier
+    /// event of its aggregate) becomes claimable, or `max`, whichever comes first.
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error>;
+    /// Forget the relay: release its events and partitions, remove it from the live relays,
+    /// and stop writers notifying for it. Does nothing while another instance holds the id.
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error>;
     async fn counts(&self) -> Result<Counts, Error>;
     /// When the events claimed under `token` stop being this relay's to publish, where that
     /// is not the row lease the claim asked for: PostgreSQL's ordered claims lease no rows and
@@ -223,11 +246,11 @@ impl<S: Store + ?Sized> Store for Box<S> {
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
         (**self).rebalance(p).await
     }
-    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error> {
-        (**self).wait_for_work(relay_id, max).await
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
+        (**self).wait_for_work(p).await
     }
-    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
-        (**self).deregister(relay_id).await
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        (**self).deregister(p).await
     }
     async fn counts(&self) -> Result<Counts, Error> {
         (**self).counts().await

@@ -26,16 +26,46 @@ pub(super) async fn rebalance(
     let relays = t.derived("relays");
     let partitions = t.derived("partitions");
     let mode = p.ordering.mode_name();
+    let instance = p.instance.to_string();
     let mut tx = pool.begin().await.map_err(err)?;
+    // One heartbeat at a time per table. Under READ COMMITTED, two relays registering at
+    // once would each miss the other's uncommitted row and both pass the checks below (an
+    // ordered and an unordered relay on one table, or two processes with one relay id). The
+    // lock mode conflicts with itself and with writes, not with readers (`txoutbox status`).
+    sqlx::query(&format!("LOCK TABLE {relays} IN SHARE ROW EXCLUSIVE MODE"))
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+    // A relay id held by another live process: refuse it (its partitions would be shared by
+    // two processes, and one's exit would strip the other's).
+    if let Some(left) = sqlx::query_scalar::<_, f64>(&format!(
+        "SELECT extract(epoch FROM alive_until - now())::float8 FROM {relays}
+         WHERE relay_id = $1 AND alive_until > now() AND instance IS DISTINCT FROM $2"
+    ))
+    .bind(p.relay_id)
+    .bind(&instance)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(err)?
+    {
+        tx.rollback().await.map_err(err)?;
+        return Err(Error::RelayIdInUse {
+            table: t.display(),
+            relay_id: p.relay_id.to_owned(),
+            remaining_secs: left.max(0.0),
+        });
+    }
     sqlx::query(&format!(
-        "INSERT INTO {relays} (relay_id, mode, heartbeat_at, alive_until)
-         VALUES ($1, $2, now(), now() + $3 * interval '1 millisecond')
+        "INSERT INTO {relays} (relay_id, mode, instance, heartbeat_at, alive_until)
+         VALUES ($1, $2, $4, now(), now() + $3 * interval '1 millisecond')
          ON CONFLICT (relay_id) DO UPDATE
-         SET mode = EXCLUDED.mode, heartbeat_at = now(), alive_until = EXCLUDED.alive_until"
+         SET mode = EXCLUDED.mode, instance = EXCLUDED.instance, heartbeat_at = now(),
+             alive_until = EXCLUDED.alive_until"
     ))
     .bind(p.relay_id)
     .bind(mode)
     .bind(ms(p.lease))
+    .bind(&instance)
     .execute(&mut *tx)
     .await
     .map_err(err)?;
@@ -116,7 +146,8 @@ pub(super) async fn rebalance(
     } else if owned.len() < target {
         let want = i64::try_from(target - owned.len()).unwrap_or(0);
         acquired = sqlx::query_scalar(&format!(
-            "UPDATE {partitions} SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
+            "UPDATE {partitions} SET owner = $1, lease_until = now() + $2 * interval '1 millisecond',
+                 epoch = epoch + 1
              WHERE partition IN (
                 SELECT partition FROM {partitions}
                 WHERE owner IS NULL OR lease_until IS NULL OR lease_until <= now()

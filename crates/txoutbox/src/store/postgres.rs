@@ -10,8 +10,8 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use super::{
-    ClaimParams, Counts, DeadFilter, Membership, Ordering, RebalanceParams, RelayInfo,
-    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, Wake,
+    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
+    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::event::headers_from_json;
@@ -71,8 +71,8 @@ struct Queries {
     settle_ordered: String,
     release: String,
     has_unfinished: String,
-    has_claimable: String,
     wait_prepare: String,
+    due_now: String,
     wait_clear: String,
     deregister: String,
     counts: String,
@@ -104,6 +104,28 @@ impl Queries {
                 format!("DELETE FROM {q} WHERE id = ANY($1) AND {mine} RETURNING 1")
             }
         };
+        // Seconds until the earliest event this relay can take is due ($1: relay id, $2:
+        // ordered, $3: partition count, $4: hold). Unordered: any unfinished event. Ordered:
+        // only events in the partitions it owns, and only those that no earlier event of
+        // their aggregate holds back (backing off or leased: that one's own due time counts;
+        // dead, with `hold`: it waits for an operator, whose retry wakes the relay). Rows it
+        // could never claim (other relays' partitions, events behind a held one) would make
+        // an idle relay's wait return "ready" at once, over and over.
+        let due = format!(
+            "SELECT extract(epoch FROM min(greatest(e.available_at, coalesce(e.locked_until, e.available_at))) - now())::float8
+             FROM {q} e
+             WHERE e.processed_at IS NULL AND e.dead_at IS NULL
+               AND (NOT $2 OR (
+                 e.partition_key % $3 = ANY (ARRAY(
+                   SELECT partition FROM {partitions} WHERE owner = $1 AND lease_until > now()))
+                 AND NOT EXISTS (
+                   SELECT 1 FROM {q} b
+                   WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+                     AND {BLOCKING}
+                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                     AND (b.dead_at IS NULL OR $4)
+                   OFFSET 0)))"
+        );
         Self {
             // One autocommit statement: pick available rows in seq order, skip rows another
             // relay holds, and lease them. No transaction stays open while publishing.
@@ -138,13 +160,15 @@ impl Queries {
             // the shortest of the partition leases still runs.
             claim_ordered: format!(
                 "WITH owned AS (
-                    SELECT partition, lease_until FROM {partitions}
+                    SELECT partition, lease_until, epoch FROM {partitions}
                     WHERE owner = $2 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
                  )
                  SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
                    e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
                    e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
-                   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left
+                   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
+                   (SELECT array_agg(partition ORDER BY partition) FROM owned) AS fence_partitions,
+                   (SELECT array_agg(epoch ORDER BY partition) FROM owned) AS fence_epochs
                  FROM {q} e
                  WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
                    AND (e.locked_until IS NULL OR e.locked_until <= now())
@@ -184,11 +208,16 @@ impl Queries {
                  )
                  SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
             ),
-            // The settle of an ordered claim: fenced by partition ownership ($5: relay id; a
-            // relay that lost the partition changes nothing), not by a row lease.
+            // The settle of an ordered claim: fenced by partition ownership at the epochs the
+            // claim saw ($5: relay id, $9/$10: partitions and their epochs), not by a row lease.
+            // A relay that lost a partition changes nothing in it, and neither does one whose
+            // partition went to another relay and came back (its epoch moved on meanwhile).
             settle_ordered: format!(
                 "WITH mine AS (
-                    SELECT partition FROM {partitions} WHERE owner = $5
+                    SELECT p.partition FROM {partitions} p
+                    JOIN unnest($9::int[], $10::bigint[]) AS c(partition, epoch)
+                      ON c.partition = p.partition AND c.epoch = p.epoch
+                    WHERE p.owner = $5
                  ),
                  ok AS ({published_ordered}),
                  bad AS (
@@ -206,27 +235,32 @@ impl Queries {
                  WHERE id = ANY($1) AND lock_token = $2"
             ),
             has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
-            has_claimable: format!(
-                "SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED} AND available_at <= now() \
-                 AND (locked_until IS NULL OR locked_until <= now()))"
-            ),
             // Say "I am waiting" (writers notify only then) and learn, in the same round trip,
-            // how long until the earliest backing-off or leased event can be claimed.
+            // how long until the earliest event this relay can take is due ($5: how long the
+            // flag lasts; the rest as in `due`).
             wait_prepare: format!(
                 "WITH w AS (
-                    INSERT INTO {waiters} (relay_id, waiting_until) VALUES ($1, now() + $2 * interval '1 millisecond')
+                    INSERT INTO {waiters} (relay_id, waiting_until) VALUES ($1, now() + $5 * interval '1 millisecond')
                     ON CONFLICT (relay_id) DO UPDATE SET waiting_until = EXCLUDED.waiting_until
                  )
-                 SELECT extract(epoch FROM min(greatest(available_at, coalesce(locked_until, available_at))) - now())::float8
-                 FROM {q} WHERE {UNFINISHED}"
+                 {due}"
             ),
+            // The second look of a wait: is anything this relay can take due now?
+            due_now: format!("SELECT coalesce(({due}) <= 0, false)"),
             wait_clear: format!("DELETE FROM {waiters} WHERE relay_id = $1"),
+            // Only while no other instance holds the relay id ($2: this one's): the exit of a
+            // process that was refused, or found another holding its id, strips nobody.
             deregister: format!(
-                "WITH w AS (DELETE FROM {waiters} WHERE relay_id = $1),
-                 p AS (UPDATE {partitions} SET owner = NULL, lease_until = NULL WHERE owner = $1),
-                 r AS (DELETE FROM {relays} WHERE relay_id = $1)
+                "WITH me AS (
+                    SELECT $1::text AS relay_id WHERE NOT EXISTS (
+                      SELECT 1 FROM {relays} WHERE relay_id = $1 AND instance IS DISTINCT FROM $2)
+                 ),
+                 w AS (DELETE FROM {waiters} WHERE relay_id IN (SELECT relay_id FROM me)),
+                 p AS (UPDATE {partitions} SET owner = NULL, lease_until = NULL
+                       WHERE owner IN (SELECT relay_id FROM me)),
+                 r AS (DELETE FROM {relays} WHERE relay_id IN (SELECT relay_id FROM me))
                  UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL
-                 WHERE {UNFINISHED} AND locked_by = $1"
+                 WHERE {UNFINISHED} AND locked_by IN (SELECT relay_id FROM me)"
             ),
             counts: format!(
                 "SELECT
@@ -310,6 +344,17 @@ struct InFlight {
     /// The shortest lease of the partitions the claim came from, on this process's clock
     /// (taken before the claim was sent, so never later than the database's).
     until: std::time::Instant,
+    /// The partitions the claim came from, with their ownership epochs: the settle's fence.
+    fence_partitions: Vec<i32>,
+    fence_epochs: Vec<i64>,
+}
+
+/// What fences the settle of an ordered claim: the relay and the epochs of its partitions.
+#[derive(Debug)]
+struct OrderedFence {
+    relay_id: String,
+    partitions: Vec<i32>,
+    epochs: Vec<i64>,
 }
 
 /// Where the next claim starts reading the pending index.
@@ -519,6 +564,8 @@ impl PgStore {
         }
         let g = |e| Error::Database(e);
         let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
+        let fence_partitions: Vec<i32> = rows[0].try_get("fence_partitions").map_err(g)?;
+        let fence_epochs: Vec<i64> = rows[0].try_get("fence_epochs").map_err(g)?;
         let mut keys = rows
             .iter()
             .map(|r| r.try_get::<i32, _>("partition_key"))
@@ -541,6 +588,8 @@ impl PgStore {
                     keys,
                     max_seq,
                     until: started + left,
+                    fence_partitions,
+                    fence_epochs,
                 },
             );
         }
@@ -552,12 +601,12 @@ impl PgStore {
         self.in_flight.lock().ok()?.remove(&token)
     }
 
-    /// One settle statement: fenced by the claim token, or for an ordered claim (`relay_id`)
-    /// by partition ownership.
+    /// One settle statement: fenced by the claim token, or for an ordered claim (`fence`) by
+    /// partition ownership at the claim's epochs.
     async fn settle_inner(
         &self,
         p: &SettleParams<'_>,
-        relay_id: Option<&str>,
+        fence: Option<&OrderedFence>,
     ) -> Result<SettleOutcome, Error> {
         if p.published.is_empty() && p.failed.is_empty() {
             return Ok(SettleOutcome::default());
@@ -567,16 +616,18 @@ impl PgStore {
         let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
         let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
         let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
-        let query = match relay_id {
-            Some(relay_id) => sqlx::query(&self.q.settle_ordered)
+        let query = match fence {
+            Some(fence) => sqlx::query(&self.q.settle_ordered)
                 .bind(p.published)
                 .bind(&ids)
                 .bind(&errs)
                 .bind(&delays)
-                .bind(relay_id)
+                .bind(&fence.relay_id)
                 .bind(&dead)
                 .bind(&unavailable)
-                .bind(self.partition_count().await?),
+                .bind(self.partition_count().await?)
+                .bind(&fence.partitions)
+                .bind(&fence.epochs),
             None => sqlx::query(&self.q.settle)
                 .bind(p.published)
                 .bind(&ids)
@@ -675,12 +726,14 @@ impl Store for PgStore {
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
-        let ordered = self
-            .in_flight
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&p.token).map(|f| f.relay_id.clone()));
-        let result = self.settle_inner(&p, ordered.as_deref()).await;
+        let ordered = self.in_flight.lock().ok().and_then(|m| {
+            m.get(&p.token).map(|f| OrderedFence {
+                relay_id: f.relay_id.clone(),
+                partitions: f.fence_partitions.clone(),
+                epochs: f.fence_epochs.clone(),
+            })
+        });
+        let result = self.settle_inner(&p, ordered.as_ref()).await;
         // Only now (the settle committed, or failed and the events are free to go again) may
         // the next ordered claim take these aggregates' next events.
         if ordered.is_some() {
@@ -725,7 +778,15 @@ impl Store for PgStore {
             .map_err(|e| self.err(e))
     }
 
-    async fn wait_for_work(&self, relay_id: &str, max: Duration) -> Result<Wake, Error> {
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
+        let (relay_id, max) = (p.relay_id, p.max);
+        let ordered = p.ordering.is_ordered();
+        let hold = p.ordering == Ordering::OrderedHold;
+        let partitions = if ordered {
+            self.partition_count().await?
+        } else {
+            1
+        };
         let mut slot = self.listener.lock().await;
         if let Err(e) = self.listen(&mut slot).await {
             // No listener: fall back to polling, but do report the error.
@@ -751,6 +812,9 @@ impl Store for PgStore {
         // visible to it.
         let until: Option<f64> = sqlx::query_scalar(&self.q.wait_prepare)
             .bind(relay_id)
+            .bind(ordered)
+            .bind(partitions)
+            .bind(hold)
             .bind((millis(max) + 1000) as f64)
             .fetch_one(&self.pool)
             .await
@@ -781,7 +845,11 @@ impl Store for PgStore {
                         },
                         _ = tokio::time::sleep_until(second_look), if !looked => {
                             looked = true;
-                            let ready: bool = sqlx::query_scalar(&self.q.has_claimable)
+                            let ready: bool = sqlx::query_scalar(&self.q.due_now)
+                                .bind(relay_id)
+                                .bind(ordered)
+                                .bind(partitions)
+                                .bind(hold)
                                 .fetch_one(&self.pool)
                                 .await
                                 .map_err(|e| self.err(e))?;
@@ -817,9 +885,11 @@ impl Store for PgStore {
         super::partitions::rebalance(&self.pool, &self.table, p).await
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        let relay_id = p.relay_id;
         let done = sqlx::query(&self.q.deregister)
             .bind(relay_id)
+            .bind(p.instance.to_string())
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;

@@ -472,6 +472,7 @@ async fn join<S: Store>(store: &S, relay_id: &str, ordering: Ordering) {
     store
         .rebalance(RebalanceParams {
             relay_id,
+            instance: uuid::Uuid::nil(),
             ordering,
             lease: Duration::from_secs(10),
             may_release: true,
@@ -627,7 +628,16 @@ pub async fn deregister_releases_and_forgets_the_relay<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert_eq!(got.len(), 3);
-    assert_eq!(store.deregister("gone").await.unwrap(), 3);
+    assert_eq!(
+        store
+            .deregister(crate::store::DeregisterParams {
+                relay_id: "gone",
+                instance: Uuid::nil()
+            })
+            .await
+            .unwrap(),
+        3
+    );
     assert_eq!(count(h, |r| r.lock_token.is_some()).await, 0);
     assert!(store
         .relays()

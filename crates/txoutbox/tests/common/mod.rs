@@ -122,6 +122,25 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// `SELECT count(*) FROM <relays> WHERE <cond>`.
+    pub async fn count_relays(&self, cond: &str) -> i64 {
+        self.scalar_count(&self.table.derived("relays"), cond).await
+    }
+
+    /// `SELECT count(*) FROM <partitions> WHERE <cond>`.
+    pub async fn count_partitions(&self, cond: &str) -> i64 {
+        self.scalar_count(&self.table.derived("partitions"), cond)
+            .await
+    }
+
+    async fn scalar_count(&self, table: &str, cond: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table} WHERE {cond}");
+        sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
     pub async fn total(&self) -> i64 {
         self.count_where("true").await
     }

@@ -29,8 +29,8 @@ pub use crate::store::wakeup::Wakeup;
 
 use self::schema::{derived, table, NOW_MS};
 use super::{
-    ClaimParams, Counts, DeadFilter, Membership, Ordering, RebalanceParams, RelayInfo,
-    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, Wake,
+    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
+    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::event::headers_from_json;
@@ -252,6 +252,28 @@ impl MySqlStore {
     }
 }
 
+/// Of the events an ordered claim picked (in `seq` order) and then managed to lock, those it
+/// may lease: an event only if every earlier picked event of its aggregate was locked too. A
+/// row that another transaction held at that moment (SKIP LOCKED skipped it) holds its
+/// aggregate's later events back, or they would be sent before it.
+fn ordered_prefix(picked: &[(i64, String, String)], locked: &[i64]) -> Vec<i64> {
+    let locked: std::collections::HashSet<i64> = locked.iter().copied().collect();
+    let mut stopped: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (seq, aggregate_type, aggregate_id) in picked {
+        let key = (aggregate_type.as_str(), aggregate_id.as_str());
+        if stopped.contains(&key) {
+            continue;
+        }
+        if locked.contains(seq) {
+            out.push(*seq);
+        } else {
+            stopped.insert(key);
+        }
+    }
+    out
+}
+
 #[async_trait::async_trait]
 impl Store for MySqlStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
@@ -275,12 +297,17 @@ impl Store for MySqlStore {
              WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
                AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS})"
         );
+        let base_agg = base.replacen(
+            "SELECT e.seq",
+            "SELECT e.seq, e.aggregate_type, e.aggregate_id",
+            1,
+        );
         let seqs: Vec<i64> = if p.ordering.is_ordered() {
             // Pick with a plain read, then lock what was picked: a locking read would also
             // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
             // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
-            let picked: Vec<i64> = sqlx::query_scalar(&format!(
-                "{base}
+            let picked: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+                "{base_agg}
                    AND MOD(e.partition_key, ?) IN (
                        SELECT `partition` FROM {} WHERE owner = ? AND lease_until > {NOW_MS} + {CLAIM_MARGIN_MS})
                    AND NOT EXISTS (
@@ -303,15 +330,16 @@ impl Store for MySqlStore {
                 Vec::new()
             } else {
                 // Still claimable, and not being changed by anyone else right now.
-                sqlx::query_scalar(&format!(
+                let locked: Vec<i64> = sqlx::query_scalar(&format!(
                     "SELECT seq FROM {q} WHERE seq IN ({}) AND processed_at IS NULL AND dead_at IS NULL
                        AND (locked_until IS NULL OR locked_until <= {NOW_MS})
                      ORDER BY seq FOR UPDATE SKIP LOCKED",
-                    picked.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+                    picked.iter().map(|(seq, _, _)| seq.to_string()).collect::<Vec<_>>().join(",")
                 ))
                 .fetch_all(&mut *tx)
                 .await
-                .map_err(err)?
+                .map_err(err)?;
+                ordered_prefix(&picked, &locked)
             }
         } else {
             sqlx::query_scalar(&format!(
@@ -470,7 +498,8 @@ impl Store for MySqlStore {
 
     /// Ready when something is due; otherwise sleep until a writer of this process wakes us,
     /// the earliest backing-off or leased event falls due, or the adaptive poll comes round.
-    async fn wait_for_work(&self, _relay_id: &str, max: Duration) -> Result<Wake, Error> {
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
+        let max = p.max;
         let due: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT CAST(min(GREATEST(available_at, coalesce(locked_until, available_at))) - {NOW_MS} AS SIGNED)
              FROM {} WHERE {UNFINISHED}",
@@ -502,31 +531,50 @@ impl Store for MySqlStore {
         partitions::rebalance(&self.pool, &self.table, p).await
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
         let err = |e| self.err(e);
-        let mut tx = self.pool.begin().await.map_err(err)?;
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE relay_id = ?",
-            derived(&self.table, "relays")
+        let relays = derived(&self.table, "relays");
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        // READ COMMITTED and the `locked_by` index (migration 3): the release below locks only
+        // this relay's own leased rows. Under REPEATABLE READ without the index it scanned and
+        // next-key locked every pending row, and another relay's SKIP LOCKED claim skipped them.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        let mut tx = conn.begin().await.map_err(err)?;
+        // Another process holds this relay id: its partitions and leases are not ours.
+        let held: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT 1 FROM {relays} WHERE relay_id = ? AND NOT (instance <=> ?) FOR UPDATE"
         ))
-        .bind(relay_id)
-        .execute(&mut *tx)
+        .bind(p.relay_id)
+        .bind(p.instance.to_string())
+        .fetch_optional(&mut *tx)
         .await
         .map_err(err)?;
+        if held.is_some() {
+            tx.commit().await.map_err(err)?;
+            return Ok(0);
+        }
+        sqlx::query(&format!("DELETE FROM {relays} WHERE relay_id = ?"))
+            .bind(p.relay_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
         sqlx::query(&format!(
             "UPDATE {} SET owner = NULL, lease_until = NULL WHERE owner = ?",
             derived(&self.table, "partitions")
         ))
-        .bind(relay_id)
+        .bind(p.relay_id)
         .execute(&mut *tx)
         .await
         .map_err(err)?;
         let n = sqlx::query(&format!(
             "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
-             WHERE {UNFINISHED} AND locked_by = ?",
+             WHERE locked_by = ? AND {UNFINISHED}",
             table(&self.table)
         ))
-        .bind(relay_id)
+        .bind(p.relay_id)
         .execute(&mut *tx)
         .await
         .map_err(err)?

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::{MySqlPool, Row};
+use sqlx::{Acquire, MySqlPool, Row};
 
 use super::schema::{derived, NOW_MS};
 use crate::error::{db_error, Error};
@@ -27,15 +27,51 @@ pub(super) async fn rebalance(
     let relays = derived(t, "relays");
     let partitions = derived(t, "partitions");
     let mode = p.ordering.mode_name();
-    let mut tx = pool.begin().await.map_err(err)?;
+    let instance = p.instance.to_string();
+    let mut conn = pool.acquire().await.map_err(err)?;
+    // Each statement sees what committed before it (the checks below must see a relay that
+    // registered while this one waited for the lock).
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    let mut tx = conn.begin().await.map_err(err)?;
+    // One heartbeat at a time per table: two relays registering at once would each miss the
+    // other's uncommitted row and both pass the checks below. Partition 0 always exists; its
+    // row lock is the table's registration lock.
     sqlx::query(&format!(
-        "INSERT INTO {relays} (relay_id, mode, heartbeat_at, alive_until)
-         VALUES (?, ?, {NOW_MS}, {NOW_MS} + ?)
-         ON DUPLICATE KEY UPDATE mode = VALUES(mode), heartbeat_at = VALUES(heartbeat_at),
-             alive_until = VALUES(alive_until)"
+        "SELECT `partition` FROM {partitions} WHERE `partition` = 0 FOR UPDATE"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(err)?;
+    // A relay id held by another live process: refuse it.
+    if let Some(left) = sqlx::query_scalar::<_, i64>(&format!(
+        "SELECT alive_until - {NOW_MS} FROM {relays}
+         WHERE relay_id = ? AND alive_until > {NOW_MS} AND NOT (instance <=> ?)"
+    ))
+    .bind(p.relay_id)
+    .bind(&instance)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(err)?
+    {
+        tx.rollback().await.map_err(err)?;
+        return Err(Error::RelayIdInUse {
+            table: t.display(),
+            relay_id: p.relay_id.to_owned(),
+            remaining_secs: left.max(0) as f64 / 1000.0,
+        });
+    }
+    sqlx::query(&format!(
+        "INSERT INTO {relays} (relay_id, mode, instance, heartbeat_at, alive_until)
+         VALUES (?, ?, ?, {NOW_MS}, {NOW_MS} + ?)
+         ON DUPLICATE KEY UPDATE mode = VALUES(mode), instance = VALUES(instance),
+             heartbeat_at = VALUES(heartbeat_at), alive_until = VALUES(alive_until)"
     ))
     .bind(p.relay_id)
     .bind(mode)
+    .bind(&instance)
     .bind(ms(p.lease))
     .execute(&mut *tx)
     .await

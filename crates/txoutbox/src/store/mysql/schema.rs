@@ -30,6 +30,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "ordering",
         sql: include_str!("../../../migrations/mysql/0002_ordering.sql"),
     },
+    Migration {
+        version: 3,
+        name: "fencing",
+        sql: include_str!("../../../migrations/mysql/0003_fencing.sql"),
+    },
 ];
 
 /// The schema is a MySQL database; the default (`public`) means the connection's own.

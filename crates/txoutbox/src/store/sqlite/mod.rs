@@ -28,8 +28,8 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::schema::{derived, table, NOW_MS};
 use super::{
-    ClaimParams, Counts, DeadFilter, Membership, Ordering, RebalanceParams, RelayInfo,
-    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, Wake,
+    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
+    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::event::headers_from_json;
@@ -61,6 +61,7 @@ struct Queries {
     due_in_ms: String,
     relay_other: String,
     relay_upsert: String,
+    relay_held: String,
     relay_gc: String,
     deregister_relay: String,
     deregister_events: String,
@@ -138,16 +139,21 @@ impl Queries {
                 "SELECT min(max(available_at, coalesce(locked_until, available_at))) - {NOW_MS}
                  FROM {q} WHERE {UNFINISHED}"
             ),
+            // Another live relay, or this relay id held by another process (?2: instance).
             relay_other: format!(
                 "SELECT relay_id, alive_until - {NOW_MS} FROM {relays}
-                 WHERE relay_id <> ?1 AND alive_until > {NOW_MS} LIMIT 1"
+                 WHERE (relay_id <> ?1 OR instance IS NOT ?2) AND alive_until > {NOW_MS}
+                 ORDER BY relay_id = ?1 DESC LIMIT 1"
             ),
             relay_upsert: format!(
-                "INSERT INTO {relays} (relay_id, mode, heartbeat_at, alive_until)
-                 VALUES (?1, ?2, {NOW_MS}, {NOW_MS} + ?3)
+                "INSERT INTO {relays} (relay_id, mode, instance, heartbeat_at, alive_until)
+                 VALUES (?1, ?2, ?4, {NOW_MS}, {NOW_MS} + ?3)
                  ON CONFLICT (relay_id) DO UPDATE
-                 SET mode = excluded.mode, heartbeat_at = excluded.heartbeat_at,
-                     alive_until = excluded.alive_until"
+                 SET mode = excluded.mode, instance = excluded.instance,
+                     heartbeat_at = excluded.heartbeat_at, alive_until = excluded.alive_until"
+            ),
+            relay_held: format!(
+                "SELECT 1 FROM {relays} WHERE relay_id = ?1 AND instance IS NOT ?2"
             ),
             relay_gc: format!("DELETE FROM {relays} WHERE alive_until < {NOW_MS} - 3600000"),
             deregister_relay: format!("DELETE FROM {relays} WHERE relay_id = ?1"),
@@ -495,7 +501,8 @@ impl Store for SqliteStore {
     /// the earliest backing-off or leased event falls due, or the adaptive poll comes round
     /// (10 ms after work was found, doubling while idle, at most `max`): writers in other
     /// processes are seen within that poll.
-    async fn wait_for_work(&self, _relay_id: &str, max: Duration) -> Result<Wake, Error> {
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
+        let max = p.max;
         let due: Option<i64> = sqlx::query_scalar(&self.q.due_in_ms)
             .fetch_one(&self.pool)
             .await
@@ -522,8 +529,10 @@ impl Store for SqliteStore {
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
         let err = |e| self.err(e);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let instance = p.instance.to_string();
         if let Some(row) = sqlx::query(&self.q.relay_other)
             .bind(p.relay_id)
+            .bind(&instance)
             .fetch_optional(&mut *tx)
             .await
             .map_err(err)?
@@ -531,6 +540,13 @@ impl Store for SqliteStore {
             let other: String = row.try_get(0).map_err(Error::Database)?;
             let left: i64 = row.try_get(1).map_err(Error::Database)?;
             tx.rollback().await.map_err(err)?;
+            if other == p.relay_id {
+                return Err(Error::RelayIdInUse {
+                    table: self.table.display(),
+                    relay_id: other,
+                    remaining_secs: left.max(0) as f64 / 1000.0,
+                });
+            }
             return Err(Error::RelayRunning {
                 table: self.table.display(),
                 other,
@@ -541,6 +557,7 @@ impl Store for SqliteStore {
             .bind(p.relay_id)
             .bind(p.ordering.mode_name())
             .bind(millis(p.lease))
+            .bind(&instance)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
@@ -563,9 +580,21 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn deregister(&self, relay_id: &str) -> Result<u64, Error> {
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        let relay_id = p.relay_id;
         let err = |e| self.err(e);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        // Another process holds this relay id: its leases are not ours.
+        let held = sqlx::query(&self.q.relay_held)
+            .bind(relay_id)
+            .bind(p.instance.to_string())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?;
+        if held.is_some() {
+            tx.rollback().await.map_err(err)?;
+            return Ok(0);
+        }
         sqlx::query(&self.q.deregister_relay)
             .bind(relay_id)
             .execute(&mut *tx)

@@ -33,6 +33,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "ordering",
         sql: include_str!("../../../migrations/sqlite/0002_ordering.sql"),
     },
+    Migration {
+        version: 3,
+        name: "fencing",
+        sql: include_str!("../../../migrations/sqlite/0003_fencing.sql"),
+    },
 ];
 
 /// SQLite has no schemas: an outbox lives in the database file the URL names. The default
