@@ -117,6 +117,7 @@ macro_rules! store_conformance {
             ordered_claim_never_passes_a_blocked_aggregate,
             hold_mode_keeps_an_aggregate_behind_its_dead_letter,
             deregister_releases_and_forgets_the_relay,
+            a_relay_id_held_by_a_live_process_is_refused,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

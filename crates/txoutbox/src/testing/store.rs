@@ -651,3 +651,35 @@ pub async fn deregister_releases_and_forgets_the_relay<H: Harness>(h: &H) {
         .unwrap();
     assert_eq!(again.len(), 3, "released at once, not after the lease");
 }
+
+/// A relay id that a live process holds is refused to another process (another instance),
+/// and that process's deregister leaves the holder alone.
+pub async fn a_relay_id_held_by_a_live_process_is_refused<H: Harness>(h: &H) {
+    let store = h.store(Retention::Mark).await;
+    let other = h.store(Retention::Mark).await;
+    let (holder, intruder) = (Uuid::new_v4(), Uuid::new_v4());
+    let params = |instance| RebalanceParams {
+        relay_id: "same",
+        instance,
+        ordering: Ordering::Ordered,
+        lease: Duration::from_secs(10),
+        may_release: true,
+    };
+    store.rebalance(params(holder)).await.unwrap();
+    store.rebalance(params(holder)).await.unwrap();
+    match other.rebalance(params(intruder)).await {
+        Err(crate::Error::RelayIdInUse { relay_id, .. }) => assert_eq!(relay_id, "same"),
+        other => panic!("expected RelayIdInUse, got {other:?}"),
+    }
+    let leaving = |instance| crate::store::DeregisterParams {
+        relay_id: "same",
+        instance,
+    };
+    other.deregister(leaving(intruder)).await.unwrap();
+    let alive = |rs: &[crate::store::RelayInfo]| rs.iter().any(|r| r.relay_id == "same" && r.alive);
+    assert!(alive(&store.relays().await.unwrap()), "the holder is still registered");
+    store.deregister(leaving(holder)).await.unwrap();
+    assert!(!alive(&store.relays().await.unwrap()), "its own exit deregisters");
+    // Free again: another process may take the id now.
+    other.rebalance(params(intruder)).await.unwrap();
+}

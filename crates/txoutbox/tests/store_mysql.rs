@@ -1,0 +1,143 @@
+//! MySQL / MariaDB row locks against the real server: a deregister locks only its own rows,
+//! and an ordered claim never leases an aggregate's event past one it could not lock.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::time::Duration;
+
+use sqlx::{Connection, Row};
+use txoutbox::store::{ClaimParams, DeregisterParams, Ordering, RebalanceParams, Retention, Store};
+use txoutbox::testing::mysql::MySqlHarness;
+use txoutbox::testing::Harness;
+use txoutbox::NewEvent;
+use uuid::Uuid;
+
+fn event(aggregate: &str, i: usize) -> NewEvent {
+    NewEvent::new("order", aggregate, "e", &serde_json::json!({ "i": i })).unwrap()
+}
+
+fn claim(relay_id: &str, ordering: Ordering) -> ClaimParams<'_> {
+    ClaimParams {
+        relay_id,
+        token: Uuid::new_v4(),
+        limit: 100,
+        lease: Duration::from_secs(30),
+        ordering,
+    }
+}
+
+/// Another connection holds a row lock on the event with `seq` (a transaction left open) until
+/// it is dropped. A connection of its own, not the pool's: a test that fails closes it, so the
+/// lock does not outlive the test and block the clean-up.
+async fn lock_row(h: &MySqlHarness, seq: i64) -> sqlx::MySqlConnection {
+    let mut conn = sqlx::MySqlConnection::connect(&txoutbox::testing::mysql::url_for(&h.database))
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut conn).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT seq FROM `{}` WHERE seq = ? FOR UPDATE",
+        h.table.table().as_str()
+    ))
+    .bind(seq)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn
+}
+
+async fn seq_of(h: &MySqlHarness, id: Uuid) -> i64 {
+    sqlx::query(&format!(
+        "SELECT seq FROM `{}` WHERE id = ?",
+        h.table.table().as_str()
+    ))
+    .bind(id.hyphenated().to_string())
+    .fetch_one(&h.pool)
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test]
+async fn an_ordered_claim_leases_nothing_of_an_aggregate_past_a_row_it_could_not_lock() {
+    let h = MySqlHarness::new().await;
+    let store = h.store(Retention::Mark).await;
+    store
+        .rebalance(RebalanceParams {
+            relay_id: "r",
+            instance: Uuid::new_v4(),
+            ordering: Ordering::Ordered,
+            lease: Duration::from_secs(10),
+            may_release: true,
+        })
+        .await
+        .unwrap();
+    let a = h
+        .enqueue(&[event("a", 0), event("a", 1), event("a", 2)])
+        .await;
+    let b = h.enqueue(&[event("b", 0)]).await;
+    // Something else holds a's first event for a moment (an operator's statement, a scan).
+    let held = lock_row(&h, seq_of(&h, a[0]).await).await;
+    let got: Vec<Uuid> = store
+        .claim(claim("r", Ordering::Ordered))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    held.close().await.unwrap();
+    assert_eq!(
+        got, b,
+        "a's later events must wait for its first, which was locked"
+    );
+    let next: Vec<Uuid> = store
+        .claim(claim("r", Ordering::Ordered))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(next, a, "then a goes on, in order");
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn deregister_locks_only_the_relays_own_rows() {
+    let h = MySqlHarness::new().await;
+    let store = h.store(Retention::Mark).await;
+    let ids = h.enqueue(&[event("a", 0), event("b", 0), event("c", 0)]).await;
+    let mut leaving = claim("leaving", Ordering::Unordered);
+    leaving.limit = 1;
+    let got = store.claim(leaving).await.unwrap();
+    assert_eq!(got[0].id, ids[0]);
+    // Another relay is in the middle of claiming (or an operator updating) a pending row.
+    let held = lock_row(&h, seq_of(&h, ids[2]).await).await;
+    let released = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.deregister(DeregisterParams {
+            relay_id: "leaving",
+            instance: Uuid::new_v4(),
+        }),
+    )
+    .await;
+    // Let go of the lock before judging, so that a failure does not leave the deregister
+    // waiting on it (and the clean-up behind that).
+    held.close().await.unwrap();
+    let Ok(released) = released else {
+        // The abandoned deregister's transaction must not outlive the test either.
+        store.pool().close().await;
+        panic!("deregister waited for a row lock on someone else's pending row");
+    };
+    let released = released.unwrap();
+    assert_eq!(released, 1);
+    let mut conn = sqlx::MySqlConnection::connect(&txoutbox::testing::mysql::url_for(&h.database))
+        .await
+        .unwrap();
+    let leased: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM `{}` WHERE locked_by IS NOT NULL",
+        h.table.table().as_str()
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(leased, 0);
+    h.cleanup().await;
+}
