@@ -350,21 +350,41 @@ async fn outage_answers_are_unavailable_unless_the_url_says_otherwise() {
     }
     let p = publisher(&format!("{}/x", server.base)).await;
     for code in [401, 403, 404] {
-        assert_eq!(kind(&server, p.as_ref(), code).await, ErrorKind::Unavailable, "{code}");
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Unavailable,
+            "{code}"
+        );
     }
     for code in [400, 413, 422] {
-        assert_eq!(kind(&server, p.as_ref(), code).await, ErrorKind::Permanent, "{code}");
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Permanent,
+            "{code}"
+        );
     }
     let p = publisher(&format!("{}/x?unavailable_status=none", server.base)).await;
     for code in [401, 403, 404] {
-        assert_eq!(kind(&server, p.as_ref(), code).await, ErrorKind::Permanent, "{code}");
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Permanent,
+            "{code}"
+        );
     }
     let p = publisher(&format!("{}/x?unavailable_status=404,409", server.base)).await;
     assert_eq!(kind(&server, p.as_ref(), 404).await, ErrorKind::Unavailable);
     assert_eq!(kind(&server, p.as_ref(), 409).await, ErrorKind::Unavailable);
     assert_eq!(kind(&server, p.as_ref(), 401).await, ErrorKind::Permanent);
     // The parameter is ours: it does not reach the endpoint.
-    let last = server.shared.requests.lock().unwrap().last().unwrap().uri.clone();
+    let last = server
+        .shared
+        .requests
+        .lock()
+        .unwrap()
+        .last()
+        .unwrap()
+        .uri
+        .clone();
     assert_eq!(last.query(), None, "{last}");
 
     for bad in ["abc", "500", "404,", "4044"] {
@@ -372,7 +392,10 @@ async fn outage_answers_are_unavailable_unless_the_url_says_otherwise() {
         match publish::connect(&url).await {
             Err(ConnectError::Config(e)) => {
                 let e = e.to_string();
-                assert!(e.contains("unavailable_status") && e.contains("4xx"), "{bad}: {e}");
+                assert!(
+                    e.contains("unavailable_status") && e.contains("4xx"),
+                    "{bad}: {e}"
+                );
             }
             Err(e) => panic!("{bad}: expected a config error, got {e}"),
             Ok(_) => panic!("unavailable_status={bad} accepted"),

@@ -382,8 +382,12 @@ async fn a_fatal_producer_error_keeps_the_gap_closed_and_the_producer_is_rebuilt
 
     // The producer is fatal now: the publisher replaces it.
     let next = message(3, "k");
-    let ack = p.send(&next).await.unwrap_or_else(|e| panic!("send after a fatal error: {}", e.chain()));
-    ack.await.unwrap_or_else(|e| panic!("ack after a fatal error: {}", e.chain()));
+    let ack = p
+        .send(&next)
+        .await
+        .unwrap_or_else(|e| panic!("send after a fatal error: {}", e.chain()));
+    ack.await
+        .unwrap_or_else(|e| panic!("ack after a fatal error: {}", e.chain()));
     p.check().await.unwrap();
 
     // On the broker: the first and the last message, nothing between them.
@@ -395,7 +399,8 @@ async fn a_fatal_producer_error_keeps_the_gap_closed_and_the_producer_is_rebuilt
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset("fatal", 0, Offset::Beginning).unwrap();
+    tpl.add_partition_offset("fatal", 0, Offset::Beginning)
+        .unwrap();
     c.assign(&tpl).unwrap();
     let got = consume(&c, 2, Duration::from_secs(20)).await;
     let seqs: Vec<i64> = got

@@ -264,7 +264,9 @@ async fn no_matching_subscribers_is_unavailable_unless_the_url_says_otherwise() 
         Err(ConnectError::Config(e)) => {
             let e = e.to_string();
             assert!(
-                e.contains("no_subscribers") && e.contains("unavailable") && e.contains("permanent"),
+                e.contains("no_subscribers")
+                    && e.contains("unavailable")
+                    && e.contains("permanent"),
                 "{e}"
             );
         }

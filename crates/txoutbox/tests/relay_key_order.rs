@@ -108,10 +108,7 @@ async fn write(db: &TestDb) -> (Uuid, Uuid, Uuid) {
     let mut tx = db.pool.begin().await.unwrap();
     let ids = db
         .outbox()
-        .enqueue_many(
-            &mut *tx,
-            &[event("x", 1), event("x", 2), event("y", 1)],
-        )
+        .enqueue_many(&mut *tx, &[event("x", 1), event("x", 2), event("y", 1)])
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -121,12 +118,17 @@ async fn write(db: &TestDb) -> (Uuid, Uuid, Uuid) {
 async fn drain(db: &TestDb, p: &KeyOrdered, cfg: RelayConfig) {
     let stats = tokio::time::timeout(
         DEADLINE,
-        Relay::new(db.store(), Box::new(p.clone()), cfg).spawn().join(),
+        Relay::new(db.store(), Box::new(p.clone()), cfg)
+            .spawn()
+            .join(),
     )
     .await
     .expect("drained in time")
     .unwrap();
-    assert!(stats.failed >= 1, "the scripted failure happened: {stats:?}");
+    assert!(
+        stats.failed >= 1,
+        "the scripted failure happened: {stats:?}"
+    );
 }
 
 fn position(sends: &[Uuid], id: Uuid) -> Vec<usize> {

@@ -112,12 +112,10 @@ impl HttpPublisher {
         let timeout = url.duration_param("timeout", Duration::from_secs(10))?;
         let unavailable_status = match url.param("unavailable_status") {
             None => UNAVAILABLE_STATUS.to_vec(),
-            Some(v) => {
-                parse_status_list(v).map_err(|reason| ConfigError::BadParam {
-                    name: "unavailable_status".into(),
-                    reason,
-                })?
-            }
+            Some(v) => parse_status_list(v).map_err(|reason| ConfigError::BadParam {
+                name: "unavailable_status".into(),
+                reason,
+            })?,
         };
         let secret = match url.param("secret_file") {
             Some(path) => Some(read_secret_file(path)?),

@@ -17,7 +17,8 @@
 //! adds brokers; `compression=lz4` is short for `compression.codec=lz4`. An unknown setting or
 //! a bad value stops start-up. txoutbox sets `message.timeout.ms=30000` (how long a message
 //! may wait for its delivery report; override it like any other setting) and always
-//! `enable.idempotence=true` and `acks=all`, which the URL cannot change. A user name and
+//! `enable.idempotence=true`, `enable.gapless.guarantee=true` and `acks=all`, which the URL
+//! cannot change. A user name and
 //! password in the URL become `sasl.username` / `sasl.password`, with `security.protocol`
 //! `SASL_PLAINTEXT` (`SASL_SSL` over TLS) and `sasl.mechanism` `PLAIN` unless set otherwise.
 //!
@@ -39,6 +40,12 @@
 //! key's events stay in order while the relay pipelines them
 //! ([`Publisher::keeps_key_order`]). Kafka has no dedup across producer sessions: consumers
 //! skip records whose `outbox-event-id` they have already handled.
+//!
+//! With the gapless guarantee, a failure that could let a later message of a partition be
+//! delivered past a failed earlier one is a *fatal* error instead: the later messages fail
+//! too. A producer that failed fatally produces nothing more; the next `send` or `check`
+//! replaces it with a new one built from the same settings (see `producer`), and until that
+//! succeeds both fail as *unavailable*, naming librdkafka's reason, so readiness says so.
 //!
 //! Errors: a record too large for the producer or broker, an invalid topic name (checked
 //! before sending: `[a-zA-Z0-9._-]{1,249}`, not `.` or `..`) or an invalid record is
@@ -510,7 +517,9 @@ mod tests {
         _: &rdkafka::ClientConfig,
         _: BrokerErrors,
     ) -> rdkafka::error::KafkaResult<rdkafka::producer::FutureProducer<BrokerErrors>> {
-        Err(KafkaError::ClientCreation("test: cannot build a producer".into()))
+        Err(KafkaError::ClientCreation(
+            "test: cannot build a producer".into(),
+        ))
     }
 
     /// After a fatal error the producer is replaced; while it cannot be, `check` (readiness)

@@ -562,9 +562,11 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Unavailable);
         assert!(e.to_string().contains("NoMatchingSubscribers"), "{e}");
         let permanent = Some(ErrorKind::Permanent);
-        assert!(puback_result(PubAckReason::NoMatchingSubscribers, permanent)
-            .unwrap_err()
-            .is_permanent());
+        assert!(
+            puback_result(PubAckReason::NoMatchingSubscribers, permanent)
+                .unwrap_err()
+                .is_permanent()
+        );
         assert!(puback_result(PubAckReason::NoMatchingSubscribers, None).is_ok());
         assert!(puback_result(PubAckReason::TopicNameInvalid, default)
             .unwrap_err()
