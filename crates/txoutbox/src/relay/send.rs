@@ -226,11 +226,11 @@ impl<'a> Held<'a> {
             return;
         }
         let mut stopped: HashSet<(&str, &str)> = HashSet::new();
-        for i in 0..self.events.len() {
+        for (i, result) in outcome.iter_mut().enumerate() {
             let key = self.key(i);
             if stopped.contains(&key) {
-                outcome[i] = None;
-            } else if self.stops(outcome[i].as_ref()) {
+                *result = None;
+            } else if self.stops(result.as_ref()) {
                 stopped.insert(key);
             }
         }
