@@ -221,3 +221,84 @@ async fn skip_mode_goes_on_past_a_permanent_failure() {
     assert_eq!(position(&sent, x2).len(), 1, "X2 sent once: {sent:?}");
     db.cleanup().await;
 }
+
+/// The relay with the real Kafka publisher, on librdkafka's mock cluster, whose first
+/// ProduceRequest fails: with the gapless guarantee that is a fatal producer error, so every
+/// later message of the batch fails too; the publisher builds a new producer and the relay
+/// delivers everything, X1's first copy in the topic ahead of every copy of X2.
+#[cfg(feature = "kafka")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_relay_recovers_from_a_fatal_producer_error_in_order() {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message as _};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let db = TestDb::new().await;
+    let (x1, x2, y1) = write(&db).await;
+    let mock = MockCluster::new(1).unwrap();
+    mock.create_topic("outbox.account", 1, 1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let first = bootstrap.split(',').next().unwrap();
+    let url = format!("kafka://{first}?batch_num_messages=1&max_in_flight=1");
+    let publisher = txoutbox::publish::connect(&url).await.unwrap();
+    assert!(publisher.keeps_key_order());
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    let stats = tokio::time::timeout(
+        DEADLINE,
+        Relay::new(db.store(), publisher, config("kafka", Ordering::Ordered))
+            .spawn()
+            .join(),
+    )
+    .await
+    .expect("drained in time")
+    .unwrap();
+    assert!(
+        stats.failed >= 1,
+        "the injected failure happened: {stats:?}"
+    );
+    assert_eq!(db.processed().await, 3);
+    let (t1, t2) = (
+        db.row(x1).await.processed_at.unwrap(),
+        db.row(x2).await.processed_at.unwrap(),
+    );
+    assert!(t2 >= t1, "X2 settled at {t2}, before X1 at {t1}");
+
+    // Read the whole topic (up to its high watermark).
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "txotest-relay-fatal")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let (_, high) = c
+        .fetch_watermarks("outbox.account", 0, Duration::from_secs(5))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("outbox.account", 0, Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut ids = Vec::new();
+    while (ids.len() as i64) < high {
+        let m = tokio::time::timeout(DEADLINE, c.recv())
+            .await
+            .expect("the topic's records")
+            .unwrap();
+        let id = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "outbox-event-id"))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).parse::<Uuid>().unwrap())
+            .unwrap();
+        ids.push(id);
+    }
+    let first_x1 = ids.iter().position(|id| *id == x1).expect("X1 delivered");
+    let first_x2 = ids.iter().position(|id| *id == x2).expect("X2 delivered");
+    assert!(first_x1 < first_x2, "X2 ahead of X1 in the topic: {ids:?}");
+    assert!(ids.contains(&y1));
+    db.cleanup().await;
+}
