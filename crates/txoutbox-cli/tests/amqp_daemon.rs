@@ -1,6 +1,6 @@
 //! The daemon against the real RabbitMQ: delivery per the contract, and the dead-letter
-//! workflow (an unroutable event dies after its attempts while others flow; `dlq retry`
-//! brings it back once a queue is bound).
+//! workflow (an unroutable event, with `unroutable=transient`, dies after its attempts while
+//! others flow; `dlq retry` brings it back once a queue is bound).
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
@@ -87,7 +87,7 @@ async fn poison_event_dead_letters_and_dlq_retry_delivers_it() {
     .unwrap();
 
     let url = format!(
-        "{}?exchange={exchange}&routing_key={{event_type}}",
+        "{}?exchange={exchange}&routing_key={{event_type}}&unroutable=transient",
         amqp_url()
     );
     let relay = [

@@ -199,7 +199,7 @@ async fn publishes_in_order_with_confirms() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn unroutable_is_transient_and_long_keys_permanent() -> anyhow::Result<()> {
+async fn unroutable_is_unavailable_and_long_keys_permanent() -> anyhow::Result<()> {
     let scope = Scope::new().await?;
     let result = async {
         scope.bind("test.order.routed").await?;
@@ -213,7 +213,9 @@ async fn unroutable_is_transient_and_long_keys_permanent() -> anyhow::Result<()>
             .await
             .err()
             .context("unroutable must fail")?;
-        assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
+        // No queue takes it right now (a consumer not yet deployed): unavailable, so an
+        // outage longer than the retry budget does not dead-letter every event.
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
         let text = e.to_string();
         assert!(text.contains("unroutable"), "{text}");
         assert!(text.contains(&scope.exchange), "{text}");
@@ -417,6 +419,70 @@ async fn unroutable_messages_among_many_are_told_apart() -> anyhow::Result<()> {
             }
         }
         assert_eq!(scope.take(routed).await?.len(), routed);
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    scope.cleanup().await;
+    result
+}
+
+/// `unroutable=permanent`: a message no queue is bound for is dead-lettered at once.
+#[tokio::test]
+async fn unroutable_can_be_made_permanent() -> anyhow::Result<()> {
+    let scope = Scope::new().await?;
+    let result = async {
+        scope.bind("test.order.routed").await?;
+        let p = publisher(&scope.url("&unroutable=permanent")).await?;
+        let mut m = message(1);
+        m.event_type = "nobody-listens".into();
+        let e = p.send(&m).await?.await.err().context("unroutable")?;
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+        let mut m = message(2);
+        m.event_type = "routed".into();
+        p.send(&m).await?.await?;
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    scope.cleanup().await;
+    result
+}
+
+/// Publishing to an exchange that does not exist (not declared by us: `declare=false`) makes
+/// RabbitMQ close the channel with NOT_FOUND: unavailable by default (it may be created by a
+/// deploy in progress), permanent with `unroutable=permanent`.
+#[tokio::test]
+async fn missing_exchange_is_unavailable_unless_the_url_says_permanent() -> anyhow::Result<()> {
+    let scope = Scope::new().await?;
+    let result = async {
+        let missing = format!("{}_missing", scope.exchange);
+        let url = |extra: &str| {
+            format!(
+                "{}?exchange={missing}&declare=false&routing_key=k{extra}",
+                server()
+            )
+        };
+        let attempt = |p: Box<dyn Publisher>| async move {
+            let e = match p.send(&message(1)).await {
+                Ok(ack) => ack.await.err().context("the exchange is missing")?,
+                Err(e) => e,
+            };
+            let _ = p.close().await;
+            Ok::<_, anyhow::Error>(e)
+        };
+        let e = attempt(publisher(&url("")).await?).await?;
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
+        assert!(e.to_string().contains("404"), "{e}");
+        let e = attempt(publisher(&url("&unroutable=permanent")).await?).await?;
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{}", e.chain());
+
+        match publish::connect(&url("&unroutable=sometimes")).await {
+            Err(ConnectError::Config(e)) => {
+                let e = e.to_string();
+                assert!(e.contains("unroutable") && e.contains("permanent"), "{e}");
+            }
+            Err(e) => bail!("expected a config error, got {e}"),
+            Ok(_) => bail!("unroutable=sometimes accepted"),
+        }
         Ok::<_, anyhow::Error>(())
     }
     .await;

@@ -227,8 +227,9 @@ async fn answers_are_classified() {
         (408, None, ErrorKind::Transient),
         (429, Some("3"), ErrorKind::Transient),
         (400, None, ErrorKind::Permanent),
-        (404, None, ErrorKind::Permanent),
         (410, None, ErrorKind::Permanent),
+        (413, None, ErrorKind::Permanent),
+        (422, None, ErrorKind::Permanent),
         (302, None, ErrorKind::Permanent),
     ];
     for (code, retry_after, kind) in cases {
@@ -333,4 +334,71 @@ async fn bad_config_is_refused() {
     );
     let e = publish::connect(&url).await.err().unwrap().to_string();
     assert!(!e.contains("not*base64"), "{e}");
+}
+
+/// 401, 403 and 404 mean "nobody can take this right now" (an expired credential, a deploy
+/// in progress): unavailable by default, so they do not dead-letter every event on the first
+/// attempt. `unavailable_status` chooses which 4xx answers are taken so (`none`: all
+/// permanent).
+#[tokio::test]
+async fn outage_answers_are_unavailable_unless_the_url_says_otherwise() {
+    let server = Server::start(Mode::Ok).await;
+    async fn kind(server: &Server, p: &dyn Publisher, code: u16) -> ErrorKind {
+        server.set_mode(Mode::Status(code, None));
+        let m = message(code as usize);
+        p.send(&m).await.unwrap().await.unwrap_err().kind()
+    }
+    let p = publisher(&format!("{}/x", server.base)).await;
+    for code in [401, 403, 404] {
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Unavailable,
+            "{code}"
+        );
+    }
+    for code in [400, 413, 422] {
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Permanent,
+            "{code}"
+        );
+    }
+    let p = publisher(&format!("{}/x?unavailable_status=none", server.base)).await;
+    for code in [401, 403, 404] {
+        assert_eq!(
+            kind(&server, p.as_ref(), code).await,
+            ErrorKind::Permanent,
+            "{code}"
+        );
+    }
+    let p = publisher(&format!("{}/x?unavailable_status=404,409", server.base)).await;
+    assert_eq!(kind(&server, p.as_ref(), 404).await, ErrorKind::Unavailable);
+    assert_eq!(kind(&server, p.as_ref(), 409).await, ErrorKind::Unavailable);
+    assert_eq!(kind(&server, p.as_ref(), 401).await, ErrorKind::Permanent);
+    // The parameter is ours: it does not reach the endpoint.
+    let last = server
+        .shared
+        .requests
+        .lock()
+        .unwrap()
+        .last()
+        .unwrap()
+        .uri
+        .clone();
+    assert_eq!(last.query(), None, "{last}");
+
+    for bad in ["abc", "500", "404,", "4044"] {
+        let url = format!("{}/x?unavailable_status={bad}", server.base);
+        match publish::connect(&url).await {
+            Err(ConnectError::Config(e)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("unavailable_status") && e.contains("4xx"),
+                    "{bad}: {e}"
+                );
+            }
+            Err(e) => panic!("{bad}: expected a config error, got {e}"),
+            Ok(_) => panic!("unavailable_status={bad} accepted"),
+        }
+    }
 }

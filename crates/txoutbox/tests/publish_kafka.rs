@@ -332,3 +332,96 @@ async fn password_is_not_in_errors() {
     let text = format!("{} {e:?}", e.chain());
     assert!(!text.contains("s3cr3t"), "{text}");
 }
+
+/// A broker-side permanent failure of one ProduceRequest, on librdkafka's mock cluster (a
+/// Kafka-protocol broker inside librdkafka, listening on loopback, that can inject errors;
+/// the broker under `KAFKA_BROKERS` cannot be told to fail one request).
+///
+/// With `enable.gapless.guarantee` (which txoutbox always sets), librdkafka turns such an
+/// error into a fatal error instead of bumping the producer epoch and going on: so a message
+/// of the same partition produced after the failed one is *not* delivered past the gap (the
+/// relay would otherwise see the successor delivered ahead of its failed predecessor). A
+/// fatal producer can produce nothing more: the publisher must rebuild it, and the next event
+/// goes through.
+#[tokio::test]
+async fn a_fatal_producer_error_keeps_the_gap_closed_and_the_producer_is_rebuilt() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    let mock = MockCluster::new(1).unwrap();
+    mock.create_topic("fatal", 1, 1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let first = bootstrap.split(',').next().unwrap();
+    // One message per request and one request in flight, so the successor is still queued
+    // when the failure comes back. (The mock broker checks sequence numbers only for
+    // transactional producers: a successor already in flight would be written, where a real
+    // broker refuses it as out of order.)
+    let url = format!(
+        "kafka://{first}?topic=fatal&batch_num_messages=1&max_in_flight=1&message_timeout_ms=10000"
+    );
+    let p = publisher(&url).await;
+    p.send(&message(0, "k")).await.unwrap().await.unwrap();
+
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    let failed = p.send(&message(1, "k")).await.unwrap();
+    let successor = p.send(&message(2, "k")).await;
+    let e = failed.await.unwrap_err();
+    assert_ne!(e.kind(), ErrorKind::Permanent, "{}", e.chain());
+    let successor = match successor {
+        Ok(ack) => ack.await,
+        Err(e) => Err(e),
+    };
+    let e = successor.expect_err(
+        "the successor of a failed message was delivered past the gap \
+         (enable.gapless.guarantee not in force)",
+    );
+    assert_ne!(e.kind(), ErrorKind::Permanent, "{}", e.chain());
+
+    // The producer is fatal now: the publisher replaces it.
+    let next = message(3, "k");
+    let ack = p
+        .send(&next)
+        .await
+        .unwrap_or_else(|e| panic!("send after a fatal error: {}", e.chain()));
+    ack.await
+        .unwrap_or_else(|e| panic!("ack after a fatal error: {}", e.chain()));
+    p.check().await.unwrap();
+
+    // On the broker: the first and the last message, nothing between them.
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "txotest-fatal")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("fatal", 0, Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let got = consume(&c, 2, Duration::from_secs(20)).await;
+    let seqs: Vec<i64> = got
+        .iter()
+        .map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(r.payload().unwrap()).unwrap();
+            body["n"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [0, 3]);
+    p.close().await.unwrap();
+}
+
+/// `enable.gapless.guarantee` is one of the settings the delivery guarantee rests on.
+#[tokio::test]
+async fn gapless_guarantee_cannot_be_turned_off() {
+    match publish::connect("kafka://127.0.0.1:1?enable_gapless_guarantee=false").await {
+        Err(ConnectError::Config(e)) => {
+            assert!(e.to_string().contains("enable_gapless_guarantee"), "{e}")
+        }
+        Err(e) => panic!("expected a config error, got {e}"),
+        Ok(_) => panic!("enable_gapless_guarantee=false accepted"),
+    }
+}

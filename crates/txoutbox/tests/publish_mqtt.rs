@@ -230,3 +230,52 @@ async fn unreachable_broker_is_unavailable_quickly_and_hides_the_password() {
     assert!(!e.chain().contains("s3cret-pw"), "{}", e.chain());
     assert!(!format!("{e:?}").contains("s3cret-pw"), "{e:?}");
 }
+
+/// Mosquitto answers a QoS 1 PUBLISH that no subscription matches with the MQTT 5 reason code
+/// `NoMatchingSubscribers` (16): nobody took the event, so it is not delivered. By default that
+/// is *unavailable* (a consumer outage must not turn events into dead letters); the URL may
+/// make it permanent, or count it as delivered.
+#[tokio::test]
+async fn no_matching_subscribers_is_unavailable_unless_the_url_says_otherwise() {
+    let prefix = prefix();
+    let topic = format!("{}?topic={prefix}/{{aggregate_id}}", server());
+    let p = publisher(&topic).await;
+    let e = p.send(&message(1)).await.unwrap().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("NoMatchingSubscribers"), "{e}");
+
+    // Once a consumer subscribes, the same publish is delivered.
+    let consumer = Consumer::start(&prefix).await;
+    p.send(&message(2)).await.unwrap().await.unwrap();
+    consumer.wait_for(1).await;
+    consumer.stop().await;
+    p.close().await.unwrap();
+
+    let other = prefix_url_without_subscribers();
+    let p = publisher(&format!("{other}&no_subscribers=permanent")).await;
+    let e = p.send(&message(3)).await.unwrap().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+    p.close().await.unwrap();
+    let p = publisher(&format!("{other}&no_subscribers=delivered")).await;
+    p.send(&message(4)).await.unwrap().await.unwrap();
+    p.close().await.unwrap();
+
+    match publish::connect(&format!("{other}&no_subscribers=drop")).await {
+        Err(ConnectError::Config(e)) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("no_subscribers")
+                    && e.contains("unavailable")
+                    && e.contains("permanent"),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("expected a config error, got {e}"),
+        Ok(_) => panic!("no_subscribers=drop accepted"),
+    }
+}
+
+/// A publisher URL whose topic no one subscribes to.
+fn prefix_url_without_subscribers() -> String {
+    format!("{}?topic={}/{{aggregate_id}}", server(), prefix())
+}

@@ -8,7 +8,8 @@
 //! (a [`Template`], default `{event_type}`), `exchange_type` (default `topic`), `declare`
 //! (default `true`: declare the exchange durable; `amq.*` and the default exchange are never
 //! declared), `confirm_timeout` (default `10s`), `connect_timeout` (default `10s`),
-//! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`).
+//! `bind_queue` (declare this durable queue and bind it with `bind_key`, default `#`),
+//! `unroutable` (below), `cloudevents` and `ce_source`.
 //!
 //! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
 //! the system's roots), `tls_cert` and `tls_key` (a client certificate; the key must be PKCS#8,
@@ -18,6 +19,15 @@
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
 //! `mandatory`, so a message no queue is bound for comes back as an error instead of vanishing.
+//!
+//! Such an unroutable message, and one sent to an exchange that does not exist (RabbitMQ
+//! closes the channel with `404 NOT_FOUND`), fails as *unavailable* by default: nobody can take
+//! it right now (a consumer's queue not yet declared, a deploy in progress), so it is retried
+//! without using up `max_attempts` and an outage does not turn events into dead letters.
+//! `unroutable=permanent` dead-letters such a message at once instead, `unroutable=transient`
+//! after `max_attempts`. A message too large
+//! for the broker, or a routing key or header AMQP cannot carry, is permanent; a nack or a
+//! missing confirm is transient; a lost connection is unavailable.
 //! lapin does not reconnect by itself: a closed channel is reopened (and a dead connection
 //! re-established) on the next `send`.
 
@@ -35,7 +45,9 @@ use tokio::sync::Mutex;
 
 use super::tls::TlsFiles;
 use super::url::PublisherUrl;
-use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
+use super::{
+    Ack, ConfigError, ConnectError, ErrorKind, Message, PublishError, Publisher, Template,
+};
 
 const PARAMS: &[&str] = &[
     "exchange",
@@ -46,6 +58,7 @@ const PARAMS: &[&str] = &[
     "connect_timeout",
     "bind_queue",
     "bind_key",
+    "unroutable",
     "cloudevents",
     "ce_source",
     "tls_ca",
@@ -96,6 +109,8 @@ struct Settings {
     cloudevents: Option<super::cloudevents::CloudEvents>,
     confirm_timeout: Duration,
     connect_timeout: Duration,
+    /// The kind of error for a message no queue takes (unroutable, or a missing exchange).
+    unroutable: ErrorKind,
     /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
     tls_ca: Option<String>,
     /// `amqps://` with `tls_cert` and `tls_key`: the client identity as PKCS#12 (DER).
@@ -148,6 +163,15 @@ impl Settings {
         };
         let confirm_timeout = url.duration_param("confirm_timeout", Duration::from_secs(10))?;
         let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(10))?;
+        let unroutable = url.choice_param(
+            "unroutable",
+            &[
+                ("unavailable", ErrorKind::Unavailable),
+                ("transient", ErrorKind::Transient),
+                ("permanent", ErrorKind::Permanent),
+            ],
+            ErrorKind::Unavailable,
+        )?;
         if url.url().host_str().unwrap_or_default().is_empty() {
             return Err(ConfigError::BadUrl {
                 url: url.redacted(),
@@ -178,6 +202,7 @@ impl Settings {
             cloudevents: super::cloudevents::CloudEvents::from_url(url)?,
             confirm_timeout,
             connect_timeout,
+            unroutable,
         })
     }
 
@@ -416,6 +441,8 @@ struct Sent {
     body_len: usize,
     exchange: String,
     routing_key: String,
+    /// The kind of error when no queue takes it.
+    unroutable: ErrorKind,
 }
 
 #[async_trait::async_trait]
@@ -432,6 +459,7 @@ impl Publisher for AmqpPublisher {
             body_len: message.body.len(),
             exchange: self.settings.exchange.clone(),
             routing_key,
+            unroutable: self.settings.unroutable,
         };
         let options = BasicPublishOptions {
             mandatory: true,
@@ -644,7 +672,7 @@ fn judge_confirmation(sent: &Sent, confirmation: Confirmation) -> Result<(), Pub
 }
 
 fn unroutable(sent: &Sent, code: u16, text: &str) -> PublishError {
-    PublishError::transient(format!(
+    PublishError::new(sent.unroutable, format!(
         "event {}: unroutable: no queue bound to exchange {:?} with routing key {:?} ({code} {text})",
         sent.id, sent.exchange, sent.routing_key
     ))
@@ -669,10 +697,14 @@ fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
                         sent.body_len
                     ))
                 }
-                AMQPErrorKind::Soft(_) if code == NOT_FOUND => PublishError::transient(format!(
-                    "event {id}: the broker closed the channel ({code}; exchange {:?} missing?)",
-                    sent.exchange
-                )),
+                AMQPErrorKind::Soft(_) if code == NOT_FOUND => PublishError::new(
+                    sent.unroutable,
+                    format!(
+                        "event {id}: the broker closed the channel ({code} NOT_FOUND: exchange \
+                         {:?} does not exist)",
+                        sent.exchange
+                    ),
+                ),
                 AMQPErrorKind::Soft(_) => PublishError::transient(format!(
                     "event {id}: the broker closed the channel ({code})"
                 )),
@@ -754,6 +786,9 @@ mod tests {
         assert!(s.declares());
         assert_eq!(s.confirm_timeout, Duration::from_secs(10));
         assert_eq!(s.uri, "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(s.unroutable, ErrorKind::Unavailable);
+        let s = settings("amqp://h?unroutable=permanent").unwrap();
+        assert_eq!(s.unroutable, ErrorKind::Permanent);
 
         let s = settings(
             "amqps://h/vh?exchange=amq.topic&routing_key=x.{aggregate_type}&exchange_type=direct&confirm_timeout=500ms",
@@ -772,6 +807,7 @@ mod tests {
             "amqp://h?exchange_type=",
             "amqp://h?declare=sometimes",
             "amqp://h?confirm_timeout=0",
+            "amqp://h?unroutable=never",
         ] {
             assert!(settings(bad).is_err(), "{bad} should be refused");
         }

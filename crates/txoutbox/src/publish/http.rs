@@ -5,8 +5,8 @@
 //! ```
 //!
 //! The URL is the endpoint, minus the parameters txoutbox reads itself: `timeout` (per request,
-//! default `10s`), `secret_file` (a file holding the signing secret), `cloudevents` and
-//! `ce_source`, and for `https://` the TLS parameters `tls_ca` (trust this CA instead of the
+//! default `10s`), `secret_file` (a file holding the signing secret), `unavailable_status`
+//! (below), `cloudevents` and `ce_source`, and for `https://` the TLS parameters `tls_ca` (trust this CA instead of the
 //! built-in web roots), `tls_cert` and `tls_key` (a client certificate, for mutual TLS). Every
 //! other query parameter stays on the endpoint.
 //!
@@ -21,8 +21,13 @@
 //! `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`.
 //!
 //! An event is delivered when the endpoint answers 2xx. 408, 429 and 5xx are transient (with
-//! `Retry-After` kept on the error); other answers (4xx, and 3xx: redirects are not followed)
-//! are permanent. A failed connection is *unavailable*; a request that got no answer within
+//! `Retry-After` kept on the error). 401, 403 and 404 are *unavailable*: they say that nobody
+//! can take the event right now (an expired credential, a route missing during a deploy), not
+//! that it can never be delivered, so they are retried without using up `max_attempts` and an
+//! outage does not turn every event into a dead letter. `unavailable_status` chooses which 4xx
+//! answers are taken so: a comma-separated list of 4xx codes (default `401,403,404`), or `none`
+//! (every 4xx permanent). Other answers (4xx such as 400, 413 or 422, and 3xx: redirects are
+//! not followed) are permanent. A failed connection is *unavailable*; a request that got no answer within
 //! `timeout` is transient. All requests share one client and its pool of keep-alive
 //! connections; requests overlap, so only the relay's ordered mode (one event of an aggregate
 //! in flight at a time) keeps an aggregate's order.
@@ -43,6 +48,7 @@ use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
 const PARAMS: &[&str] = &[
     "timeout",
     "secret_file",
+    "unavailable_status",
     "cloudevents",
     "ce_source",
     "tls_ca",
@@ -53,6 +59,8 @@ const PARAMS: &[&str] = &[
 pub const SECRET_ENV: &str = "TXOUTBOX_WEBHOOK_SECRET";
 /// Prefix of a base64-encoded secret (Standard Webhooks).
 const SECRET_PREFIX: &str = "whsec_";
+/// 4xx answers that mean "nobody can take this right now" unless the URL says otherwise.
+const UNAVAILABLE_STATUS: &[u16] = &[401, 403, 404];
 /// Longest part of an error response body quoted in an error message.
 const BODY_EXCERPT: usize = 200;
 /// Headers a user header may not set.
@@ -76,6 +84,8 @@ pub struct HttpPublisher {
     secret: Option<Vec<u8>>,
     cloudevents: Option<CloudEvents>,
     timeout: Duration,
+    /// 4xx answers that are *unavailable* rather than permanent.
+    unavailable_status: Vec<u16>,
 }
 
 impl std::fmt::Debug for HttpPublisher {
@@ -100,6 +110,13 @@ impl HttpPublisher {
             .into());
         }
         let timeout = url.duration_param("timeout", Duration::from_secs(10))?;
+        let unavailable_status = match url.param("unavailable_status") {
+            None => UNAVAILABLE_STATUS.to_vec(),
+            Some(v) => parse_status_list(v).map_err(|reason| ConfigError::BadParam {
+                name: "unavailable_status".into(),
+                reason,
+            })?,
+        };
         let secret = match url.param("secret_file") {
             Some(path) => Some(read_secret_file(path)?),
             None => match std::env::var(SECRET_ENV) {
@@ -136,6 +153,7 @@ impl HttpPublisher {
             secret,
             cloudevents,
             timeout,
+            unavailable_status,
         })
     }
 
@@ -295,8 +313,29 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         .ok()
 }
 
+/// `none`, or a comma-separated list of 4xx status codes.
+fn parse_status_list(v: &str) -> Result<Vec<u16>, String> {
+    if v.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    v.split(',')
+        .map(|code| match code.trim().parse::<u16>() {
+            Ok(c) if (400..500).contains(&c) => Ok(c),
+            _ => Err(format!(
+                "{v:?}: expected a comma-separated list of 4xx status codes (e.g. 401,403,404), \
+                 or `none`"
+            )),
+        })
+        .collect()
+}
+
 /// What the relay should do with this answer.
-async fn settle(id: uuid::Uuid, shown: &str, resp: reqwest::Response) -> Result<(), PublishError> {
+async fn settle(
+    id: uuid::Uuid,
+    shown: &str,
+    unavailable_status: &[u16],
+    resp: reqwest::Response,
+) -> Result<(), PublishError> {
     let status = resp.status();
     if status.is_success() {
         return Ok(());
@@ -307,6 +346,11 @@ async fn settle(id: uuid::Uuid, shown: &str, resp: reqwest::Response) -> Result<
     let code = status.as_u16();
     let err = if code == 408 || code == 429 || status.is_server_error() {
         PublishError::transient(what)
+    } else if unavailable_status.contains(&code) {
+        PublishError::unavailable(format!(
+            "{what} (nobody takes the event right now: retried without counting towards \
+             max_attempts; set unavailable_status to change this)"
+        ))
     } else if status.is_redirection() {
         PublishError::permanent(format!(
             "{what} (redirects are not followed: use the final URL)"
@@ -396,10 +440,11 @@ impl Publisher for HttpPublisher {
             .headers(headers)
             .body(message.body.clone());
         let (id, shown, timeout) = (message.id, self.shown.clone(), self.timeout);
+        let unavailable_status = self.unavailable_status.clone();
         // Start the request now; the ack waits for its answer.
         let task = tokio::spawn(async move {
             match request.send().await {
-                Ok(resp) => settle(id, &shown, resp).await,
+                Ok(resp) => settle(id, &shown, &unavailable_status, resp).await,
                 Err(e) => Err(request_error(id, &shown, timeout, e)),
             }
         });
@@ -426,6 +471,16 @@ mod tests {
         assert_eq!(endpoint(&u).as_str(), "https://u:p@h/x?token=a+b&z=1");
         let u = url::Url::parse("http://h/x?timeout=5s").unwrap();
         assert_eq!(endpoint(&u).as_str(), "http://h/x");
+    }
+
+    #[test]
+    fn status_lists_parse() {
+        assert_eq!(parse_status_list("401, 404").unwrap(), [401, 404]);
+        assert!(parse_status_list("none").unwrap().is_empty());
+        for bad in ["", "500", "40", "401,", "x", "none,401"] {
+            let e = parse_status_list(bad).unwrap_err();
+            assert!(e.contains("4xx"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! adds brokers; `compression=lz4` is short for `compression.codec=lz4`. An unknown setting or
 //! a bad value stops start-up. txoutbox sets `message.timeout.ms=30000` (how long a message
 //! may wait for its delivery report; override it like any other setting) and always
-//! `enable.idempotence=true` and `acks=all`, which the URL cannot change. A user name and
+//! `enable.idempotence=true`, `enable.gapless.guarantee=true` and `acks=all`, which the URL
+//! cannot change. A user name and
 //! password in the URL become `sasl.username` / `sasl.password`, with `security.protocol`
 //! `SASL_PLAINTEXT` (`SASL_SSL` over TLS) and `sasl.mechanism` `PLAIN` unless set otherwise.
 //!
@@ -40,6 +41,12 @@
 //! ([`Publisher::keeps_key_order`]). Kafka has no dedup across producer sessions: consumers
 //! skip records whose `outbox-event-id` they have already handled.
 //!
+//! With the gapless guarantee, a failure that could let a later message of a partition be
+//! delivered past a failed earlier one is a *fatal* error instead: the later messages fail
+//! too. A producer that failed fatally produces nothing more; the next `send` or `check`
+//! replaces it with a new one built from the same settings (see `producer`), and until that
+//! succeeds both fail as *unavailable*, naming librdkafka's reason, so readiness says so.
+//!
 //! Errors: a record too large for the producer or broker, an invalid topic name (checked
 //! before sending: `[a-zA-Z0-9._-]{1,249}`, not `.` or `..`) or an invalid record is
 //! *permanent*; a missing topic (with `create_topic` off), a delivery timeout, an unreachable
@@ -47,6 +54,7 @@
 //! delivery names the last TLS or authentication failure, if there was one.
 
 mod context;
+mod producer;
 mod settings;
 
 use std::collections::HashSet;
@@ -56,9 +64,10 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 
 use self::context::BrokerErrors;
+use self::producer::Producers;
 use self::settings::Settings;
 use super::url::PublisherUrl;
 use super::{Ack, ConnectError, ErrorKind, Message, PublishError, Publisher, Template};
@@ -66,14 +75,22 @@ use super::{Ack, ConnectError, ErrorKind, Message, PublishError, Publisher, Temp
 const DEFAULT_TOPIC: &str = "outbox.{aggregate_type}";
 /// Longest topic name Kafka accepts.
 pub const MAX_TOPIC_LEN: usize = 249;
-/// Settings the delivery guarantee rests on: always set, never taken from the URL.
-const FIXED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+/// Settings the delivery guarantee rests on: always set, never taken from the URL. With
+/// `enable.gapless.guarantee`, a failure that could leave a gap in a partition's series (a
+/// later message delivered while an earlier one failed) is a fatal error instead: the later
+/// messages fail too, and the producer is rebuilt (see `producer`).
+const FIXED: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("enable.gapless.guarantee", "true"),
+    ("acks", "all"),
+];
 /// How long `send` waits for room when the producer's local queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(10);
 
 /// Produces every event to a Kafka topic and waits for its delivery report.
 pub struct KafkaPublisher {
-    producer: FutureProducer<BrokerErrors>,
+    /// The producer, rebuilt after a fatal error.
+    producers: Producers,
     /// Set when `create_topic` is on.
     admin: Option<AdminClient<BrokerErrors>>,
     /// librdkafka's client-level errors, shared with the producer and the admin client.
@@ -211,6 +228,7 @@ fn classify(what: String, e: &KafkaError) -> PublishError {
             | C::TopicAuthorizationFailed
             | C::ClusterAuthorizationFailed
             | C::Fatal
+            | C::GaplessGuarantee
             | C::PurgeQueue
             | C::PurgeInflight,
         ) => PublishError::unavailable(text),
@@ -230,8 +248,7 @@ impl KafkaPublisher {
         for (key, value) in FIXED {
             producer_config.set(*key, *value);
         }
-        let producer: FutureProducer<BrokerErrors> = producer_config
-            .create_with_context(errors.clone())
+        let producers = Producers::new(producer_config, errors.clone(), redacted_url.clone())
             .map_err(|e| settings.config_error(e, &redacted_url))?;
         let admin = if settings.create_topic {
             Some(
@@ -244,7 +261,7 @@ impl KafkaPublisher {
             None
         };
         let publisher = Self {
-            producer,
+            producers,
             admin,
             errors,
             known_topics: Mutex::new(HashSet::new()),
@@ -294,7 +311,9 @@ impl KafkaPublisher {
         let refusal = self.errors.refusal(include_earlier);
         tokio::pin!(refusal);
         loop {
-            let producer = self.producer.clone();
+            // A producer that failed fatally is replaced here too, so readiness recovers
+            // without waiting for the next event.
+            let producer = self.producers.current().map_err(MetadataError::Failed)?;
             let slice = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .min(SLICE);
@@ -406,19 +425,26 @@ impl Publisher for KafkaPublisher {
         self.ensure_topic(&topic).await?;
         let what = move |topic: &str| format!("event {id}: produce to Kafka topic {topic:?}");
         let started = tokio::time::Instant::now();
+        let mut replaced = false;
         let delivery = loop {
             let record = FutureRecord::to(&topic)
                 .key(&message.aggregate_id)
                 .payload(&message.body)
                 .headers(headers(message));
+            // A producer that failed fatally can send nothing more: use a new one.
+            let producer = self.producers.current().map_err(|e| self.explain(e))?;
             // Enqueue only: the producer's own thread sends, in enqueue order per partition.
-            match self.producer.send_result(record).map_err(|(e, _)| e) {
+            match producer.send_result(record).map_err(|(e, _)| e) {
                 Ok(delivery) => break delivery,
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                     if started.elapsed() < QUEUE_FULL_WAIT =>
                 {
                     // The local queue drains as the broker acknowledges; wait for room.
                     tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                // It failed fatally just now: once more, on the producer that replaces it.
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fatal)) if !replaced => {
+                    replaced = true;
                 }
                 Err(e) => return Err(self.explain(classify(what(&topic), &e))),
             }
@@ -448,7 +474,7 @@ impl Publisher for KafkaPublisher {
     }
 
     async fn close(&self) -> Result<(), PublishError> {
-        let producer = self.producer.clone();
+        let producer = self.producers.in_use();
         let limit = self.connect_timeout;
         match tokio::task::spawn_blocking(move || producer.flush(limit)).await {
             Ok(Ok(())) => Ok(()),
@@ -484,6 +510,67 @@ mod tests {
         ] {
             assert!(validate_topic(bad).is_err(), "{bad:?} should be refused");
         }
+    }
+
+    /// A producer that cannot be built (as after a fatal error on a machine out of threads).
+    fn no_producer(
+        _: &rdkafka::ClientConfig,
+        _: BrokerErrors,
+    ) -> rdkafka::error::KafkaResult<rdkafka::producer::FutureProducer<BrokerErrors>> {
+        Err(KafkaError::ClientCreation(
+            "test: cannot build a producer".into(),
+        ))
+    }
+
+    /// After a fatal error the producer is replaced; while it cannot be, `check` (readiness)
+    /// and `send` report the broker as unavailable, naming the fatal error. On librdkafka's
+    /// mock cluster, which fails one ProduceRequest (fatal through the gapless guarantee).
+    #[tokio::test]
+    async fn a_fatal_producer_is_replaced_and_not_ready_until_it_is() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("t", 1, 1).unwrap();
+        let bootstrap = mock.bootstrap_servers();
+        let first = bootstrap.split(',').next().unwrap();
+        let url = crate::publish::url::parse(&format!("kafka://{first}?topic=t")).unwrap();
+        let p = KafkaPublisher::connect(&url).await.unwrap();
+        let m = |n: i64| Message {
+            id: uuid::Uuid::now_v7(),
+            seq: n,
+            aggregate_type: "order".into(),
+            aggregate_id: "k".into(),
+            event_type: "created".into(),
+            body: b"{}".to_vec(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+        };
+        p.send(&m(1)).await.unwrap().await.unwrap();
+        p.check().await.unwrap();
+
+        p.producers.set_factory(no_producer);
+        mock.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+        );
+        assert!(p.send(&m(2)).await.unwrap().await.is_err());
+        let down = p.check().await.unwrap_err();
+        assert_eq!(down.kind(), ErrorKind::Unavailable);
+        assert!(
+            down.to_string().contains("failed fatally") && down.to_string().contains("gap"),
+            "{down}"
+        );
+        let e = p.send(&m(3)).await.err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert_eq!(p.producers.rebuilt(), 0);
+
+        p.producers.set_factory(producer::build);
+        p.check().await.unwrap();
+        assert_eq!(p.producers.rebuilt(), 1);
+        p.send(&m(4)).await.unwrap().await.unwrap();
+        p.close().await.unwrap();
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! Parameters: `topic` (a [`Template`], default `outbox/{aggregate_type}/{event_type}`), `qos`
 //! (only `1`: QoS 0 has no acknowledgement, QoS 2 is not supported), `client_id` (default
 //! `txoutbox-<random>`), `connect_timeout` (default `5s`), `ack_timeout` (default `10s`),
-//! `cloudevents` and `ce_source`.
+//! `cloudevents`, `ce_source` and `no_subscribers` (below).
 //!
 //! TLS: `mqtts://host:8883` (8883 is the default port), with `tls_ca` (default: the system's
 //! CA bundle), `tls_cert` and `tls_key` (a client certificate, for `require_certificate true`).
@@ -18,6 +18,15 @@
 //! `subject`, `time` (MQTT binding, binary mode). An event is delivered when the broker's PUBACK
 //! arrives with a success code. MQTT has no dedup of its own: consumers skip repeats by the
 //! `outbox-event-id` property.
+//!
+//! A PUBACK with `NoMatchingSubscribers` (MQTT 5 reason code 16, which Mosquitto sends when no
+//! subscription matches the topic) means nobody took the event: by default that is
+//! *unavailable* (retried without using up `max_attempts`, as a consumer that is down or not yet
+//! deployed must not turn events into dead letters). `no_subscribers=permanent` dead-letters
+//! such an event at once, `no_subscribers=transient` after `max_attempts`;
+//! `no_subscribers=delivered` counts it as delivered (for topics where
+//! nobody listening is fine). Refusals that can never succeed (`TopicNameInvalid`,
+//! `PayloadFormatInvalid`, `NotAuthorized`) are permanent; other refusals are transient.
 //!
 //! One connection: publishes go out in call order. When the connection drops, every
 //! unacknowledged message fails as *unavailable* (and is not re-sent by the client: the relay
@@ -38,7 +47,9 @@ use tokio_util::sync::CancellationToken;
 use super::cloudevents::CloudEvents;
 use super::tls::TlsFiles;
 use super::url::PublisherUrl;
-use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
+use super::{
+    Ack, ConfigError, ConnectError, ErrorKind, Message, PublishError, Publisher, Template,
+};
 
 const PARAMS: &[&str] = &[
     "topic",
@@ -48,6 +59,7 @@ const PARAMS: &[&str] = &[
     "ack_timeout",
     "cloudevents",
     "ce_source",
+    "no_subscribers",
     "tls_ca",
     "tls_cert",
     "tls_key",
@@ -58,7 +70,8 @@ pub const MAX_TOPIC_LEN: usize = 65_535;
 /// Requests the client buffers before `send` reports the client as busy.
 const CLIENT_CAPACITY: usize = 4096;
 
-type Reply = oneshot::Sender<Result<(), PublishError>>;
+/// The PUBACK's reason code, or why none will come.
+type Reply = oneshot::Sender<Result<PubAckReason, PublishError>>;
 
 /// Publishes at QoS 1 and waits for the PUBACK of every message.
 pub struct MqttPublisher {
@@ -66,6 +79,9 @@ pub struct MqttPublisher {
     topic: Template,
     ack_timeout: Duration,
     cloudevents: Option<CloudEvents>,
+    /// What a PUBACK with `NoMatchingSubscribers` means: an error of this kind, or (`None`)
+    /// delivered.
+    no_subscribers: Option<ErrorKind>,
     shared: Arc<Shared>,
     cancel: CancellationToken,
     redacted_url: String,
@@ -99,6 +115,7 @@ struct Settings {
     connect_timeout: Duration,
     ack_timeout: Duration,
     cloudevents: Option<CloudEvents>,
+    no_subscribers: Option<ErrorKind>,
 }
 
 impl Settings {
@@ -125,6 +142,16 @@ impl Settings {
         let topic = Template::parse(url.param("topic").unwrap_or(DEFAULT_TOPIC))?;
         let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(5))?;
         let ack_timeout = url.duration_param("ack_timeout", Duration::from_secs(10))?;
+        let no_subscribers = url.choice_param(
+            "no_subscribers",
+            &[
+                ("unavailable", Some(ErrorKind::Unavailable)),
+                ("transient", Some(ErrorKind::Transient)),
+                ("permanent", Some(ErrorKind::Permanent)),
+                ("delivered", None),
+            ],
+            Some(ErrorKind::Unavailable),
+        )?;
         let u = url.url();
         let host = u.host_str().unwrap_or_default();
         if host.is_empty() {
@@ -178,6 +205,7 @@ impl Settings {
             connect_timeout,
             ack_timeout,
             cloudevents: CloudEvents::from_url(url)?,
+            no_subscribers,
         })
     }
 }
@@ -231,6 +259,7 @@ impl MqttPublisher {
             topic: settings.topic,
             ack_timeout: settings.ack_timeout,
             cloudevents: settings.cloudevents,
+            no_subscribers: settings.no_subscribers,
             shared,
             cancel,
             redacted_url,
@@ -297,10 +326,22 @@ pub fn validate_topic(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn puback_result(reason: PubAckReason) -> Result<(), PublishError> {
+/// What a PUBACK's reason code means; `no_subscribers` as set by the URL.
+fn puback_result(
+    reason: PubAckReason,
+    no_subscribers: Option<ErrorKind>,
+) -> Result<(), PublishError> {
     use PubAckReason::*;
     match reason {
-        Success | NoMatchingSubscribers => Ok(()),
+        Success => Ok(()),
+        NoMatchingSubscribers => match no_subscribers {
+            None => Ok(()),
+            Some(kind) => Err(PublishError::new(
+                kind,
+                "the broker took the message but no subscription matches its topic \
+                 (NoMatchingSubscribers): nobody received it",
+            )),
+        },
         NotAuthorized | TopicNameInvalid | PayloadFormatInvalid => Err(PublishError::permanent(
             format!("the broker refused the message: {reason:?}"),
         )),
@@ -364,7 +405,7 @@ fn handle(
         }
         Ok(Event::Incoming(Packet::PubAck(ack))) => {
             if let Some(reply) = pending.by_pkid.remove(&ack.pkid) {
-                let _ = reply.send(puback_result(ack.reason));
+                let _ = reply.send(Ok(ack.reason));
             }
             Step::Go
         }
@@ -442,12 +483,12 @@ impl Publisher for MqttPublisher {
                 })?;
             pending.unwritten.push_back(tx);
         }
-        let (id, timeout) = (message.id, self.ack_timeout);
+        let (id, timeout, no_subscribers) = (message.id, self.ack_timeout, self.no_subscribers);
         Ok(Box::pin(async move {
             match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(res)) => {
-                    res.map_err(|e| PublishError::new(e.kind(), format!("event {id}: {e}")))
-                }
+                Ok(Ok(res)) => res
+                    .and_then(|reason| puback_result(reason, no_subscribers))
+                    .map_err(|e| PublishError::new(e.kind(), format!("event {id}: {e}"))),
                 Ok(Err(_)) => Err(PublishError::unavailable(format!(
                     "event {id}: the MQTT event loop stopped before the PUBACK"
                 ))),
@@ -496,23 +537,41 @@ mod tests {
         let u = super::super::url::parse("mqtt://h?qos=0").unwrap();
         let e = Settings::from_url(&u).err().unwrap().to_string();
         assert!(e.contains("qos=0") && e.contains("acknowledgement"), "{e}");
-        for bad in ["mqtt://h?qos=2", "mqtt://h?topic={x}", "mqtt://h?nope=1"] {
+        for bad in [
+            "mqtt://h?qos=2",
+            "mqtt://h?topic={x}",
+            "mqtt://h?nope=1",
+            "mqtt://h?no_subscribers=ok",
+        ] {
             let u = super::super::url::parse(bad).unwrap();
             assert!(Settings::from_url(&u).is_err(), "{bad}");
         }
         let u = super::super::url::parse("mqtt://h").unwrap();
         let s = Settings::from_url(&u).unwrap();
         assert_eq!(s.topic.as_str(), DEFAULT_TOPIC);
+        assert_eq!(s.no_subscribers, Some(ErrorKind::Unavailable));
+        let u = super::super::url::parse("mqtt://h?no_subscribers=delivered").unwrap();
+        assert_eq!(Settings::from_url(&u).unwrap().no_subscribers, None);
     }
 
     #[test]
     fn puback_codes() {
-        assert!(puback_result(PubAckReason::Success).is_ok());
-        assert!(puback_result(PubAckReason::NoMatchingSubscribers).is_ok());
-        assert!(puback_result(PubAckReason::TopicNameInvalid)
+        let default = Some(ErrorKind::Unavailable);
+        assert!(puback_result(PubAckReason::Success, default).is_ok());
+        let e = puback_result(PubAckReason::NoMatchingSubscribers, default).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.to_string().contains("NoMatchingSubscribers"), "{e}");
+        let permanent = Some(ErrorKind::Permanent);
+        assert!(
+            puback_result(PubAckReason::NoMatchingSubscribers, permanent)
+                .unwrap_err()
+                .is_permanent()
+        );
+        assert!(puback_result(PubAckReason::NoMatchingSubscribers, None).is_ok());
+        assert!(puback_result(PubAckReason::TopicNameInvalid, default)
             .unwrap_err()
             .is_permanent());
-        assert!(!puback_result(PubAckReason::QuotaExceeded)
+        assert!(!puback_result(PubAckReason::QuotaExceeded, default)
             .unwrap_err()
             .is_permanent());
     }

@@ -83,6 +83,33 @@ impl PublisherUrl {
             }),
         }
     }
+    /// A parameter that names one of `choices` (`default` when absent); any other value is a
+    /// [`ConfigError::BadParam`] that lists the choices.
+    pub fn choice_param<T: Copy>(
+        &self,
+        name: &str,
+        choices: &[(&str, T)],
+        default: T,
+    ) -> Result<T, ConfigError> {
+        let Some(v) = self.param(name) else {
+            return Ok(default);
+        };
+        choices
+            .iter()
+            .find(|(word, _)| *word == v)
+            .map(|(_, value)| *value)
+            .ok_or_else(|| ConfigError::BadParam {
+                name: name.into(),
+                reason: format!(
+                    "{v:?} is not one of: {}",
+                    choices
+                        .iter()
+                        .map(|(word, _)| *word)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })
+    }
     /// A duration parameter: a bare number is milliseconds; `ms`, `s`, `m` and `h` suffixes
     /// are accepted too (`250ms`, `5s`, `1.5s`, `2m`). Zero is refused.
     pub fn duration_param(

@@ -1,11 +1,12 @@
 //! Publishing a claimed batch: pipelined (unordered, or a broker that keeps key order), or as
 //! one sequential chain per aggregate (ordered).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Mutex;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +23,13 @@ pub(super) type Outcomes = Vec<Option<Result<(), PublishError>>>;
 impl Relay {
     /// Send every event in seq order; acknowledgements are awaited concurrently, up to
     /// `max_in_flight` at once.
+    ///
+    /// In ordered mode (a publisher that keeps key order, e.g. Kafka), an aggregate stops at
+    /// its first failure, as its chain would: once an event of aggregate X failed (in `send`
+    /// or through its ack), X's later events of the batch are not sent, and those already
+    /// sent are released even if acknowledged, so none counts as delivered ahead of the
+    /// failed one (they are sent again after it). Except a permanent failure in `Ordered`
+    /// (skip) mode: the aggregate goes on past its dead letter.
     pub(super) async fn publish_pipelined(
         &self,
         events: &[OutboxEvent],
@@ -30,6 +38,7 @@ impl Relay {
         shutdown: impl Future<Output = ()>,
     ) -> Outcomes {
         let cfg = &self.config;
+        let mut held = Held::new(events, cfg.ordering);
         let mut outcome: Outcomes = (0..events.len()).map(|_| None).collect();
         let mut in_flight = FuturesUnordered::new();
         tokio::pin!(shutdown);
@@ -37,17 +46,27 @@ impl Relay {
         for (i, event) in events.iter().enumerate() {
             while in_flight.len() >= cfg.max_in_flight && !stopped {
                 tokio::select! {
-                    Some((j, r)) = in_flight.next() => outcome[j] = Some(r),
+                    Some((j, r)) = in_flight.next() => held.record(&mut outcome, j, r),
                     _ = tokio::time::sleep_until(deadline) => stopped = true,
                 }
             }
             if stopped || cancel.is_cancelled() || Instant::now() >= deadline {
                 break;
             }
+            if held.ordered {
+                // Take in the acks that are already back, so a failure stops its aggregate's
+                // next sends as early as possible.
+                while let Some(Some((j, r))) = in_flight.next().now_or_never() {
+                    held.record(&mut outcome, j, r);
+                }
+                if held.is_held(i) {
+                    continue;
+                }
+            }
             let message = Message::from_event(event);
             match tokio::time::timeout_at(deadline, self.publisher.send(&message)).await {
                 Ok(Ok(ack)) => in_flight.push(async move { (i, ack.await) }),
-                Ok(Err(e)) => outcome[i] = Some(Err(e)),
+                Ok(Err(e)) => held.record(&mut outcome, i, Err(e)),
                 Err(_) => break,
             }
         }
@@ -55,11 +74,12 @@ impl Relay {
         // down, within the shutdown timeout).
         while !in_flight.is_empty() {
             tokio::select! {
-                Some((j, r)) = in_flight.next() => outcome[j] = Some(r),
+                Some((j, r)) = in_flight.next() => held.record(&mut outcome, j, r),
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = &mut shutdown => break,
             }
         }
+        held.release_after_failures(&mut outcome);
         outcome
     }
 
@@ -148,5 +168,71 @@ impl Relay {
         }
         drop(running);
         outcome.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Which aggregates of a pipelined batch stopped at a failure (ordered mode only).
+struct Held<'a> {
+    events: &'a [OutboxEvent],
+    ordered: bool,
+    /// `Ordered` (skip) mode: a permanent failure does not stop its aggregate.
+    skip_dead: bool,
+    stopped: HashSet<(&'a str, &'a str)>,
+}
+
+impl<'a> Held<'a> {
+    fn new(events: &'a [OutboxEvent], ordering: Ordering) -> Self {
+        Self {
+            events,
+            ordered: ordering.is_ordered(),
+            skip_dead: ordering == Ordering::Ordered,
+            stopped: HashSet::new(),
+        }
+    }
+
+    fn key(&self, i: usize) -> (&'a str, &'a str) {
+        let events: &'a [OutboxEvent] = self.events;
+        let e = &events[i];
+        (e.aggregate_type.as_str(), e.aggregate_id.as_str())
+    }
+
+    /// Does this result stop the event's aggregate? (As in `publish_chains`.)
+    fn stops(&self, result: Option<&Result<(), PublishError>>) -> bool {
+        match result {
+            None => true,
+            Some(Ok(())) => false,
+            Some(Err(e)) => !(self.skip_dead && e.kind() == ErrorKind::Permanent),
+        }
+    }
+
+    fn record(&mut self, outcome: &mut Outcomes, i: usize, result: Result<(), PublishError>) {
+        if self.ordered && self.stops(Some(&result)) {
+            let key = self.key(i);
+            self.stopped.insert(key);
+        }
+        outcome[i] = Some(result);
+    }
+
+    /// Is event `i`'s aggregate stopped (so `i` must not be sent now)?
+    fn is_held(&self, i: usize) -> bool {
+        self.stopped.contains(&self.key(i))
+    }
+
+    /// Per aggregate, in seq order: everything after the first event that failed (or was
+    /// not settled: not sent, or its ack did not arrive) is released, whatever its own ack
+    /// said, so it is sent again after that event and never counts as delivered ahead of it.
+    fn release_after_failures(&self, outcome: &mut Outcomes) {
+        if !self.ordered {
+            return;
+        }
+        let mut stopped: HashSet<(&str, &str)> = HashSet::new();
+        for (i, result) in outcome.iter_mut().enumerate() {
+            let key = self.key(i);
+            if stopped.contains(&key) {
+                *result = None;
+            } else if self.stops(result.as_ref()) {
+                stopped.insert(key);
+            }
+        }
     }
 }

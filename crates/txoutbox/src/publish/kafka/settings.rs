@@ -23,7 +23,12 @@ const OWN_PARAMS: &[&str] = &[
 /// Short names for common librdkafka settings.
 const ALIASES: &[(&str, &str)] = &[("compression", "compression.codec")];
 /// librdkafka names of the fixed settings (with aliases), refused as URL parameters.
-const PROTECTED: &[&str] = &["enable.idempotence", "acks", "request.required.acks"];
+const PROTECTED: &[&str] = &[
+    "enable.idempotence",
+    "enable.gapless.guarantee",
+    "acks",
+    "request.required.acks",
+];
 /// Our defaults for librdkafka settings; URL parameters override them.
 const DEFAULTS: &[(&str, &str)] = &[("message.timeout.ms", "30000"), ("client.id", "txoutbox")];
 /// How the error for `tls_*` on a plain URL says to switch TLS on.
@@ -122,7 +127,9 @@ impl Settings {
             if PROTECTED.contains(&key.as_str()) {
                 return Err(ConfigError::BadParam {
                     name: name.into_owned(),
-                    reason: "txoutbox always uses the idempotent producer with acks=all".into(),
+                    reason: "txoutbox always uses the idempotent producer with acks=all and \
+                             enable.gapless.guarantee=true"
+                        .into(),
                 });
             }
             if let Some((_, ours)) = from_tls.iter().find(|(k, _)| *k == key) {
