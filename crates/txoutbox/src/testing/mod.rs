@@ -69,6 +69,9 @@ pub struct Malformed {
     pub what: &'static str,
     /// What its `last_error` must say once the relay has dead-lettered it.
     pub expect: &'static str,
+    /// `dlq retry` repairs it (the damage is in `attempts` or `available_at`, which a retry
+    /// resets).
+    pub retry_resets: bool,
 }
 
 /// A row read without decoding anything that a malformed row could break.
@@ -101,7 +104,8 @@ pub trait Harness: Send + Sync + Sized + 'static {
     /// Make every row available now (ends backoffs).
     async fn make_available(&self);
     /// Write, by plain SQL, rows of aggregate `("bad", aggregate_id)` that the schema allows
-    /// but the store cannot decode: one per kind of damage this database lets through.
+    /// but the store cannot decode: one per kind of damage this database lets through. (Not
+    /// a bad `locked_until`: a claim that leases the row overwrites it.)
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed>;
     /// Write, by plain SQL, a row that is never due (its `available_at` as far in the future
     /// as the column allows); returns its `seq`.

@@ -127,19 +127,43 @@ impl Harness for PgHarness {
 
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
         // (what, the columns and values set, what last_error must say)
-        let kinds: [(&str, &str, &str, &str); 7] = [
-            ("created_at infinity", "created_at", "'infinity'", "created_at is infinity"),
-            ("created_at -infinity", "created_at", "'-infinity'", "created_at is -infinity"),
-            ("available_at -infinity", "available_at", "'-infinity'", "available_at is -infinity"),
-            ("locked_until -infinity", "locked_until", "'-infinity'", "locked_until is -infinity"),
+        let kinds: [(&str, &str, &str, &str); 6] = [
+            (
+                "created_at infinity",
+                "created_at",
+                "'infinity'",
+                "created_at is infinity",
+            ),
+            (
+                "created_at -infinity",
+                "created_at",
+                "'-infinity'",
+                "created_at is -infinity",
+            ),
+            (
+                "available_at -infinity",
+                "available_at",
+                "'-infinity'",
+                "available_at is -infinity",
+            ),
             (
                 "created_at past chrono's range",
                 "created_at",
                 "'290000-01-01 00:00:00+00'",
                 "created_at is out of range",
             ),
-            ("headers an array", "headers", "'[1, 2]'", "headers is a JSON array, not an object"),
-            ("headers a string", "headers", "'\"x\"'", "headers is a JSON string, not an object"),
+            (
+                "headers an array",
+                "headers",
+                "'[1, 2]'",
+                "headers is a JSON array, not an object",
+            ),
+            (
+                "headers a string",
+                "headers",
+                "'\"x\"'",
+                "headers is a JSON string, not an object",
+            ),
         ];
         let mut out = Vec::new();
         for (what, col, value, expect) in kinds {
@@ -153,7 +177,12 @@ impl Harness for PgHarness {
                 .fetch_one(&self.pool)
                 .await
                 .unwrap();
-            out.push(Malformed { seq, what, expect });
+            out.push(Malformed {
+                seq,
+                what,
+                expect,
+                retry_resets: col == "available_at",
+            });
         }
         out
     }

@@ -128,20 +128,55 @@ impl Harness for SqliteHarness {
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
         // (what, the column and value set, what last_error must say)
         let kinds: [(&str, &str, &str, &str); 9] = [
-            ("id not a UUID", "id", "'not-a-uuid'", "id 'not-a-uuid' is not a UUID"),
+            (
+                "id not a UUID",
+                "id",
+                "'not-a-uuid'",
+                "id 'not-a-uuid' is not a UUID",
+            ),
             ("id a blob", "id", "X'00ff'", "id is BLOB, not TEXT"),
-            ("event_type a blob", "event_type", "X'ff'", "event_type is BLOB, not TEXT"),
-            ("created_at text", "created_at", "'soon'", "created_at is TEXT, not INTEGER"),
-            ("created_at real", "created_at", "1.5", "created_at is REAL, not INTEGER"),
+            (
+                "event_type a blob",
+                "event_type",
+                "X'ff'",
+                "event_type is BLOB, not TEXT",
+            ),
+            (
+                "created_at text",
+                "created_at",
+                "'soon'",
+                "created_at is TEXT, not INTEGER",
+            ),
+            (
+                "created_at real",
+                "created_at",
+                "1.5",
+                "created_at is REAL, not INTEGER",
+            ),
             (
                 "created_at past chrono's range",
                 "created_at",
                 "9000000000000000000",
                 "created_at 9000000000000000000 ms is out of range",
             ),
-            ("attempts past i32", "attempts", "5000000000", "attempts 5000000000"),
-            ("headers an array", "headers", "'[1, 2]'", "headers is a JSON array, not an object"),
-            ("headers null", "headers", "'null'", "headers is a JSON null, not an object"),
+            (
+                "attempts past i32",
+                "attempts",
+                "5000000000",
+                "attempts 5000000000",
+            ),
+            (
+                "headers an array",
+                "headers",
+                "'[1, 2]'",
+                "headers is a JSON array, not an object",
+            ),
+            (
+                "headers null",
+                "headers",
+                "'null'",
+                "headers is a JSON null, not an object",
+            ),
         ];
         let mut out = Vec::new();
         for (what, col, value, expect) in kinds {
@@ -161,7 +196,12 @@ impl Harness for SqliteHarness {
                 .fetch_one(&self.pool)
                 .await
                 .unwrap();
-            out.push(Malformed { seq, what, expect });
+            out.push(Malformed {
+                seq,
+                what,
+                expect,
+                retry_resets: col == "attempts" || col == "available_at",
+            });
         }
         out
     }

@@ -654,7 +654,11 @@ fn assert_buried(rows: &[super::RawRow], bad: &[super::Malformed]) {
     for b in bad {
         let r = raw(rows, b.seq, b.what);
         let err = r.last_error.as_deref().unwrap_or("");
-        assert!(r.dead && !r.processed && !r.leased, "{}: not dead-lettered: {r:?}", b.what);
+        assert!(
+            r.dead && !r.processed && !r.leased,
+            "{}: not dead-lettered: {r:?}",
+            b.what
+        );
         assert!(
             err.starts_with("undecodable row: ") && err.contains(b.expect),
             "{}: last_error {err:?} does not say {:?}",
@@ -673,6 +677,12 @@ pub async fn undecodable_rows_are_dead_lettered_and_the_rest_flow<H: Harness>(h:
     let mut good = h.enqueue(&[event(0), event(1)]).await;
     let bad = h.insert_malformed("bad").await;
     good.extend(h.enqueue(&[event(2), event(3)]).await);
+    // `txoutbox status` works while they are still pending.
+    let c = store
+        .counts()
+        .await
+        .unwrap_or_else(|e| panic!("counts failed on a pending undecodable row: {e}"));
+    assert_eq!(c.pending, (good.len() + bad.len()) as i64, "{c:?}");
     let token = Uuid::new_v4();
     let claimed = store
         .claim(claim("r", token, 100, LEASE))
@@ -708,22 +718,57 @@ pub async fn undecodable_rows_are_dead_lettered_and_the_rest_flow<H: Harness>(h:
         .counts()
         .await
         .unwrap_or_else(|e| panic!("counts failed on an undecodable row: {e}"));
-    assert_eq!((c.pending, c.leased, c.dead), (0, 0, bad.len() as i64), "{c:?}");
+    assert_eq!(
+        (c.pending, c.leased, c.dead),
+        (0, 0, bad.len() as i64),
+        "{c:?}"
+    );
     assert!(!store.has_unfinished(Ordering::Ordered).await.unwrap());
 
-    // Retried as they are, an ordered claim buries them again and hands out the rest.
+    // Retried as they are, an ordered claim buries them again (but those the retry repaired)
+    // and hands out the rest.
     assert_eq!(
         store.retry_dead(&DeadFilter::default()).await.unwrap(),
         bad.len() as u64
     );
     join(&store, "r", Ordering::Ordered).await;
     let later = h.enqueue(&[event(4)]).await;
+    let ordered_token = Uuid::new_v4();
     let claimed = store
-        .claim(ordered("r", Uuid::new_v4(), Ordering::Ordered))
+        .claim(ordered("r", ordered_token, Ordering::Ordered))
         .await
         .unwrap_or_else(|e| panic!("an undecodable row failed the ordered claim: {e}"));
-    assert_eq!(ids_of(&claimed), later);
-    assert_buried(&h.raw_rows().await, &bad);
+    let (repaired, still_bad): (Vec<_>, Vec<_>) = bad.into_iter().partition(|b| b.retry_resets);
+    let mut want: Vec<i64> = repaired.iter().map(|b| b.seq).collect();
+    want.extend(
+        claimed
+            .iter()
+            .filter(|e| later.contains(&e.id))
+            .map(|e| e.seq),
+    );
+    assert_eq!(claimed.iter().map(|e| e.seq).collect::<Vec<_>>(), want);
+    assert!(claimed.iter().any(|e| later.contains(&e.id)));
+    assert_buried(&h.raw_rows().await, &still_bad);
+
+    // A row that is never due does not break the wait for work (nor `status`).
+    store
+        .settle(SettleParams {
+            token: ordered_token,
+            published: &ids_of(&claimed),
+            failed: &[],
+        })
+        .await
+        .unwrap();
+    let never = h.insert_never_due().await;
+    store
+        .wait_for_work("r", Duration::from_millis(20))
+        .await
+        .unwrap_or_else(|e| panic!("waiting for work failed on a never-due row: {e}"));
+    store
+        .counts()
+        .await
+        .unwrap_or_else(|e| panic!("counts failed on a never-due row: {e}"));
+    assert!(!raw(&h.raw_rows().await, never, "never due").dead);
 }
 
 /// With `OrderedHold`, an undecodable row is a dead letter like any other: it holds its
@@ -741,14 +786,21 @@ pub async fn hold_mode_keeps_an_aggregate_behind_an_undecodable_row<H: Harness>(
         .claim(ordered("r", token, Ordering::OrderedHold))
         .await
         .unwrap_or_else(|e| panic!("an undecodable row failed the claim: {e}"));
-    assert_eq!(ids_of(&first), vec![ids[1]], "a2 went past its undecodable a1");
+    assert_eq!(
+        ids_of(&first),
+        vec![ids[1]],
+        "a2 went past its undecodable a1"
+    );
     let rows = h.raw_rows().await;
     assert_buried(&rows, &bad);
     let a2 = rows
         .iter()
         .find(|r| r.id == ids[0].hyphenated().to_string())
         .unwrap();
-    assert!(!a2.leased && !a2.dead, "a2 was held, not given back: {a2:?}");
+    assert!(
+        !a2.leased && !a2.dead,
+        "a2 was held, not given back: {a2:?}"
+    );
     store
         .settle(SettleParams {
             token,
@@ -767,7 +819,11 @@ pub async fn hold_mode_keeps_an_aggregate_behind_an_undecodable_row<H: Harness>(
         .claim(ordered("r", Uuid::new_v4(), Ordering::Ordered))
         .await
         .unwrap();
-    assert_eq!(ids_of(&skip), vec![ids[0]], "skip mode goes past the dead letter");
+    assert_eq!(
+        ids_of(&skip),
+        vec![ids[0]],
+        "skip mode goes past the dead letter"
+    );
 }
 
 /// Records what it is sent; acknowledges everything.
@@ -812,9 +868,10 @@ pub async fn relay_keeps_running_past_undecodable_rows<H: Harness>(h: &H) {
             want.iter().all(|id| got.contains(id)).then_some(got)
         }
     };
-    wait_for("the good events delivered past the undecodable rows", || {
-        delivered(good.clone())
-    })
+    wait_for(
+        "the good events delivered past the undecodable rows",
+        || delivered(good.clone()),
+    )
     .await;
     wait_for("the undecodable rows dead-lettered", || async {
         let rows = h.raw_rows().await;
@@ -827,11 +884,17 @@ pub async fn relay_keeps_running_past_undecodable_rows<H: Harness>(h: &H) {
     // Still running: an event written now is delivered too (after the relay went idle with
     // the never-due row pending).
     let next = h.enqueue(&[event(3)]).await;
-    let got = wait_for("an event written afterwards delivered", || delivered(next.clone())).await;
+    let got = wait_for("an event written afterwards delivered", || {
+        delivered(next.clone())
+    })
+    .await;
     assert_eq!(got.len(), good.len() + 1, "sent: {got:?}");
     let rows = h.raw_rows().await;
     let n = raw(&rows, never, "never due");
-    assert!(!n.dead && !n.processed, "the never-due row was touched: {n:?}");
+    assert!(
+        !n.dead && !n.processed,
+        "the never-due row was touched: {n:?}"
+    );
     handle
         .shutdown()
         .await
