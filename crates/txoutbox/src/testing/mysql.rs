@@ -150,7 +150,7 @@ impl Harness for MySqlHarness {
 
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
         // (what, the column and value set, what last_error must say)
-        let kinds: [(&str, &str, &str, &str); 6] = [
+        let kinds: &[(&str, &str, &str, &str)] = &[
             (
                 "id not a UUID",
                 "id",
@@ -163,6 +163,12 @@ impl Harness for MySqlHarness {
                 "created_at",
                 "9223372036854775807",
                 "created_at 9223372036854775807 ms is out of range",
+            ),
+            (
+                "created_at before chrono's range",
+                "created_at",
+                "-9223372036854775807",
+                "created_at -9223372036854775807 ms is out of range",
             ),
             (
                 "available_at before chrono's range",
@@ -184,7 +190,7 @@ impl Harness for MySqlHarness {
             ),
         ];
         let mut out = Vec::new();
-        for (what, col, value, expect) in kinds {
+        for &(what, col, value, expect) in kinds {
             let sql = format!(
                 "INSERT INTO `{}` (aggregate_type, aggregate_id, event_type, payload, {col}) \
                  VALUES ('bad', ?, 'bad.row', '{{}}', {value})",

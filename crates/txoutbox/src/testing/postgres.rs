@@ -127,7 +127,7 @@ impl Harness for PgHarness {
 
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
         // (what, the columns and values set, what last_error must say)
-        let kinds: [(&str, &str, &str, &str); 6] = [
+        let kinds: &[(&str, &str, &str, &str)] = &[
             (
                 "created_at infinity",
                 "created_at",
@@ -166,7 +166,7 @@ impl Harness for PgHarness {
             ),
         ];
         let mut out = Vec::new();
-        for (what, col, value, expect) in kinds {
+        for &(what, col, value, expect) in kinds {
             let sql = format!(
                 "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, {col}) \
                  VALUES ('bad', $1, 'bad.row', '{{}}', {value}) RETURNING seq",

@@ -127,7 +127,7 @@ impl Harness for SqliteHarness {
 
     async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
         // (what, the column and value set, what last_error must say)
-        let kinds: [(&str, &str, &str, &str); 9] = [
+        let kinds: &[(&str, &str, &str, &str)] = &[
             (
                 "id not a UUID",
                 "id",
@@ -179,7 +179,7 @@ impl Harness for SqliteHarness {
             ),
         ];
         let mut out = Vec::new();
-        for (what, col, value, expect) in kinds {
+        for &(what, col, value, expect) in kinds {
             // The column named twice would be an error: a kind may replace event_type.
             let (event_col, event_val) = if col == "event_type" {
                 ("", "")

@@ -683,6 +683,10 @@ pub async fn undecodable_rows_are_dead_lettered_and_the_rest_flow<H: Harness>(h:
         .await
         .unwrap_or_else(|e| panic!("counts failed on a pending undecodable row: {e}"));
     assert_eq!(c.pending, (good.len() + bad.len()) as i64, "{c:?}");
+    store
+        .wait_for_work("r", Duration::from_millis(20))
+        .await
+        .unwrap_or_else(|e| panic!("waiting for work failed on a pending undecodable row: {e}"));
     let token = Uuid::new_v4();
     let claimed = store
         .claim(claim("r", token, 100, LEASE))

@@ -504,9 +504,11 @@ impl Store for MySqlStore {
 
     /// Ready when something is due; otherwise sleep until a writer of this process wakes us,
     /// the earliest backing-off or leased event falls due, or the adaptive poll comes round.
+    /// (Overdue counts as 1 ms overdue: a row written with a huge negative `available_at`
+    /// would overflow the subtraction.)
     async fn wait_for_work(&self, _relay_id: &str, max: Duration) -> Result<Wake, Error> {
         let due: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT CAST(min(GREATEST(available_at, coalesce(locked_until, available_at))) - {NOW_MS} AS SIGNED)
+            "SELECT CAST(GREATEST(min(GREATEST(available_at, coalesce(locked_until, available_at))), {NOW_MS} - 1) - {NOW_MS} AS SIGNED)
              FROM {} WHERE {UNFINISHED}",
             table(&self.table)
         ))
@@ -576,7 +578,7 @@ impl Store for MySqlStore {
                 CAST(coalesce(sum({UNFINISHED} AND locked_until > {NOW_MS}), 0) AS SIGNED),
                 CAST(coalesce(sum(dead_at IS NOT NULL AND processed_at IS NULL), 0) AS SIGNED),
                 CAST(coalesce(sum(processed_at IS NOT NULL), 0) AS SIGNED),
-                CAST(({NOW_MS} - min(CASE WHEN {UNFINISHED} THEN created_at END)) AS DOUBLE) / 1000.0
+                (CAST({NOW_MS} AS DOUBLE) - min(CASE WHEN {UNFINISHED} THEN created_at END)) / 1000.0
              FROM {}",
             table(&self.table)
         ))
