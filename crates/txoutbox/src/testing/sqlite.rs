@@ -142,6 +142,12 @@ impl Harness for SqliteHarness {
                 "event_type is BLOB, not TEXT",
             ),
             (
+                "available_at text",
+                "available_at",
+                "'later'",
+                "available_at is TEXT, not INTEGER",
+            ),
+            (
                 "created_at text",
                 "created_at",
                 "'soon'",

@@ -73,12 +73,15 @@ impl Queries {
         let relays = derived(t, "relays");
         let lease = "locked_until = NULL, locked_by = NULL, lock_token = NULL";
         let ids = "id IN (SELECT value FROM json_each(?1)) AND lock_token = ?2";
+        // A text or blob `available_at` (plain SQL can write one) sorts after every number and
+        // would never be due: it is claimed, so that the claim dead-letters it.
         let claimed = |filter: &str, extra: &str| {
             format!(
                 "UPDATE {q} SET locked_until = {NOW_MS} + ?2, locked_by = ?3, lock_token = ?4
                  WHERE seq IN (
                     SELECT e.seq FROM {q} e
-                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
+                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL
+                      AND (e.available_at <= {NOW_MS} OR typeof(e.available_at) IN ('text', 'blob'))
                       AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS}) {filter}
                     ORDER BY e.seq LIMIT ?1
                  ) {extra}
