@@ -15,6 +15,8 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod undecodable;
 pub mod wakeup;
 
 use std::time::Duration;
@@ -197,7 +199,9 @@ pub struct DeadFilter {
 /// The relay's view of a database.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Claim a batch in one short statement; returned in `seq` order.
+    /// Claim a batch in one short statement; returned in `seq` order. A claimed row that does
+    /// not decode (plain SQL wrote a value the relay cannot read) is not returned: the claim
+    /// dead-letters it, fenced like a settle, with a last error that says what is wrong.
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error>;
     /// Settle a batch in one statement; fenced by the claim token.
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error>;

@@ -4,17 +4,17 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow};
-use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow, PgValueFormat, PgValueRef};
+use sqlx::{Row, ValueRef};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
+use super::undecodable::{self, Decoded, Reader};
 use super::{
     ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
     RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
-use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
 pub(crate) const COLUMNS: &str =
@@ -110,9 +110,13 @@ impl Queries {
         // their aggregate holds back (backing off or leased: that one's own due time counts;
         // dead, with `hold`: it waits for an operator, whose retry wakes the relay). Rows it
         // could never claim (other relays' partitions, events behind a held one) would make
-        // an idle relay's wait return "ready" at once, over and over.
+        // an idle relay's wait return "ready" at once, over and over. As a difference of
+        // epochs: a row written with `available_at = 'infinity'` makes it Infinity, where
+        // subtracting timestamps fails ("cannot subtract infinite timestamps") and would stop
+        // the relay.
         let due = format!(
-            "SELECT extract(epoch FROM min(greatest(e.available_at, coalesce(e.locked_until, e.available_at))) - now())::float8
+            "SELECT (extract(epoch FROM min(greatest(e.available_at, coalesce(e.locked_until, e.available_at))))
+               - extract(epoch FROM now()))::float8
              FROM {q} e
              WHERE e.processed_at IS NULL AND e.dead_at IS NULL
                AND (NOT $2 OR (
@@ -268,7 +272,7 @@ impl Queries {
                     count(*) FILTER (WHERE {UNFINISHED} AND locked_until > now()),
                     count(*) FILTER (WHERE dead_at IS NOT NULL AND processed_at IS NULL),
                     count(*) FILTER (WHERE processed_at IS NOT NULL),
-                    extract(epoch FROM now() - min(created_at) FILTER (WHERE {UNFINISHED}))::float8
+                    extract(epoch FROM now() - min(created_at) FILTER (WHERE {UNFINISHED} AND isfinite(created_at)))::float8
                  FROM {q}"
             ),
         }
@@ -573,10 +577,16 @@ impl PgStore {
             .map_err(g)?;
         keys.sort_unstable();
         keys.dedup();
-        let events = rows
-            .iter()
-            .map(event_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
+        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        // Events held behind an undecodable row (`hold`) are simply not handed out: an
+        // ordered claim leases nothing.
+        let (events, bad, _held) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            self.bury_undecodable(p, &bad, Some(partitions)).await;
+        }
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
         let max_seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
         let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
         if let Ok(mut map) = self.in_flight.lock() {
@@ -660,6 +670,62 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// Dead-letter claimed rows that do not decode (by id: a `uuid` column always decodes).
+    /// Fenced like a settle: by the claim token, or for an ordered claim (`partitions`: how
+    /// many there are) by this relay's partition lease. On failure an unordered claim's rows
+    /// stay leased until the lease runs out, and the next claim meets them again.
+    async fn bury_undecodable(
+        &self,
+        p: &ClaimParams<'_>,
+        bad: &[Decoded],
+        partitions: Option<i32>,
+    ) {
+        let q = self.table.qualified();
+        let ids: Vec<Uuid> = bad.iter().map(|b| b.event.id).collect();
+        let errs: Vec<String> = bad
+            .iter()
+            .map(|b| b.last_error().unwrap_or_default())
+            .collect();
+        let rows = "unnest($1::uuid[], $2::text[]) AS f(id, err)";
+        let result = match partitions {
+            None => {
+                sqlx::query(&format!(
+                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err,
+                        locked_until = NULL, locked_by = NULL, lock_token = NULL
+                     FROM {rows} WHERE e.id = f.id AND e.lock_token = $3"
+                ))
+                .bind(&ids)
+                .bind(&errs)
+                .bind(p.token)
+                .execute(&self.pool)
+                .await
+            }
+            Some(n) => {
+                sqlx::query(&format!(
+                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err
+                     FROM {rows}
+                     WHERE e.id = f.id AND e.processed_at IS NULL AND e.dead_at IS NULL
+                       AND e.partition_key % $3 = ANY (ARRAY(
+                         SELECT partition FROM {} WHERE owner = $4 AND lease_until > now()))",
+                    self.table.derived("partitions")
+                ))
+                .bind(&ids)
+                .bind(&errs)
+                .bind(n)
+                .bind(p.relay_id)
+                .execute(&self.pool)
+                .await
+            }
+        };
+        match result {
+            Ok(_) => undecodable::count_dead(bad),
+            Err(e) => tracing::warn!(error = %self.err(e),
+                "could not dead-letter rows that do not decode; the next claims meet them again"),
+        }
+    }
+}
+
 /// Filters shared by the dead-letter commands: $1 id, $2 event_type, $3 aggregate_type, $4 aggregate_id.
 const FILTER_SQL: &str =
     "AND ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
@@ -675,26 +741,77 @@ fn bind_filter<'q>(
         .bind(f.aggregate_id.as_deref())
 }
 
+/// The row as an event, with placeholders where a column does not decode (operator listings).
 pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
-    let g = |e| Error::Database(e);
-    Ok(OutboxEvent {
-        id: r.try_get("id").map_err(g)?,
-        seq: r.try_get("seq").map_err(g)?,
-        aggregate_type: r.try_get("aggregate_type").map_err(g)?,
-        aggregate_id: r.try_get("aggregate_id").map_err(g)?,
-        event_type: r.try_get("event_type").map_err(g)?,
-        payload: r.try_get("payload").map_err(g)?,
-        headers: headers_from_json(r.try_get("headers").map_err(g)?),
-        attempts: r.try_get("attempts").map_err(g)?,
-        attempts_unavailable: r.try_get("attempts_unavailable").map_err(g)?,
-        available_at: r.try_get::<DateTime<Utc>, _>("available_at").map_err(g)?,
-        created_at: r.try_get("created_at").map_err(g)?,
-        processed_at: r.try_get("processed_at").map_err(g)?,
-        dead_at: r.try_get("dead_at").map_err(g)?,
-        locked_by: r.try_get("locked_by").map_err(g)?,
-        locked_until: r.try_get("locked_until").map_err(g)?,
-        last_error: r.try_get("last_error").map_err(g)?,
-    })
+    Ok(decode_row(r)?.event)
+}
+
+/// One row, column by column: what decoded and what did not (see [`undecodable`]).
+fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
+    let mut c = Reader::new(r);
+    let id = c.get::<Uuid>("id")?;
+    let seq = c.get::<i64>("seq")?;
+    let aggregate_type = c.get::<String>("aggregate_type")?;
+    let aggregate_id = c.get::<String>("aggregate_id")?;
+    let event_type = c.get::<String>("event_type")?;
+    let payload = c.get::<serde_json::Value>("payload")?;
+    let headers = c.get::<serde_json::Value>("headers")?;
+    let headers = headers.and_then(|v| c.ok(undecodable::headers(v)));
+    let attempts = c.get::<i32>("attempts")?;
+    let attempts_unavailable = c.get::<i32>("attempts_unavailable")?;
+    let available_at = c.with("available_at", |v| pg_time("available_at", v))?;
+    let created_at = c.with("created_at", |v| pg_time("created_at", v))?;
+    let processed_at = c.with("processed_at", |v| pg_time("processed_at", v))?;
+    let dead_at = c.with("dead_at", |v| pg_time("dead_at", v))?;
+    let locked_by = c.get::<Option<String>>("locked_by")?;
+    let locked_until = c.with("locked_until", |v| pg_time("locked_until", v))?;
+    let last_error = c.get::<Option<String>>("last_error")?;
+    let aggregate = aggregate_type.clone().zip(aggregate_id.clone());
+    let event = OutboxEvent {
+        id: id.unwrap_or_default(),
+        seq: seq.unwrap_or_default(),
+        aggregate_type: aggregate_type.unwrap_or_default(),
+        aggregate_id: aggregate_id.unwrap_or_default(),
+        event_type: event_type.clone().unwrap_or_default(),
+        payload: payload.unwrap_or_default(),
+        headers: headers.unwrap_or_default(),
+        attempts: attempts.unwrap_or_default(),
+        attempts_unavailable: attempts_unavailable.unwrap_or_default(),
+        available_at: available_at.flatten().unwrap_or_default(),
+        created_at: created_at.flatten().unwrap_or_default(),
+        processed_at: processed_at.flatten(),
+        dead_at: dead_at.flatten(),
+        locked_by: locked_by.flatten(),
+        locked_until: locked_until.flatten(),
+        last_error: last_error.flatten(),
+    };
+    Ok(c.finish(event, event_type, aggregate))
+}
+
+/// A `timestamptz` (`None`: NULL), or what is wrong with it. sqlx's own decoding panics on
+/// `infinity`, `-infinity` and times past chrono's range (PostgreSQL's reaches further), so
+/// the binary value is read here: microseconds since 2000-01-01, `i64::MAX`/`MIN` for the
+/// infinities.
+fn pg_time(col: &str, v: PgValueRef<'_>) -> Result<Option<DateTime<Utc>>, String> {
+    if v.is_null() {
+        return Ok(None);
+    }
+    let at = match v.format() {
+        PgValueFormat::Text => <DateTime<Utc> as sqlx::Decode<sqlx::Postgres>>::decode(v)
+            .map_err(|e| format!("{col}: {e}"))?,
+        PgValueFormat::Binary => {
+            let us = <i64 as sqlx::Decode<sqlx::Postgres>>::decode(v)
+                .map_err(|e| format!("{col}: {e}"))?;
+            match us {
+                i64::MAX => return Err(format!("{col} is infinity")),
+                i64::MIN => return Err(format!("{col} is -infinity")),
+                us => DateTime::from_timestamp(946_684_800, 0)
+                    .and_then(|epoch| epoch.checked_add_signed(chrono::TimeDelta::microseconds(us)))
+                    .ok_or_else(|| format!("{col} is out of range ({us} µs from 2000-01-01)"))?,
+            }
+        }
+    };
+    Ok(Some(at))
 }
 
 fn millis(d: Duration) -> i64 {
@@ -717,11 +834,11 @@ impl Store for PgStore {
             // claim always means "nothing more is claimable now".
             rows.extend(self.claim_unordered(&p, 0, p.limit - rows.len()).await?);
         }
-        let mut events = rows
-            .iter()
-            .map(event_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        events.sort_unstable_by_key(|e| e.seq);
+        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        let (events, bad, _) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            self.bury_undecodable(&p, &bad, None).await;
+        }
         Ok(events)
     }
 

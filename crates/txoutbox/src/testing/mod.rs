@@ -61,6 +61,31 @@ impl RowState {
     }
 }
 
+/// A row written by [`Harness::insert_malformed`].
+#[derive(Debug, Clone)]
+pub struct Malformed {
+    pub seq: i64,
+    /// What was done to it, for assertion messages.
+    pub what: &'static str,
+    /// What its `last_error` must say once the relay has dead-lettered it.
+    pub expect: &'static str,
+    /// `dlq retry` repairs it (the damage is in `attempts` or `available_at`, which a retry
+    /// resets).
+    pub retry_resets: bool,
+}
+
+/// A row read without decoding anything that a malformed row could break.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawRow {
+    pub seq: i64,
+    /// The id as text (it may not be a UUID).
+    pub id: String,
+    pub dead: bool,
+    pub processed: bool,
+    pub leased: bool,
+    pub last_error: Option<String>,
+}
+
 /// One backend's side of the suite: a fresh, migrated outbox of the test's own (a schema, a
 /// database or a file), removed by [`Harness::cleanup`].
 #[async_trait::async_trait(?Send)]
@@ -78,6 +103,15 @@ pub trait Harness: Send + Sync + Sized + 'static {
     async fn rows(&self) -> Vec<RowState>;
     /// Make every row available now (ends backoffs).
     async fn make_available(&self);
+    /// Write, by plain SQL, rows of aggregate `("bad", aggregate_id)` that the schema allows
+    /// but the store cannot decode: one per kind of damage this database lets through. (Not
+    /// a bad `locked_until`: a claim that leases the row overwrites it.)
+    async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed>;
+    /// Write, by plain SQL, a row that is never due (its `available_at` as far in the future
+    /// as the column allows); returns its `seq`.
+    async fn insert_never_due(&self) -> i64;
+    /// Every row as raw as the database has it (no decoding that could fail), in `seq` order.
+    async fn raw_rows(&self) -> Vec<RawRow>;
     /// Remove what [`Harness::new`] created.
     async fn cleanup(self);
 }
@@ -118,6 +152,9 @@ macro_rules! store_conformance {
             hold_mode_keeps_an_aggregate_behind_its_dead_letter,
             deregister_releases_and_forgets_the_relay,
             a_relay_id_held_by_a_live_process_is_refused,
+            undecodable_rows_are_dead_lettered_and_the_rest_flow,
+            hold_mode_keeps_an_aggregate_behind_an_undecodable_row,
+            relay_keeps_running_past_undecodable_rows,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

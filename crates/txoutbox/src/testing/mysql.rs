@@ -8,7 +8,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Harness, RowState};
+use super::{Harness, Malformed, RawRow, RowState};
 use crate::store::mysql::schema::NOW_MS;
 use crate::store::mysql::{MySqlStore, Wakeup};
 use crate::store::Retention;
@@ -146,6 +146,104 @@ impl Harness for MySqlHarness {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+
+    async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
+        // (what, the column and value set, what last_error must say)
+        let kinds: &[(&str, &str, &str, &str)] = &[
+            (
+                "id not a UUID",
+                "id",
+                "'not-a-uuid'",
+                "id 'not-a-uuid' is not a UUID",
+            ),
+            ("id empty", "id", "''", "id '' is not a UUID"),
+            (
+                "created_at past chrono's range",
+                "created_at",
+                "9223372036854775807",
+                "created_at 9223372036854775807 ms is out of range",
+            ),
+            (
+                "created_at before chrono's range",
+                "created_at",
+                "-9223372036854775807",
+                "created_at -9223372036854775807 ms is out of range",
+            ),
+            (
+                "available_at before chrono's range",
+                "available_at",
+                "-9223372036854775807",
+                "available_at -9223372036854775807 ms is out of range",
+            ),
+            (
+                "headers an array",
+                "headers",
+                "'[1, 2]'",
+                "headers is a JSON array, not an object",
+            ),
+            (
+                "headers a number",
+                "headers",
+                "'7'",
+                "headers is a JSON number, not an object",
+            ),
+        ];
+        let mut out = Vec::new();
+        for &(what, col, value, expect) in kinds {
+            let sql = format!(
+                "INSERT INTO `{}` (aggregate_type, aggregate_id, event_type, payload, {col}) \
+                 VALUES ('bad', ?, 'bad.row', '{{}}', {value})",
+                self.table.table().as_str()
+            );
+            let done = sqlx::query(&sql)
+                .bind(aggregate_id)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+            let seq = i64::try_from(done.last_insert_id()).unwrap();
+            out.push(Malformed {
+                seq,
+                what,
+                expect,
+                retry_resets: col == "available_at",
+            });
+        }
+        out
+    }
+
+    async fn insert_never_due(&self) -> i64 {
+        let sql = format!(
+            "INSERT INTO `{}` (aggregate_type, aggregate_id, event_type, payload, available_at) \
+             VALUES ('later', 'never', 'later.row', '{{}}', 9223372036854775807)",
+            self.table.table().as_str()
+        );
+        let done = sqlx::query(&sql).execute(&self.pool).await.unwrap();
+        i64::try_from(done.last_insert_id()).unwrap()
+    }
+
+    async fn raw_rows(&self) -> Vec<RawRow> {
+        let sql = format!(
+            "SELECT seq, id, CAST(dead_at IS NOT NULL AS SIGNED) AS dead, \
+             CAST(processed_at IS NOT NULL AS SIGNED) AS processed, \
+             CAST(coalesce(locked_until > {NOW_MS}, 0) AS SIGNED) AS leased, last_error \
+             FROM `{}` ORDER BY seq",
+            self.table.table().as_str()
+        );
+        sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RawRow {
+                seq: r.get("seq"),
+                id: r.get("id"),
+                dead: r.get::<i64, _>("dead") != 0,
+                processed: r.get::<i64, _>("processed") != 0,
+                leased: r.get::<i64, _>("leased") != 0,
+                last_error: r.get("last_error"),
+            })
+            .collect()
     }
 
     async fn cleanup(mut self) {

@@ -8,7 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::{Harness, RowState};
+use super::{Harness, Malformed, RawRow, RowState};
 use crate::store::postgres::{relay_connect_options, PgStore};
 use crate::store::Retention;
 use crate::{migrate, NewEvent, Outbox, OutboxTable};
@@ -123,6 +123,102 @@ impl Harness for PgHarness {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+
+    async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
+        // (what, the columns and values set, what last_error must say)
+        let kinds: &[(&str, &str, &str, &str)] = &[
+            (
+                "created_at infinity",
+                "created_at",
+                "'infinity'",
+                "created_at is infinity",
+            ),
+            (
+                "created_at -infinity",
+                "created_at",
+                "'-infinity'",
+                "created_at is -infinity",
+            ),
+            (
+                "available_at -infinity",
+                "available_at",
+                "'-infinity'",
+                "available_at is -infinity",
+            ),
+            (
+                "created_at past chrono's range",
+                "created_at",
+                "'290000-01-01 00:00:00+00'",
+                "created_at is out of range",
+            ),
+            (
+                "headers an array",
+                "headers",
+                "'[1, 2]'",
+                "headers is a JSON array, not an object",
+            ),
+            (
+                "headers a string",
+                "headers",
+                "'\"x\"'",
+                "headers is a JSON string, not an object",
+            ),
+        ];
+        let mut out = Vec::new();
+        for &(what, col, value, expect) in kinds {
+            let sql = format!(
+                "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, {col}) \
+                 VALUES ('bad', $1, 'bad.row', '{{}}', {value}) RETURNING seq",
+                self.table.qualified()
+            );
+            let seq: i64 = sqlx::query_scalar(&sql)
+                .bind(aggregate_id)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            out.push(Malformed {
+                seq,
+                what,
+                expect,
+                retry_resets: col == "available_at",
+            });
+        }
+        out
+    }
+
+    async fn insert_never_due(&self) -> i64 {
+        let sql = format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, available_at) \
+             VALUES ('later', 'never', 'later.row', '{{}}', 'infinity') RETURNING seq",
+            self.table.qualified()
+        );
+        sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn raw_rows(&self) -> Vec<RawRow> {
+        let sql = format!(
+            "SELECT seq, id::text AS id, dead_at IS NOT NULL AS dead, processed_at IS NOT NULL AS processed, \
+             coalesce(locked_until > now(), false) AS leased, last_error FROM {} ORDER BY seq",
+            self.table.qualified()
+        );
+        sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| RawRow {
+                seq: r.get("seq"),
+                id: r.get("id"),
+                dead: r.get("dead"),
+                processed: r.get("processed"),
+                leased: r.get("leased"),
+                last_error: r.get("last_error"),
+            })
+            .collect()
     }
 
     async fn cleanup(mut self) {

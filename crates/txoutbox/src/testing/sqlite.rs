@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
-use super::{Harness, RowState};
+use super::{Harness, Malformed, RawRow, RowState};
 use crate::store::sqlite::schema::NOW_MS;
 use crate::store::sqlite::{connect, SqliteStore, Wakeup};
 use crate::store::Retention;
@@ -123,6 +123,131 @@ impl Harness for SqliteHarness {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+
+    async fn insert_malformed(&self, aggregate_id: &str) -> Vec<Malformed> {
+        // (what, the column and value set, what last_error must say)
+        let kinds: &[(&str, &str, &str, &str)] = &[
+            (
+                "id not a UUID",
+                "id",
+                "'not-a-uuid'",
+                "id 'not-a-uuid' is not a UUID",
+            ),
+            ("id a blob", "id", "X'00ff'", "id is BLOB, not TEXT"),
+            (
+                "event_type a blob",
+                "event_type",
+                "X'ff'",
+                "event_type is BLOB, not TEXT",
+            ),
+            (
+                "available_at text",
+                "available_at",
+                "'later'",
+                "available_at is TEXT, not INTEGER",
+            ),
+            (
+                "created_at text",
+                "created_at",
+                "'soon'",
+                "created_at is TEXT, not INTEGER",
+            ),
+            (
+                "created_at real",
+                "created_at",
+                "1.5",
+                "created_at is REAL, not INTEGER",
+            ),
+            (
+                "created_at past chrono's range",
+                "created_at",
+                "9000000000000000000",
+                "created_at 9000000000000000000 ms is out of range",
+            ),
+            (
+                "attempts past i32",
+                "attempts",
+                "5000000000",
+                "attempts 5000000000",
+            ),
+            (
+                "headers an array",
+                "headers",
+                "'[1, 2]'",
+                "headers is a JSON array, not an object",
+            ),
+            (
+                "headers null",
+                "headers",
+                "'null'",
+                "headers is a JSON null, not an object",
+            ),
+        ];
+        let mut out = Vec::new();
+        for &(what, col, value, expect) in kinds {
+            // The column named twice would be an error: a kind may replace event_type.
+            let (event_col, event_val) = if col == "event_type" {
+                ("", "")
+            } else {
+                (", event_type", ", 'bad.row'")
+            };
+            let sql = format!(
+                "INSERT INTO {} (aggregate_type, aggregate_id, payload{event_col}, {col}) \
+                 VALUES ('bad', ?1, '{{}}'{event_val}, {value}) RETURNING seq",
+                self.table.table().quoted()
+            );
+            let seq: i64 = sqlx::query_scalar(&sql)
+                .bind(aggregate_id)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            out.push(Malformed {
+                seq,
+                what,
+                expect,
+                retry_resets: col == "attempts" || col == "available_at",
+            });
+        }
+        out
+    }
+
+    async fn insert_never_due(&self) -> i64 {
+        let sql = format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, available_at) \
+             VALUES ('later', 'never', 'later.row', '{{}}', 9223372036854775807) RETURNING seq",
+            self.table.table().quoted()
+        );
+        sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn raw_rows(&self) -> Vec<RawRow> {
+        let sql = format!(
+            "SELECT seq, quote(id) AS id, dead_at IS NOT NULL AS dead, processed_at IS NOT NULL AS processed, \
+             coalesce(locked_until > {NOW_MS}, 0) AS leased, last_error FROM {} ORDER BY seq",
+            self.table.table().quoted()
+        );
+        sqlx::query(&sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                // quote(): 'text' or X'hex'; a UUID comes back as its text.
+                let id: String = r.get("id");
+                RawRow {
+                    seq: r.get("seq"),
+                    id: id.trim_matches('\'').to_string(),
+                    dead: r.get("dead"),
+                    processed: r.get("processed"),
+                    leased: r.get("leased"),
+                    last_error: r.get("last_error"),
+                }
+            })
+            .collect()
     }
 
     async fn cleanup(mut self) {

@@ -23,17 +23,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::{Connection, Row};
-use uuid::Uuid;
 
 pub use crate::store::wakeup::Wakeup;
 
 use self::schema::{derived, table, NOW_MS};
+use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
     ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
     RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
-use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
 const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
@@ -72,34 +71,9 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     })
 }
 
-fn decode(e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Database(sqlx::Error::Decode(Box::new(e)))
-}
-
+/// The row as an event, with placeholders where a column does not decode (operator listings).
 fn event_from_row(r: &MySqlRow) -> Result<OutboxEvent, Error> {
-    let g = |e| Error::Database(e);
-    let opt_ts = |v: Option<i64>| v.map(ts).transpose();
-    let id: String = r.try_get("id").map_err(g)?;
-    let payload: String = r.try_get("payload").map_err(g)?;
-    let headers: String = r.try_get("headers").map_err(g)?;
-    Ok(OutboxEvent {
-        id: Uuid::parse_str(&id).map_err(decode)?,
-        seq: r.try_get("seq").map_err(g)?,
-        aggregate_type: r.try_get("aggregate_type").map_err(g)?,
-        aggregate_id: r.try_get("aggregate_id").map_err(g)?,
-        event_type: r.try_get("event_type").map_err(g)?,
-        payload: serde_json::from_str(&payload).map_err(decode)?,
-        headers: headers_from_json(serde_json::from_str(&headers).map_err(decode)?),
-        attempts: r.try_get("attempts").map_err(g)?,
-        attempts_unavailable: r.try_get("attempts_unavailable").map_err(g)?,
-        available_at: ts(r.try_get("available_at").map_err(g)?)?,
-        created_at: ts(r.try_get("created_at").map_err(g)?)?,
-        processed_at: opt_ts(r.try_get("processed_at").map_err(g)?)?,
-        dead_at: opt_ts(r.try_get("dead_at").map_err(g)?)?,
-        locked_by: r.try_get("locked_by").map_err(g)?,
-        locked_until: opt_ts(r.try_get("locked_until").map_err(g)?)?,
-        last_error: r.try_get("last_error").map_err(g)?,
-    })
+    Ok(decode_text_row(r)?.event)
 }
 
 /// `?, ?, ?` for `n` values.
@@ -274,6 +248,57 @@ fn ordered_prefix(picked: &[(i64, String, String)], locked: &[i64]) -> Vec<i64> 
     out
 }
 
+impl MySqlStore {
+    /// In the claim's transaction: dead-letter the claimed rows that do not decode (by
+    /// `seq`: their id may not be a UUID), and give back (`held`) the events of the claim that
+    /// a dead letter holds back; fenced by the claim token.
+    async fn bury_undecodable(
+        &self,
+        tx: &mut sqlx::MySqlConnection,
+        token: &str,
+        bad: &[Decoded],
+        held: &[OutboxEvent],
+    ) -> Result<(), Error> {
+        let q = table(&self.table);
+        let err = |e| self.err(e);
+        let rows = serde_json::Value::Array(
+            bad.iter()
+                .map(|b| serde_json::json!([b.event.seq, b.last_error()]))
+                .collect(),
+        )
+        .to_string();
+        sqlx::query(&format!(
+            "UPDATE {q} e
+             JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', err LONGTEXT PATH '$[1]')) AS f
+               ON e.seq = f.seq
+             SET e.dead_at = {NOW_MS}, e.last_error = f.err,
+                 e.locked_until = NULL, e.locked_by = NULL, e.lock_token = NULL
+             WHERE e.lock_token = ?"
+        ))
+        .bind(rows)
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        if !held.is_empty() {
+            let list = held
+                .iter()
+                .map(|e| e.seq.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            sqlx::query(&format!(
+                "UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
+                 WHERE seq IN ({list}) AND lock_token = ?"
+            ))
+            .bind(token)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for MySqlStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
@@ -377,9 +402,18 @@ impl Store for MySqlStore {
         .fetch_all(&mut *tx)
         .await
         .map_err(err)?;
+        let rows = rows
+            .iter()
+            .map(decode_text_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (events, bad, held) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            self.bury_undecodable(&mut tx, &token, &bad, &held).await?;
+        }
         tx.commit().await.map_err(err)?;
+        undecodable::count_dead(&bad);
         self.idle.store(0, AtomicOrdering::Relaxed);
-        rows.iter().map(event_from_row).collect()
+        Ok(events)
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -498,10 +532,12 @@ impl Store for MySqlStore {
 
     /// Ready when something is due; otherwise sleep until a writer of this process wakes us,
     /// the earliest backing-off or leased event falls due, or the adaptive poll comes round.
+    /// (Overdue counts as 1 ms overdue: a row written with a huge negative `available_at`
+    /// would overflow the subtraction.)
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
         let max = p.max;
         let due: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT CAST(min(GREATEST(available_at, coalesce(locked_until, available_at))) - {NOW_MS} AS SIGNED)
+            "SELECT CAST(GREATEST(min(GREATEST(available_at, coalesce(locked_until, available_at))), {NOW_MS} - 1) - {NOW_MS} AS SIGNED)
              FROM {} WHERE {UNFINISHED}",
             table(&self.table)
         ))
@@ -590,7 +626,7 @@ impl Store for MySqlStore {
                 CAST(coalesce(sum({UNFINISHED} AND locked_until > {NOW_MS}), 0) AS SIGNED),
                 CAST(coalesce(sum(dead_at IS NOT NULL AND processed_at IS NULL), 0) AS SIGNED),
                 CAST(coalesce(sum(processed_at IS NOT NULL), 0) AS SIGNED),
-                CAST(({NOW_MS} - min(CASE WHEN {UNFINISHED} THEN created_at END)) AS DOUBLE) / 1000.0
+                (CAST({NOW_MS} AS DOUBLE) - min(CASE WHEN {UNFINISHED} THEN created_at END)) / 1000.0
              FROM {}",
             table(&self.table)
         ))

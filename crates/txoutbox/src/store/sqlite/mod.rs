@@ -27,12 +27,12 @@ use uuid::Uuid;
 pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::schema::{derived, table, NOW_MS};
+use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
     ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
     RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
-use crate::event::headers_from_json;
 use crate::{OutboxEvent, OutboxTable};
 
 const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
@@ -74,12 +74,15 @@ impl Queries {
         let relays = derived(t, "relays");
         let lease = "locked_until = NULL, locked_by = NULL, lock_token = NULL";
         let ids = "id IN (SELECT value FROM json_each(?1)) AND lock_token = ?2";
+        // A text or blob `available_at` (plain SQL can write one) sorts after every number and
+        // would never be due: it is claimed, so that the claim dead-letters it.
         let claimed = |filter: &str, extra: &str| {
             format!(
                 "UPDATE {q} SET locked_until = {NOW_MS} + ?2, locked_by = ?3, lock_token = ?4
                  WHERE seq IN (
                     SELECT e.seq FROM {q} e
-                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
+                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL
+                      AND (e.available_at <= {NOW_MS} OR typeof(e.available_at) IN ('text', 'blob'))
                       AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS}) {filter}
                     ORDER BY e.seq LIMIT ?1
                  ) {extra}
@@ -326,6 +329,52 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Dead-letter the claimed rows that do not decode, and give back (`held`) the events of
+    /// the claim that a dead letter holds back; fenced by the claim token. On failure they
+    /// stay leased, and are claimed again when the lease runs out.
+    async fn bury_undecodable(&self, token: Uuid, bad: &[Decoded], held: &[OutboxEvent]) {
+        let token = token.hyphenated().to_string();
+        let rows = serde_json::Value::Array(
+            bad.iter()
+                .map(|b| serde_json::json!([b.event.seq, b.last_error()]))
+                .collect(),
+        )
+        .to_string();
+        let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
+        let sql = format!(
+            "UPDATE {} AS e SET dead_at = {NOW_MS}, last_error = f.err,
+                locked_until = NULL, locked_by = NULL, lock_token = NULL
+             FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS err
+                   FROM json_each(?1)) AS f
+             WHERE e.seq = f.seq AND e.lock_token = ?2",
+            table(&self.table)
+        );
+        let result = async {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::query(&sql)
+                .bind(rows)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?;
+            if !held.is_empty() {
+                sqlx::query(&self.q.release)
+                    .bind(id_list(&held))
+                    .bind(&token)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => undecodable::count_dead(bad),
+            Err(e) => tracing::warn!(error = %self.err(e),
+                "could not dead-letter rows that do not decode; they are claimed again after their lease"),
+        }
+    }
+}
+
 /// Filters shared by the dead-letter commands: ?1 id, ?2 event_type, ?3 aggregate_type,
 /// ?4 aggregate_id.
 const FILTER_SQL: &str = "AND (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR event_type = ?2) \
@@ -349,34 +398,9 @@ fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     })
 }
 
-fn decode(e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Database(sqlx::Error::Decode(Box::new(e)))
-}
-
+/// The row as an event, with placeholders where a column does not decode (operator listings).
 fn event_from_row(r: &SqliteRow) -> Result<OutboxEvent, Error> {
-    let g = |e| Error::Database(e);
-    let opt_ts = |v: Option<i64>| v.map(ts).transpose();
-    let id: String = r.try_get("id").map_err(g)?;
-    let payload: String = r.try_get("payload").map_err(g)?;
-    let headers: String = r.try_get("headers").map_err(g)?;
-    Ok(OutboxEvent {
-        id: Uuid::parse_str(&id).map_err(decode)?,
-        seq: r.try_get("seq").map_err(g)?,
-        aggregate_type: r.try_get("aggregate_type").map_err(g)?,
-        aggregate_id: r.try_get("aggregate_id").map_err(g)?,
-        event_type: r.try_get("event_type").map_err(g)?,
-        payload: serde_json::from_str(&payload).map_err(decode)?,
-        headers: headers_from_json(serde_json::from_str(&headers).map_err(decode)?),
-        attempts: r.try_get("attempts").map_err(g)?,
-        attempts_unavailable: r.try_get("attempts_unavailable").map_err(g)?,
-        available_at: ts(r.try_get("available_at").map_err(g)?)?,
-        created_at: ts(r.try_get("created_at").map_err(g)?)?,
-        processed_at: opt_ts(r.try_get("processed_at").map_err(g)?)?,
-        dead_at: opt_ts(r.try_get("dead_at").map_err(g)?)?,
-        locked_by: r.try_get("locked_by").map_err(g)?,
-        locked_until: opt_ts(r.try_get("locked_until").map_err(g)?)?,
-        last_error: r.try_get("last_error").map_err(g)?,
-    })
+    Ok(decode_text_row(r)?.event)
 }
 
 fn millis(d: Duration) -> i64 {
@@ -410,11 +434,14 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let mut events = rows
+        let rows = rows
             .iter()
-            .map(event_from_row)
+            .map(decode_text_row)
             .collect::<Result<Vec<_>, _>>()?;
-        events.sort_unstable_by_key(|e| e.seq);
+        let (events, bad, held) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            self.bury_undecodable(p.token, &bad, &held).await;
+        }
         if !events.is_empty() {
             self.idle.store(0, AtomicOrdering::Relaxed);
         }

@@ -1,0 +1,303 @@
+//! Rows the relay cannot decode: plain SQL can write a row whose id is not a UUID (SQLite,
+//! MySQL), whose timestamp is out of range or `infinity` (PostgreSQL), whose headers are not
+//! a JSON object, and so on. Such a row must not fail a whole claim, let alone stop the relay:
+//! each store decodes every row on its own ([`Reader`]), dead-letters the rows that do not
+//! decode, fenced like any settle, with a last error that says what is wrong ("undecodable
+//! row: id 'abc' is not a UUID"), and hands out the rest. Operator listings show such rows
+//! with placeholders where a column did not decode.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+
+use chrono::{DateTime, Utc};
+use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
+
+use crate::error::Error;
+use crate::metrics as m;
+use crate::store::Ordering;
+use crate::OutboxEvent;
+
+/// The prefix of the last error of a row dead-lettered because it did not decode.
+pub(crate) const PREFIX: &str = "undecodable row: ";
+
+/// A row, decoded: the event (with placeholders where a column did not decode) and what did
+/// not decode.
+#[derive(Debug, Clone)]
+pub(crate) struct Decoded {
+    pub event: OutboxEvent,
+    /// One entry per column that did not decode, naming it.
+    pub problems: Vec<String>,
+    /// The event type as stored, when it decoded (a label of the dead-letter metric).
+    pub event_type: Option<String>,
+    /// The aggregate as stored, when both parts decoded.
+    pub aggregate: Option<(String, String)>,
+}
+
+impl Decoded {
+    /// The last error to dead-letter it with, if it did not decode.
+    pub fn last_error(&self) -> Option<String> {
+        (!self.problems.is_empty()).then(|| format!("{PREFIX}{}", self.problems.join("; ")))
+    }
+}
+
+/// Reads the columns of one row, noting each that does not decode instead of stopping at the
+/// first.
+pub(crate) struct Reader<'r, R> {
+    row: &'r R,
+    problems: Vec<String>,
+}
+
+impl<'r, R: Row> Reader<'r, R>
+where
+    &'static str: ColumnIndex<R>,
+{
+    pub fn new(row: &'r R) -> Self {
+        Self {
+            row,
+            problems: Vec::new(),
+        }
+    }
+
+    /// The column's value, or `None` if it does not decode (noted, with its type when that
+    /// is what is wrong). A column missing from the row is a bug, not a bad row: an error.
+    pub fn get<T>(&mut self, col: &'static str) -> Result<Option<T>, Error>
+    where
+        T: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        let value = self.row.try_get_raw(col).map_err(Error::Database)?;
+        if !value.is_null() {
+            let ty = value.type_info();
+            if !ty.is_null() && !T::compatible(&ty) {
+                let problem = format!("{col} is {}, not {}", ty.name(), T::type_info().name());
+                self.problems.push(problem);
+                return Ok(None);
+            }
+        }
+        Ok(self.check(col, T::decode(value)))
+    }
+
+    /// The column's value through `f`, which says what is wrong with it; `None` if it does
+    /// not decode.
+    pub fn with<T>(
+        &mut self,
+        col: &'static str,
+        f: impl FnOnce(<R::Database as sqlx::Database>::ValueRef<'r>) -> Result<T, String>,
+    ) -> Result<Option<T>, Error> {
+        let value = self.row.try_get_raw(col).map_err(Error::Database)?;
+        Ok(match f(value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.problems.push(e);
+                None
+            }
+        })
+    }
+
+    /// `v`, or `None` with its error noted against `col`.
+    pub fn check<T, E: Display>(&mut self, col: &str, v: Result<T, E>) -> Option<T> {
+        match v {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.problems.push(format!("{col}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// `v`, or `None` with its error (which names the column) noted as it is.
+    pub fn ok<T>(&mut self, v: Result<T, String>) -> Option<T> {
+        match v {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.problems.push(e);
+                None
+            }
+        }
+    }
+
+    /// Integer milliseconds since the Unix epoch (SQLite, MySQL) as a time.
+    pub fn millis(&mut self, col: &'static str) -> Result<Option<DateTime<Utc>>, Error>
+    where
+        i64: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        let ms = self.get::<i64>(col)?;
+        Ok(ms.and_then(|ms| self.ok(millis_time(col, ms))))
+    }
+
+    /// A nullable [`Self::millis`]; `None` if it does not decode.
+    pub fn opt_millis(&mut self, col: &'static str) -> Result<Option<Option<DateTime<Utc>>>, Error>
+    where
+        i64: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        Ok(match self.get::<Option<i64>>(col)? {
+            Some(Some(ms)) => self.ok(millis_time(col, ms)).map(Some),
+            Some(None) => Some(None),
+            None => None,
+        })
+    }
+
+    /// JSON stored as text (SQLite, MySQL): the value, and the text when it is not JSON.
+    pub fn json_text(
+        &mut self,
+        col: &'static str,
+    ) -> Result<(Option<serde_json::Value>, Option<String>), Error>
+    where
+        String: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        let Some(text) = self.get::<String>(col)? else {
+            return Ok((None, None));
+        };
+        match serde_json::from_str(&text) {
+            Ok(v) => Ok((Some(v), None)),
+            Err(e) => {
+                self.problems.push(format!("{col} is not JSON: {e}"));
+                Ok((None, Some(text)))
+            }
+        }
+    }
+
+    /// The decoded row. `event_type` and `aggregate`: as stored, `None` where they did not
+    /// decode.
+    pub fn finish(
+        self,
+        event: OutboxEvent,
+        event_type: Option<String>,
+        aggregate: Option<(String, String)>,
+    ) -> Decoded {
+        Decoded {
+            event,
+            problems: self.problems,
+            event_type,
+            aggregate,
+        }
+    }
+}
+
+/// An id stored as text that is not a UUID: the problem, quoting (the start of) it.
+pub(crate) fn parse_id(text: &str) -> Result<uuid::Uuid, String> {
+    uuid::Uuid::parse_str(text).map_err(|_| {
+        let shown: String = text.chars().take(64).collect::<String>();
+        let more = if text.chars().count() > 64 { "..." } else { "" };
+        format!("id '{}{more}' is not a UUID", shown.escape_debug())
+    })
+}
+
+/// Integer milliseconds since the Unix epoch (SQLite, MySQL) as a time.
+pub(crate) fn millis_time(col: &str, ms: i64) -> Result<DateTime<Utc>, String> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| format!("{col} {ms} ms is out of range"))
+}
+
+/// Headers as stored: a JSON object (non-string values kept as their JSON text).
+pub(crate) fn headers(v: serde_json::Value) -> Result<BTreeMap<String, String>, String> {
+    let kind = match &v {
+        serde_json::Value::Object(_) => return Ok(crate::event::headers_from_json(v)),
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+    };
+    Err(format!("headers is a JSON {kind}, not an object"))
+}
+
+/// Split a claim's rows into the events to hand out and the rows to dead-letter. With
+/// [`Ordering::OrderedHold`] a dead letter holds its aggregate back, so an event of the claim
+/// that comes after an undecodable row of its aggregate (or of an aggregate that did not
+/// decode) is held too: the third list, to give back unattempted.
+pub(crate) fn split(
+    mut rows: Vec<Decoded>,
+    ordering: Ordering,
+) -> (Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>) {
+    rows.sort_unstable_by_key(|d| d.event.seq);
+    let (mut events, mut bad, mut held) = (Vec::new(), Vec::new(), Vec::new());
+    for d in rows {
+        if !d.problems.is_empty() {
+            tracing::warn!(seq = d.event.seq, error = %d.last_error().unwrap_or_default(),
+                "dead-lettering a row that does not decode");
+            bad.push(d);
+            continue;
+        }
+        let behind_bad = ordering == Ordering::OrderedHold
+            && bad.iter().any(|b: &Decoded| {
+                b.event.seq < d.event.seq
+                    && match &b.aggregate {
+                        Some((t, i)) => *t == d.event.aggregate_type && *i == d.event.aggregate_id,
+                        None => true,
+                    }
+            });
+        if behind_bad {
+            held.push(d.event);
+        } else {
+            events.push(d.event);
+        }
+    }
+    (events, bad, held)
+}
+
+/// Count rows dead-lettered because they did not decode.
+pub(crate) fn count_dead(bad: &[Decoded]) {
+    for b in bad {
+        let event_type = b.event_type.clone().unwrap_or_default();
+        ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event_type).increment(1);
+    }
+}
+
+/// A row of a store that keeps ids and JSON as text and times as integer milliseconds
+/// (SQLite, MySQL), decoded column by column.
+pub(crate) fn decode_text_row<'r, R: Row>(r: &'r R) -> Result<Decoded, Error>
+where
+    &'static str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database>,
+{
+    let mut c = Reader::new(r);
+    let id = c.get::<String>("id")?;
+    let id = id.and_then(|s| c.ok(parse_id(&s)));
+    let seq = c.get::<i64>("seq")?;
+    let aggregate_type = c.get::<String>("aggregate_type")?;
+    let aggregate_id = c.get::<String>("aggregate_id")?;
+    let event_type = c.get::<String>("event_type")?;
+    let (payload, payload_text) = c.json_text("payload")?;
+    let (headers_json, _) = c.json_text("headers")?;
+    let headers = headers_json.and_then(|v| c.ok(headers(v)));
+    let int32 =
+        |c: &mut Reader<'r, R>, col: &'static str| -> Result<Option<i32>, Error> {
+            let v = c.get::<i64>(col)?;
+            Ok(v.and_then(|v| {
+                c.ok(i32::try_from(v).map_err(|_| format!("{col} {v} is out of range")))
+            }))
+        };
+    let attempts = int32(&mut c, "attempts")?;
+    let attempts_unavailable = int32(&mut c, "attempts_unavailable")?;
+    let available_at = c.millis("available_at")?;
+    let created_at = c.millis("created_at")?;
+    let processed_at = c.opt_millis("processed_at")?;
+    let dead_at = c.opt_millis("dead_at")?;
+    let locked_by = c.get::<Option<String>>("locked_by")?;
+    let locked_until = c.opt_millis("locked_until")?;
+    let last_error = c.get::<Option<String>>("last_error")?;
+    let aggregate = aggregate_type.clone().zip(aggregate_id.clone());
+    let event = OutboxEvent {
+        id: id.unwrap_or_default(),
+        seq: seq.unwrap_or_default(),
+        aggregate_type: aggregate_type.unwrap_or_default(),
+        aggregate_id: aggregate_id.unwrap_or_default(),
+        event_type: event_type.clone().unwrap_or_default(),
+        // Not JSON: shown to operators as the text it is.
+        payload: payload
+            .or(payload_text.map(serde_json::Value::String))
+            .unwrap_or_default(),
+        headers: headers.unwrap_or_default(),
+        attempts: attempts.unwrap_or_default(),
+        attempts_unavailable: attempts_unavailable.unwrap_or_default(),
+        available_at: available_at.unwrap_or_default(),
+        created_at: created_at.unwrap_or_default(),
+        processed_at: processed_at.flatten(),
+        dead_at: dead_at.flatten(),
+        locked_by: locked_by.flatten(),
+        locked_until: locked_until.flatten(),
+        last_error: last_error.flatten(),
+    };
+    Ok(c.finish(event, event_type, aggregate))
+}
