@@ -163,7 +163,8 @@ pub struct OpsArgs {
     /// non-loopback address needs --admin-token
     #[arg(long, env = "TXOUTBOX_ADMIN_ADDR")]
     pub admin_addr: Option<String>,
-    /// Bearer token for the admin API's mutating calls (retry, discard)
+    /// Bearer token for the admin API's mutating calls (retry, discard), and for every
+    /// /api/ call when --admin-addr is not a loopback address
     #[arg(long, env = "TXOUTBOX_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// File holding the admin token; a trailing newline is ignored. Instead of
@@ -175,7 +176,8 @@ pub struct OpsArgs {
         conflicts_with = "admin_token"
     )]
     pub admin_token_file: Option<std::path::PathBuf>,
-    /// How often the database-backed gauges (pending, leased, dead, oldest) are refreshed
+    /// How often the database-backed gauges (pending, leased, dead, oldest), the
+    /// dashboard's history and the counts of /api/v1/status are refreshed
     #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period

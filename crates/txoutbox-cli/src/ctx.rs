@@ -298,13 +298,42 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .connect_lazy_with(opts))
 }
 
-/// Remove the URL's password from a message, should a library have echoed it.
+/// A PostgreSQL pool that connects on first use (readiness's own connection): no connection
+/// is made here, so nothing can fail but the URL.
+pub fn connect_lazy(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> anyhow::Result<PgPool> {
+    let opts = PgConnectOptions::from_str(url).map_err(|e| {
+        UsageError(format!(
+            "invalid database URL {}: {}",
+            redact_url(url),
+            strip_secret(&e.to_string(), url)
+        ))
+    })?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(txoutbox::store::postgres::relay_connect_options(opts)))
+}
+
+/// Remove the URL's secrets (password, secret query parameters) and any other recognisable
+/// secret from a message, should a library have echoed them.
 fn strip_secret(msg: &str, url: &str) -> String {
-    match url::Url::parse(url)
-        .ok()
-        .and_then(|u| u.password().map(str::to_string))
-    {
-        Some(p) if !p.is_empty() => msg.replace(&p, "***"),
-        _ => msg.to_string(),
-    }
+    let msg = txoutbox::publish::redact_secrets(msg);
+    let Ok(u) = url::Url::parse(url) else {
+        return msg;
+    };
+    let mut secrets: Vec<String> = u.password().map(str::to_string).into_iter().collect();
+    secrets.extend(
+        u.query_pairs()
+            .filter(|(k, _)| txoutbox::publish::is_secret_name(k))
+            .map(|(_, v)| v.into_owned()),
+    );
+    secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .fold(msg, |m, s| m.replace(s.as_str(), "***"))
 }

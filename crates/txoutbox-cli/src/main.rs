@@ -21,7 +21,10 @@ fn main() -> ExitCode {
         match config::apply_file(command, &path) {
             Ok(c) => command = c,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!(
+                    "error: {}",
+                    txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                );
                 return ExitCode::from(2);
             }
         }
@@ -47,7 +50,12 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The last line of defence: whatever an error quotes (a URL, a client library's
+            // echo of its settings), no secret reaches the terminal.
+            eprintln!(
+                "error: {}",
+                txoutbox::publish::redact_secrets(&format!("{e:#}"))
+            );
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {

@@ -480,3 +480,129 @@ fn alert_rules_and_grafana_name_real_metrics() {
         }
     }
 }
+
+/// Off loopback every `/api/` call needs the token, the status and the history included.
+#[tokio::test]
+async fn every_api_call_needs_the_token_off_loopback() {
+    let db = TestSchema::migrated().await;
+    db.insert_events(3, 3).await;
+    let port = free_port();
+    let addr = format!("0.0.0.0:{port}");
+    let relay = db
+        .command(&["relay", "--publisher", "null:", "--admin-addr", &addr])
+        .args(["--metrics-interval", "100ms"])
+        .env("TXOUTBOX_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port).await;
+    for path in [
+        "/api/v1/status",
+        "/api/v1/history",
+        "/api/v1/events",
+        "/api/v1/dead-letters",
+        "/api/v1/nothing",
+    ] {
+        let (code, body) = http(port, "GET", path, None, "").await;
+        assert_eq!(code, 401, "{path} without the token: {body}");
+        assert_eq!(
+            http(port, "GET", path, Some("nope"), "").await.0,
+            401,
+            "{path}"
+        );
+    }
+    wait_until(30, "a status reading", || async {
+        http(port, "GET", "/api/v1/status", Some(TOKEN), "").await.0 == 200
+    })
+    .await;
+    assert_eq!(
+        http(port, "GET", "/api/v1/history", Some(TOKEN), "")
+            .await
+            .0,
+        200
+    );
+    for path in ["/healthz", "/readyz", "/metrics", "/"] {
+        assert_eq!(http(port, "GET", path, None, "").await.0, 200, "{path}");
+    }
+    stop(relay).await;
+    db.cleanup().await;
+}
+
+/// With the outbox table locked (every admin query that reads it waits, and they hold the
+/// admin pool's connections), `/readyz` and `/api/v1/status` still answer at once: the one has
+/// its own connection and a query that touches no table, the other serves the sampler's last
+/// reading.
+#[tokio::test]
+async fn readiness_and_status_answer_while_admin_queries_are_stuck() {
+    let db = TestSchema::migrated().await;
+    db.insert_events(3, 3).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = db
+        .command(&["relay", "--publisher", "null:", "--admin-addr", &addr])
+        .args(["--metrics-interval", "100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port).await;
+    wait_until(30, "a status reading", || async {
+        http(port, "GET", "/api/v1/status", None, "").await.0 == 200
+    })
+    .await;
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        db.table()
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // More slow requests than the admin pool has connections.
+    let stuck: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(async move { http(port, "GET", "/api/v1/events", None, "").await }))
+        .collect();
+    wait_until(30, "the admin queries waiting for the lock", || async {
+        db.scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%{}%' \
+             AND (query LIKE '%ORDER BY seq LIMIT $8%' OR query LIKE '%count(*) FILTER%')",
+            db.schema
+        ))
+        .await
+            >= 3
+    })
+    .await;
+    let timed = |path: &'static str| async move {
+        let started = std::time::Instant::now();
+        let r =
+            tokio::time::timeout(Duration::from_secs(5), http(port, "GET", path, None, "")).await;
+        (r, started.elapsed())
+    };
+    let (ready, ready_took) = timed("/readyz").await;
+    let (status, status_took) = timed("/api/v1/status").await;
+    tx.rollback().await.unwrap();
+    for t in stuck {
+        assert_eq!(
+            t.await.unwrap().0,
+            200,
+            "the stuck requests finish after the lock"
+        );
+    }
+    let (code, body) = ready.expect("/readyz did not answer while the admin pool was busy");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"database\":\"ok\""), "{body}");
+    assert!(
+        ready_took < Duration::from_secs(1),
+        "/readyz took {ready_took:?}"
+    );
+    let (code, body) = status.expect("/api/v1/status did not answer while the table was locked");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        status_took < Duration::from_secs(1),
+        "/api/v1/status took {status_took:?}"
+    );
+    stop(relay).await;
+    db.cleanup().await;
+}

@@ -334,3 +334,157 @@ async fn help_shows_no_secret_from_the_environment() {
         assert!(text.contains(flag), "{flag} missing from relay --help");
     }
 }
+
+/// One HTTP/1.1 request: (status, body).
+async fn http_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// Secrets in URL query strings (a PostgreSQL `password=`, Kafka's `sasl_password` and
+/// `ssl.key.password`, a webhook's `token`, `api_key`, `Secret`) appear nowhere the relay
+/// shows anything: its log (debug), `last_error` (and so the API and the dashboard), the
+/// unauthenticated `/readyz` body, CLI errors.
+#[tokio::test]
+async fn secrets_in_url_query_strings_are_never_shown() {
+    const DB_PW: &str = "dbq-Pw-4d2a";
+    const TOKEN: &str = "adm-Tok-q7c3";
+    let sep = if database_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let db_url = format!(
+        "{}{sep}password={DB_PW}&application_name=txo-secret",
+        database_url()
+    );
+    let cases: [(&str, String, &[&str]); 2] = [
+        (
+            "kafka",
+            "kafka://127.0.0.1:1?topic=txo.secret&sasl_password=kq-Pw-71e0\
+             &ssl_key_password=kq-Key-9b3f&message_timeout_ms=300&connect_timeout=300ms"
+                .into(),
+            &["kq-Pw-71e0", "kq-Key-9b3f"],
+        ),
+        (
+            "webhook",
+            "http://127.0.0.1:1/hook?token=wh-Tok-5c11&api_key=wh-Key-e7d0&Secret=wh-Sec-3f9a\
+             &timeout=300ms"
+                .into(),
+            &["wh-Tok-5c11", "wh-Key-e7d0", "wh-Sec-3f9a"],
+        ),
+    ];
+    for (kind, publisher, publisher_secrets) in cases {
+        let db = TestSchema::migrated().await;
+        db.insert_events(2, 2).await;
+        let dir = Secrets::new();
+        let log = dir.0.join("relay.log");
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let relay = db
+            .command(&["relay", "--publisher", &publisher, "--admin-addr", &addr])
+            .args(["--metrics-interval", "100ms", "--max-attempts", "100"])
+            .env("DATABASE_URL", &db_url)
+            .env("TXOUTBOX_ADMIN_TOKEN", TOKEN)
+            .env("TXOUTBOX_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        wait_http(port).await;
+        wait_until(60, "a failed publish", || async {
+            db.scalar("SELECT count(*) FROM {t} WHERE last_error IS NOT NULL")
+                .await
+                > 0
+        })
+        .await;
+        let (code, ready) = http_get(port, "/readyz", None).await;
+        let (_, events) = http_get(port, "/api/v1/events?limit=10", Some(TOKEN)).await;
+        let (_, status) = http_get(port, "/api/v1/status", Some(TOKEN)).await;
+        let (_, page) = http_get(port, "/", None).await;
+        signal(&relay, "TERM");
+        let mut relay = relay;
+        let _ = tokio::time::timeout(Duration::from_secs(60), relay.wait()).await;
+        let errors: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT last_error FROM {} WHERE last_error IS NOT NULL",
+            db.table()
+        ))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let logs = std::fs::read_to_string(&log).unwrap();
+        eprintln!("{kind}: last_error {errors:?}");
+        assert!(
+            logs.contains("password=***"),
+            "{kind}: the start-up log shows the database URL redacted:\n{logs}"
+        );
+        assert!(events.contains("last_error"), "{kind}: {events}");
+        for secret in publisher_secrets.iter().chain(&[DB_PW, TOKEN]) {
+            for (what, text) in [
+                ("log", &logs),
+                ("/readyz", &ready),
+                ("/api/v1/events", &events),
+                ("/api/v1/status", &status),
+                ("the page", &page),
+                ("last_error", &errors.join("\n")),
+            ] {
+                assert!(
+                    !text.contains(secret),
+                    "{kind}: {what} shows {secret}:\n{text}"
+                );
+            }
+        }
+        if kind == "kafka" {
+            assert_eq!(code, 503, "{ready}");
+            assert!(ready.contains("sasl_password=***"), "{ready}");
+        }
+        db.cleanup().await;
+    }
+
+    // CLI errors: an unreachable database, a malformed publisher URL.
+    let db = TestSchema::migrated().await;
+    let out = db
+        .command(&["status"])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:1/test?password={DB_PW}"),
+        )
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("127.0.0.1:1"), "{}", stderr(&out));
+    assert!(!all_output(&out).contains(DB_PW), "{}", all_output(&out));
+    for publisher in [
+        "kafka://[bad?sasl_password=kq-Bad-11aa",
+        "http://127.0.0.1:1/h?token=kq-Bad-11aa&timeout=soon",
+    ] {
+        let out = db
+            .command(&["relay", "--drain", "--publisher", publisher])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            !all_output(&out).contains("kq-Bad-11aa"),
+            "{}",
+            all_output(&out)
+        );
+    }
+    db.cleanup().await;
+}

@@ -2,20 +2,22 @@
 //!
 //! Filters are query parameters (`event_type`, `aggregate_type`, `aggregate_id`,
 //! `created_after`, `created_before` in RFC 3339, `state` for events) with keyset pagination
-//! (`after_seq`, `limit`); a bad one is a 400 naming it. Reads are open on loopback;
-//! every change needs `Authorization: Bearer $TXOUTBOX_ADMIN_TOKEN`.
+//! (`after_seq`, `limit`); a bad one is a 400 naming it. Every `/api/` call needs
+//! `Authorization: Bearer $TXOUTBOX_ADMIN_TOKEN` when the listener is not on loopback
+//! ([`require_read`]); every change needs it everywhere.
 
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use txoutbox::store::admin::{EventFilter, EventPage};
-use txoutbox::store::{Counts, Store};
+use txoutbox::store::Counts;
 use txoutbox::{EventState, OutboxTable};
 use uuid::Uuid;
 
@@ -23,7 +25,7 @@ use super::error::AppError;
 use super::SharedState;
 
 /// How long a readiness probe waits for the database or the broker.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The status document: `GET /api/v1/status` and `txoutbox status --json`.
 pub fn status_body(
@@ -44,15 +46,33 @@ pub fn status_body(
     })
 }
 
+/// Every `/api/` route goes through this: off loopback, the token is required.
+pub async fn require_read(
+    State(s): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, AppError> {
+    s.auth.read(req.headers())?;
+    Ok(next.run(req).await)
+}
+
+/// The status document from the sampler's last reading (taken every `--metrics-interval`):
+/// no query of its own, however many dashboards poll it. `sampled_at` says how fresh it is.
 pub async fn status(State(s): State<SharedState>) -> Result<Json<Value>, AppError> {
-    let c = s.store.counts().await?;
-    let relays = s.store.relays().await?;
-    Ok(Json(status_body(
+    let Some(latest) = s.history.latest() else {
+        return Err(AppError::Unavailable(
+            "no reading of the outbox yet: the first one is taken at start-up; retry shortly"
+                .into(),
+        ));
+    };
+    let mut body = status_body(
         s.store.table(),
-        &c,
+        &latest.counts,
         s.relay_id.as_deref(),
-        &relays,
-    )))
+        &latest.relays,
+    );
+    body["sampled_at"] = json!(latest.at);
+    Ok(Json(body))
 }
 
 pub async fn history(State(s): State<SharedState>) -> Json<Value> {
@@ -77,26 +97,28 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// 200 when the database and the broker answer; 503 naming the one that does not.
+/// 200 when the database and the broker answer; 503 naming the one that does not. The
+/// database is asked on readiness's own connection ([`super::AdminState::probe`]), so a
+/// busy admin pool does not make the relay look down.
 pub async fn readyz(State(s): State<SharedState>) -> Response {
-    let db = match tokio::time::timeout(
-        PROBE_TIMEOUT,
-        sqlx::query("SELECT 1").execute(s.store.pool()),
-    )
-    .await
-    {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("unreachable: {e}")),
-        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
-    };
-    let broker = match &s.broker {
-        None => Ok(()),
-        Some(p) => match tokio::time::timeout(PROBE_TIMEOUT, p.check()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("unreachable: {}", e.chain())),
+    let database = async {
+        match tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&s.probe)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("unreachable: {e}")),
             Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
-        },
+        }
     };
+    let broker = async {
+        match &s.broker {
+            None => Ok(()),
+            Some(p) => match tokio::time::timeout(PROBE_TIMEOUT, p.check()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("unreachable: {}", e.chain())),
+                Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+            },
+        }
+    };
+    let (db, broker) = tokio::join!(database, broker);
     let word = |r: &Result<(), String>| match r {
         Ok(()) => "ok".to_string(),
         Err(e) => s.redact(e),
@@ -138,20 +160,16 @@ fn parse_id(id: &str) -> Result<Uuid, AppError> {
 /// `GET /api/v1/events?state=&event_type=&...&after_seq=&limit=`
 pub async fn list_events(
     State(s): State<SharedState>,
-    headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
-    s.auth.read(&headers)?;
     let (f, page) = filter_from_query(q.as_deref())?;
     Ok(page_body(s.store.list_events(&f, page).await?))
 }
 
 pub async fn get_event(
     State(s): State<SharedState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
-    s.auth.read(&headers)?;
     let id = parse_id(&id)?;
     match s.store.get_event(id).await? {
         Some(e) => Ok(Json(json!(e))),
@@ -162,10 +180,8 @@ pub async fn get_event(
 /// `GET /api/v1/dead-letters?...`: like events, the state fixed to dead.
 pub async fn list_dead(
     State(s): State<SharedState>,
-    headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
-    s.auth.read(&headers)?;
     let (mut f, page) = filter_from_query(q.as_deref())?;
     dead_only(&mut f)?;
     Ok(page_body(s.store.list_events(&f, page).await?))
@@ -186,10 +202,8 @@ fn dead_only(f: &mut EventFilter) -> Result<(), AppError> {
 
 pub async fn get_dead(
     State(s): State<SharedState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
-    s.auth.read(&headers)?;
     let id = parse_id(&id)?;
     match s.store.get_event(id).await? {
         Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(json!(e))),

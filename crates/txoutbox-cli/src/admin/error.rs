@@ -15,6 +15,8 @@ pub enum AppError {
     Forbidden(String),
     /// 404
     NotFound(String),
+    /// 503: not available yet (no reading taken yet); the message says so.
+    Unavailable(String),
     /// 500: logged, not shown.
     Internal(anyhow::Error),
 }
@@ -42,8 +44,10 @@ impl IntoResponse for AppError {
             ),
             AppError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             AppError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            AppError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m),
             AppError::Internal(e) => {
-                tracing::error!(error = %format!("{e:#}"), "admin API request failed");
+                let e = txoutbox::publish::redact_secrets(&format!("{e:#}"));
+                tracing::error!(error = %e, "admin API request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal error; see the relay's log".to_string(),

@@ -25,6 +25,9 @@ pub use auth::Auth;
 /// Everything the handlers need.
 pub struct AdminState {
     pub store: Arc<PgStore>,
+    /// Readiness's own connection (a pool of one), so `/readyz` answers even while slow
+    /// admin queries hold every connection of the store's pool.
+    pub probe: sqlx::PgPool,
     pub auth: Auth,
     /// The Prometheus recorder's handle (`None`: `/metrics` answers 404).
     pub metrics: Option<PrometheusHandle>,
@@ -37,18 +40,22 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    /// Remove every secret from a message meant for a client or a log.
+    /// Remove every secret from a message meant for a client or a log: the configured ones
+    /// (database and broker passwords, the admin token) and whatever
+    /// [`txoutbox::publish::redact_secrets`] recognises (URLs, `password=...`).
     pub fn redact(&self, msg: &str) -> String {
+        let msg = txoutbox::publish::redact_secrets(msg);
         self.secrets
             .iter()
             .filter(|s| !s.is_empty())
-            .fold(msg.to_string(), |m, s| m.replace(s.as_str(), "***"))
+            .fold(msg, |m, s| m.replace(s.as_str(), "***"))
     }
 }
 
 pub type SharedState = Arc<AdminState>;
 
-/// Every route of the admin listener.
+/// Every route of the admin listener. Every `/api/` call passes [`Auth::read`] first (the
+/// token, when the listener is not on loopback); changes also need [`Auth::mutate`].
 pub fn router(state: SharedState) -> Router {
     let api = Router::new()
         .route("/status", get(api::status))
@@ -64,7 +71,11 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/dead-letters/{id}/retry", post(api::retry_one))
         .route("/dead-letters/{id}/discard", post(api::discard_one))
-        .fallback(api::not_found);
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api::require_read,
+        ));
     Router::new()
         .route("/", get(dashboard::index))
         .route("/assets/{file}", get(dashboard::asset))

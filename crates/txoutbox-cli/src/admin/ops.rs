@@ -44,6 +44,7 @@ impl Ops {
     pub async fn start(
         cfg: OpsConfig,
         store: Arc<PgStore>,
+        probe: sqlx::PgPool,
         broker: Arc<dyn Publisher>,
     ) -> anyhow::Result<Self> {
         let cancel = CancellationToken::new();
@@ -87,6 +88,7 @@ impl Ops {
             let local = listener.local_addr().unwrap_or(addr);
             let state = Arc::new(AdminState {
                 store,
+                probe,
                 auth,
                 metrics,
                 broker: Some(broker),
@@ -147,31 +149,39 @@ impl OpsConfig {
     }
 }
 
-/// A URL's password, as written and percent-decoded.
+/// A URL's password, as written and percent-decoded, and the values of its secret query
+/// parameters (`sasl_password=`, `token=`, ...).
 fn url_secrets(u: &str) -> Vec<String> {
-    let Some(p) = url::Url::parse(u)
-        .ok()
-        .and_then(|u| u.password().map(str::to_string))
-    else {
+    let Ok(u) = url::Url::parse(u) else {
         return Vec::new();
     };
-    let decoded = url::form_urlencoded::parse(format!("p={p}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned());
-    std::iter::once(p)
-        .chain(decoded)
-        .filter(|s| !s.is_empty())
-        .collect()
+    let mut out = Vec::new();
+    if let Some(p) = u.password() {
+        let decoded = url::form_urlencoded::parse(format!("p={p}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned());
+        out.push(p.to_string());
+        out.extend(decoded);
+    }
+    out.extend(
+        u.query_pairs()
+            .filter(|(k, _)| txoutbox::publish::is_secret_name(k))
+            .map(|(_, v)| v.into_owned()),
+    );
+    out.retain(|s| !s.is_empty() && s != "***");
+    out
 }
 
 /// Start the relay's companions on a small pool of their own, so admin calls and purges never
-/// take connections from the relay.
+/// take connections from the relay; readiness has one more connection of its own, so slow
+/// admin queries never hold up `/readyz`.
 pub async fn start_for_relay(
     ctx: &Ctx,
     cfg: OpsConfig,
     broker: Arc<dyn Publisher>,
 ) -> anyhow::Result<Ops> {
     let pool = ctx.pool(3).await?;
+    let probe = crate::ctx::connect_lazy(ctx.require_url()?, 1, super::api::PROBE_TIMEOUT)?;
     let store = Arc::new(PgStore::new(pool, ctx.table.clone()));
-    Ops::start(cfg, store, broker).await
+    Ops::start(cfg, store, probe, broker).await
 }

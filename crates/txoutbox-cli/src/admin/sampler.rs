@@ -1,5 +1,6 @@
-//! Database-backed gauges and the dashboard's short history, refreshed on an interval (not
-//! per scrape): one counts query per tick, however many scrapers or dashboards there are.
+//! Database-backed gauges, the dashboard's short history and the status document's counts,
+//! refreshed on an interval (not per scrape or request): one counts query per tick, however
+//! many scrapers, dashboards or `/api/v1/status` callers there are.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -29,10 +30,20 @@ pub struct Sample {
     pub latency_secs: Option<f64>,
 }
 
-/// The last [`KEEP`] samples.
+/// The last [`KEEP`] samples, and the last full reading for `/api/v1/status`.
 #[derive(Debug, Default)]
 pub struct History {
     inner: Mutex<State>,
+    latest: Mutex<Option<Latest>>,
+}
+
+/// The newest reading: what `/api/v1/status` answers with, without a query of its own.
+#[derive(Debug, Clone)]
+pub struct Latest {
+    pub counts: txoutbox::store::Counts,
+    pub relays: Vec<txoutbox::store::RelayInfo>,
+    /// When the counts were read.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +59,17 @@ impl History {
             .lock()
             .map(|s| s.samples.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The newest reading, if one was taken yet.
+    pub fn latest(&self) -> Option<Latest> {
+        self.latest.lock().ok().and_then(|l| l.clone())
+    }
+
+    fn set_latest(&self, latest: Latest) {
+        if let Ok(mut l) = self.latest.lock() {
+            *l = Some(latest);
+        }
     }
 
     fn push(&self, c: &txoutbox::store::Counts, totals: (f64, f64, f64)) {
@@ -100,8 +122,23 @@ pub async fn run(
 }
 
 pub async fn refresh(store: &PgStore, metrics: Option<&PrometheusHandle>, history: &History) {
+    let at = chrono::Utc::now();
     match store.counts().await {
         Ok(c) => {
+            // The relays table is small; a failure there keeps the last list.
+            let relays = match store.relays().await {
+                Ok(r) => r,
+                Err(e) => {
+                    let e = txoutbox::publish::redact_secrets(&e.to_string());
+                    tracing::warn!(error = %e, "could not read the relays for the status");
+                    history.latest().map(|l| l.relays).unwrap_or_default()
+                }
+            };
+            history.set_latest(Latest {
+                counts: c.clone(),
+                relays,
+                at,
+            });
             ::metrics::gauge!(m::PENDING).set(c.pending as f64);
             ::metrics::gauge!(m::LEASED).set(c.leased as f64);
             ::metrics::gauge!(m::DEAD).set(c.dead as f64);
@@ -110,7 +147,10 @@ pub async fn refresh(store: &PgStore, metrics: Option<&PrometheusHandle>, histor
             let totals = metrics.map(totals).unwrap_or_default();
             history.push(&c, totals);
         }
-        Err(e) => tracing::warn!(error = %e, "could not refresh the outbox gauges"),
+        Err(e) => {
+            let e = txoutbox::publish::redact_secrets(&e.to_string());
+            tracing::warn!(error = %e, "could not refresh the outbox gauges")
+        }
     }
     if let Some(h) = metrics {
         h.run_upkeep();

@@ -22,10 +22,19 @@ struct Db {
     table: OutboxTable,
 }
 
+fn db_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// Readiness's own pool, as `ops::start_for_relay` makes it.
+fn probe_pool() -> sqlx::PgPool {
+    crate::ctx::connect_lazy(&db_url(), 1, api::PROBE_TIMEOUT).unwrap()
+}
+
 impl Db {
     async fn new() -> Self {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let url = db_url();
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
             .connect(&url)
@@ -45,10 +54,22 @@ impl Db {
     }
 
     fn state(&self, token: Option<&str>, broker: Option<Arc<dyn Publisher>>) -> SharedState {
+        self.state_on(token, broker, self.pool.clone(), "127.0.0.1:0")
+    }
+
+    /// The state of a listener on `addr`, its store on `pool`.
+    fn state_on(
+        &self,
+        token: Option<&str>,
+        broker: Option<Arc<dyn Publisher>>,
+        pool: sqlx::PgPool,
+        addr: &str,
+    ) -> SharedState {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         Arc::new(AdminState {
-            store: Arc::new(PgStore::new(self.pool.clone(), self.table.clone())),
-            auth: Auth::new(token.map(String::from), "127.0.0.1:0".parse().unwrap()).unwrap(),
+            store: Arc::new(PgStore::new(pool, self.table.clone())),
+            probe: probe_pool(),
+            auth: Auth::new(token.map(String::from), addr.parse().unwrap()).unwrap(),
             metrics: Some(recorder.handle()),
             broker,
             relay_id: Some("relay-test".into()),
@@ -137,13 +158,17 @@ async fn health_status_and_metrics() {
     let (s, v) = get(&st, "/readyz").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["database"], "ok");
+    // Before the sampler's first reading there is nothing to show yet.
+    let (s, v) = get(&st, "/api/v1/status").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    // The gauges and the status come from the refresher, not from the scrape or the call.
+    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["pending"], 3);
     assert_eq!(v["dead"], 2);
     assert_eq!(v["relay_id"], "relay-test");
-    // The gauges come from the refresher, not from the scrape.
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    assert!(v["sampled_at"].is_string(), "{v}");
     let (s, v, h) = call(&st, "GET", "/metrics", None, "").await;
     assert_eq!(s, StatusCode::OK);
     assert!(h[header::CONTENT_TYPE]
@@ -192,7 +217,8 @@ async fn readiness_names_what_failed_without_secrets() {
         .connect_lazy("postgres://postgres:hunter2@127.0.0.1:1/test")
         .unwrap();
     let st = Arc::new(AdminState {
-        store: Arc::new(PgStore::new(dead_pool, db.table.clone())),
+        store: Arc::new(PgStore::new(dead_pool.clone(), db.table.clone())),
+        probe: dead_pool,
         auth: Auth::default(),
         metrics: None,
         broker: None,
@@ -206,7 +232,7 @@ async fn readiness_names_what_failed_without_secrets() {
     assert_eq!(v["broker"], "ok");
     assert!(!v.to_string().contains("hunter2"));
     // Internal errors are not echoed.
-    let (s, v) = get(&st, "/api/v1/status").await;
+    let (s, v) = get(&st, "/api/v1/events").await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(!v.to_string().contains("127.0.0.1"), "{v}");
     db.cleanup().await;
@@ -378,6 +404,7 @@ async fn bulk_retry_and_discard_by_filter() {
     .await;
     assert_eq!((s, &v["discarded"]), (StatusCode::OK, &Value::from(4)));
     assert_eq!(db.dead_count().await, 0);
+    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
     let (_, v) = get(&st, "/api/v1/status").await;
     assert_eq!(v["pending"], 2, "retried events are pending again");
     db.cleanup().await;
@@ -406,5 +433,204 @@ async fn dashboard_is_self_contained() {
         );
     }
     assert_eq!(get(&st, "/assets/nope.js").await.0, StatusCode::NOT_FOUND);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn every_api_call_needs_the_token_off_loopback() {
+    let db = Db::new().await;
+    let rows = db.insert(2, "order.created", 1).await;
+    let st = db.state_on(Some(TOKEN), None, db.pool.clone(), "0.0.0.0:8720");
+    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    let id = rows[0].0;
+    for uri in [
+        "/api/v1/status".to_string(),
+        "/api/v1/history".into(),
+        "/api/v1/events".into(),
+        format!("/api/v1/events/{id}"),
+        "/api/v1/dead-letters".into(),
+        format!("/api/v1/dead-letters/{id}"),
+        "/api/v1/nothing".into(),
+    ] {
+        for token in [None, Some("wrong")] {
+            let (s, v, h) = call(&st, "GET", &uri, token, "").await;
+            assert_eq!(s, StatusCode::UNAUTHORIZED, "{uri} {token:?}: {v}");
+            assert_eq!(h[header::WWW_AUTHENTICATE], "Bearer");
+            assert!(!v.to_string().contains("order.created"), "{uri}: {v}");
+        }
+        let (s, v, _) = call(&st, "GET", &uri, Some(TOKEN), "").await;
+        assert_ne!(s, StatusCode::UNAUTHORIZED, "{uri}: {v}");
+    }
+    assert_eq!(
+        call(&st, "GET", "/api/v1/status", Some(TOKEN), "").await.1["dead"],
+        1
+    );
+    // Probes, metrics and the page (which holds no data) stay open.
+    for uri in ["/healthz", "/readyz", "/metrics", "/", "/assets/app.js"] {
+        assert_eq!(get(&st, uri).await.0, StatusCode::OK, "{uri}");
+    }
+    // On loopback, reads stay open.
+    let local = db.state(Some(TOKEN), None);
+    sampler::refresh(&local.store, local.metrics.as_ref(), &local.history).await;
+    assert_eq!(get(&local, "/api/v1/status").await.0, StatusCode::OK);
+    assert_eq!(get(&local, "/api/v1/history").await.0, StatusCode::OK);
+    db.cleanup().await;
+}
+
+/// Lock the outbox table against every reader until the transaction ends.
+async fn lock_table(db: &Db) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        db.table.qualified()
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
+#[tokio::test]
+async fn status_is_served_from_the_sampler_without_a_query() {
+    let db = Db::new().await;
+    db.insert(5, "order.created", 1).await;
+    let st = db.state(None, None);
+    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    db.insert(7, "order.created", 0).await;
+    // The last reading, not a count of its own (that would say 11).
+    let (s, v) = get(&st, "/api/v1/status").await;
+    assert_eq!((s, &v["pending"]), (StatusCode::OK, &Value::from(4)), "{v}");
+    // With the table locked, a count would wait for the lock; the status does not.
+    let tx = lock_table(&db).await;
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        get(&st, "/api/v1/status"),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    tx.rollback().await.unwrap();
+    let (s, v) = answer.expect("/api/v1/status waited for the table");
+    assert_eq!((s, &v["dead"]), (StatusCode::OK, &Value::from(1)), "{v}");
+    assert!(
+        elapsed < std::time::Duration::from_millis(500),
+        "{elapsed:?}"
+    );
+    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    assert_eq!(get(&st, "/api/v1/status").await.1["pending"], 11);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn readiness_answers_while_slow_queries_hold_the_admin_pool() {
+    let db = Db::new().await;
+    // The admin pool as the relay sizes it (3), every connection held by a slow query.
+    let admin_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .connect(&db_url())
+        .await
+        .unwrap();
+    let st = db.state_on(None, None, admin_pool.clone(), "127.0.0.1:0");
+    let marker = format!("txo_slow_{}", &db.schema);
+    let mut slow = Vec::new();
+    for _ in 0..3 {
+        let (pool, sql) = (
+            admin_pool.clone(),
+            format!("SELECT pg_sleep(30) /* {marker} */"),
+        );
+        slow.push(tokio::spawn(async move {
+            let _ = sqlx::query(&sql).execute(&pool).await;
+        }));
+    }
+    let count_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' AND state = 'active' \
+         AND pid <> pg_backend_pid()"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n: i64 = sqlx::query_scalar(&count_sql)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if n == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow queries not running: {n}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), get(&st, "/readyz")).await;
+    let elapsed = started.elapsed();
+    sqlx::query(&format!(
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%{marker}%' \
+         AND pid <> pg_backend_pid()"
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for t in slow {
+        let _ = t.await;
+    }
+    let (s, v) = answer.expect("/readyz did not answer");
+    assert_eq!(s, StatusCode::OK, "{v} after {elapsed:?}");
+    assert_eq!(v["database"], "ok");
+    assert!(elapsed < std::time::Duration::from_secs(1), "{elapsed:?}");
+    admin_pool.close().await;
+    db.cleanup().await;
+}
+
+/// A broker client that echoes its settings in its errors, as librdkafka does.
+struct EchoingBroker;
+
+#[async_trait::async_trait]
+impl Publisher for EchoingBroker {
+    fn kind(&self) -> &'static str {
+        "echo"
+    }
+    async fn send(&self, _: &Message) -> Result<Ack, PublishError> {
+        Err(PublishError::transient(
+            "Kafka at kafka://u:pw-Echo-1@h:9092?sasl_password=pw-Echo-2&topic=t: produce",
+        )
+        .with_source(std::io::Error::other(
+            "Client config error: Invalid value sasl.password pw-Echo-3 (sasl.password=pw-Echo-4)",
+        )))
+    }
+}
+
+#[tokio::test]
+async fn publisher_errors_reach_last_error_and_the_api_redacted() {
+    let db = Db::new().await;
+    db.insert(1, "order.created", 0).await;
+    let mut config = txoutbox::relay::RelayConfig::default();
+    config.ordering = txoutbox::store::Ordering::Unordered;
+    let relay = txoutbox::relay::Relay::new(
+        PgStore::new(db.pool.clone(), db.table.clone()),
+        Box::new(EchoingBroker),
+        config,
+    );
+    let report = relay
+        .run_once(&tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(report.failed, 1, "{report:?}");
+    let last: String =
+        sqlx::query_scalar(&format!("SELECT last_error FROM {}", db.table.qualified()))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        last.contains("sasl_password=***") && last.contains("sasl.password"),
+        "{last}"
+    );
+    let st = db.state(None, None);
+    let (_, v) = get(&st, "/api/v1/events").await;
+    for text in [last, v.to_string()] {
+        for n in 1..=4 {
+            assert!(!text.contains(&format!("pw-Echo-{n}")), "{text}");
+        }
+    }
     db.cleanup().await;
 }

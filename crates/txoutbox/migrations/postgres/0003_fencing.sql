@@ -9,3 +9,9 @@ ALTER TABLE {{name:partitions}} ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
 -- The process (a random id per relay instance) that holds a relay id: a second live process
 -- with the same --relay-id is refused, and only the holder's exit deregisters it.
 ALTER TABLE {{name:relays}} ADD COLUMN instance text;
+
+-- The admin listings page by seq in one state at a time: dead letters (`dlq list`, the
+-- dashboard) and published events (`events list --state published`, and the all-states page,
+-- which merges the three disjoint states) walk these instead of sorting the whole table.
+CREATE INDEX {{index:dead_seq}} ON {{table}} (seq) WHERE dead_at IS NOT NULL AND processed_at IS NULL;
+CREATE INDEX {{index:published_seq}} ON {{table}} (seq) WHERE processed_at IS NOT NULL;

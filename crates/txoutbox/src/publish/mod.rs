@@ -55,7 +55,7 @@ pub use faulty::FaultyPublisher;
 pub use message::Message;
 pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
 pub use template::{Template, TemplateError};
-pub use url::redact_url;
+pub use url::{is_secret_name, redact_secrets, redact_url};
 
 /// A future that resolves once the broker has acknowledged (or refused) one message.
 pub type Ack = BoxFuture<'static, Result<(), PublishError>>;

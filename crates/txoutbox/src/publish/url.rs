@@ -187,34 +187,277 @@ pub(crate) fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Replace the password of a URL (if any) with `***`, and a NATS token (a user name without
-/// a password on `nats://` or `tls://`) too. Works on strings that do not parse, too, so that
-/// an error about a malformed URL does not leak the secret in it.
+/// What a redacted secret is shown as.
+const MASK: &str = "***";
+
+/// Does a URL query parameter (or a `key=value` setting) of this name hold a secret?
+/// Case-insensitive; `-` and `.` count as `_` (`sasl.password`, `X-Api-Key`). Names that say
+/// where a secret is kept (`secret_file`, `ssl_key_location`) are not secrets themselves.
+pub fn is_secret_name(name: &str) -> bool {
+    let n: String = name
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '-' | '.' | ' ' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    if n.is_empty()
+        || ["_file", "_location", "_path", "_dir"]
+            .iter()
+            .any(|s| n.ends_with(s))
+    {
+        return false;
+    }
+    const EXACT: &[&str] = &[
+        "pass",
+        "pwd",
+        "auth",
+        "authorization",
+        "sig",
+        "jwt",
+        "bearer",
+    ];
+    const WITHIN: &[&str] = &[
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "access_key",
+        "accesskey",
+        "private_key",
+        "privatekey",
+        "credential",
+        "signature",
+        "session_key",
+        "auth_key",
+    ];
+    EXACT.contains(&n.as_str())
+        || n.ends_with("_pass")
+        || n.ends_with("_pwd")
+        || n.ends_with("_auth")
+        || WITHIN.iter().any(|w| n.contains(w))
+}
+
+/// A secret name, or, in a URL's query, a bare `key` (an API key, as webhooks take it).
+fn is_secret_param(name: &str) -> bool {
+    is_secret_name(name) || name.trim().eq_ignore_ascii_case("key")
+}
+
+/// Decode a query-string name (`%XX` and `+`).
+fn query_name(raw: &str) -> String {
+    percent_decode(&raw.replace('+', " "))
+}
+
+/// A query string (without its `?`) with the values of secret parameters replaced by `***`;
+/// everything else is kept byte for byte.
+fn redact_query(q: &str) -> String {
+    q.split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value))
+                if is_secret_param(&query_name(name)) && !value.is_empty() && value != MASK =>
+            {
+                format!("{name}={MASK}")
+            }
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Replace the secrets of a URL with `***`: the password of the user info, a NATS token (a
+/// user name without a password on `nats://` or `tls://`), and the values of query parameters
+/// whose names say they are secret (`password`, `sasl_password`, `ssl_key_password`, `token`,
+/// `secret`, `api_key`, ... see [`is_secret_name`]). The result is still a URL (it parses, and
+/// the other parameters are kept). Works on strings that do not parse, too, so that an error
+/// about a malformed URL does not leak the secret in it.
 pub fn redact_url(raw: &str) -> String {
     if let Ok(mut u) = url::Url::parse(raw) {
         if u.password().is_some() {
-            let _ = u.set_password(Some("***"));
+            let _ = u.set_password(Some(MASK));
         } else if matches!(u.scheme(), "nats" | "tls") && !u.username().is_empty() {
-            let _ = u.set_username("***");
+            let _ = u.set_username(MASK);
+        }
+        if let Some(q) = u.query() {
+            let redacted = redact_query(q);
+            if redacted != q {
+                u.set_query(Some(&redacted));
+            }
         }
         return u.to_string();
     }
-    // Fallback: blank out anything between "://user:" and "@".
-    if let Some(scheme_end) = raw.find("://") {
-        let rest = &raw[scheme_end + 3..];
-        if let Some(at) = rest.rfind('@') {
-            let userinfo = &rest[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &raw[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &rest[at..]
-                );
+    redact_url_text(raw)
+}
+
+/// [`redact_url`] without parsing: the string is kept as it is but for the secrets.
+fn redact_url_text(raw: &str) -> String {
+    let Some(scheme_end) = raw.find("://") else {
+        return match raw.split_once('?') {
+            Some((head, q)) => format!("{head}?{}", redact_query(q)),
+            None => raw.to_string(),
+        };
+    };
+    let scheme = raw[..scheme_end].to_ascii_lowercase();
+    let rest = &raw[scheme_end + 3..];
+    // The query starts at the first `?` after the user info (a password may hold a `?`
+    // only escaped).
+    let q_at = rest.find('?').unwrap_or(rest.len());
+    let (mut head, query) = (rest[..q_at].to_string(), &rest[q_at..]);
+    if let Some(at) = head.rfind('@') {
+        let userinfo = &head[..at];
+        let host = &head[at..];
+        head = match userinfo.find(':') {
+            Some(colon) => format!("{}:{MASK}{host}", &userinfo[..colon]),
+            None if matches!(scheme.as_str(), "nats" | "tls") && !userinfo.is_empty() => {
+                format!("{MASK}{host}")
             }
-        }
+            None => head.clone(),
+        };
     }
-    raw.to_string()
+    let query = match query.strip_prefix('?') {
+        Some(q) => {
+            let (q, fragment) = match q.find('#') {
+                Some(h) => q.split_at(h),
+                None => (q, ""),
+            };
+            format!("?{}{fragment}", redact_query(q))
+        }
+        None => String::new(),
+    };
+    format!("{}://{head}{query}", &raw[..scheme_end])
+}
+
+/// Remove secrets from any text meant for a person (an error, a log line, `last_error`): every
+/// URL in it is redacted as by [`redact_url`], and so is the value of every `name=value` (and
+/// `name="value"`) whose name is secret, as client libraries echo their settings in errors
+/// (`sasl.password=...`). librdkafka's `Client config error: <why> <key> <value>` loses its
+/// value when the key is secret. Text without secrets comes back unchanged.
+pub fn redact_secrets(text: &str) -> String {
+    redact_config_error(&redact_pairs(&redact_urls(text)))
+}
+
+/// Characters that end a URL inside free text.
+fn ends_url(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`')
+}
+
+fn redact_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(sep) = rest.find("://") {
+        // The scheme: letters, digits, `+`, `-`, `.` before `://`, starting with a letter.
+        let before = &rest[..sep];
+        let start = before
+            .char_indices()
+            .rev()
+            .take_while(|(_, c)| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            .last()
+            .map_or(sep, |(i, _)| i);
+        let start = before[start..]
+            .char_indices()
+            .find(|(_, c)| c.is_ascii_alphabetic())
+            .map_or(sep, |(i, _)| start + i);
+        let end = rest[sep..].find(ends_url).map_or(rest.len(), |e| sep + e);
+        // Punctuation that follows a URL in a sentence is not part of it.
+        let url_end = rest[..end]
+            .trim_end_matches(['.', ',', ';', ':', ')', ']', '}'])
+            .len()
+            .max(sep + 3);
+        out.push_str(&rest[..start]);
+        if start < sep {
+            out.push_str(&redact_url_text(&rest[start..url_end]));
+            out.push_str(&rest[url_end..end]);
+        } else {
+            out.push_str(&rest[start..end]);
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The name before position `eq` of `text`: letters, digits, `_`, `-`, `.` (and a closing
+/// quote around it).
+fn name_before(text: &str, eq: usize) -> &str {
+    let head = text[..eq].trim_end_matches(['"', '\'']);
+    let start = head
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .last()
+        .map_or(head.len(), |(i, _)| i);
+    &head[start..]
+}
+
+fn redact_pairs(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while let Some(off) = text[i..].find('=') {
+        let eq = i + off;
+        out.push_str(&text[i..=eq]);
+        i = eq + 1;
+        if !is_secret_name(name_before(text, eq)) {
+            continue;
+        }
+        let rest = &text[i..];
+        let (quote, body) = match rest.chars().next() {
+            Some(q @ ('"' | '\'')) => (Some(q), &rest[1..]),
+            _ => (None, rest),
+        };
+        let len = match quote {
+            Some(q) => body.find(q).unwrap_or(body.len()),
+            None => body
+                .find(|c: char| {
+                    c.is_whitespace() || matches!(c, '&' | ',' | ';' | ')' | ']' | '}' | '"' | '\'')
+                })
+                .unwrap_or(body.len()),
+        };
+        // Empty, or masked already (by the URL pass).
+        if len == 0 || body[..len].starts_with(MASK) {
+            continue;
+        }
+        if let Some(q) = quote {
+            out.push(q);
+        }
+        out.push_str(MASK);
+        i += quote.map_or(0, char::len_utf8) + len;
+    }
+    out.push_str(&text[i..]);
+    out
+}
+
+/// `Client config error: <why> <key> <value>` (rdkafka's text of a refused setting).
+fn redact_config_error(text: &str) -> String {
+    const MARK: &str = "Client config error: ";
+    let Some(at) = text.find(MARK) else {
+        return text.to_string();
+    };
+    let tail_start = at + MARK.len();
+    let line_end = text[tail_start..]
+        .find('\n')
+        .map_or(text.len(), |e| tail_start + e);
+    let line = &text[tail_start..line_end];
+    let mut pos = 0;
+    for word in line.split(' ') {
+        let word_end = pos + word.len();
+        if is_secret_name(word) && word_end < line.len() {
+            return format!(
+                "{}{} {MASK}{}",
+                &text[..tail_start],
+                &line[..word_end],
+                redact_config_error(&text[line_end..])
+            );
+        }
+        pos = word_end + 1;
+    }
+    format!(
+        "{}{}",
+        &text[..line_end],
+        redact_config_error(&text[line_end..])
+    )
 }
 
 #[cfg(test)]
@@ -241,6 +484,172 @@ mod tests {
         assert_eq!(redact_url("redis://app@h:6379"), "redis://app@h:6379");
         let bad = redact_url("amqp://u:s3cret@[bad:host/x");
         assert!(!bad.contains("s3cret"), "{bad}");
+    }
+
+    #[test]
+    fn redacts_secret_query_parameters() {
+        for (raw, want) in [
+            (
+                "kafka://u:pw@h:9092?topic=t&sasl_password=s3c&linger_ms=5",
+                "kafka://u:***@h:9092?topic=t&sasl_password=***&linger_ms=5",
+            ),
+            (
+                "kafka://h?ssl_key_password=s3c&ssl.key.password=s3c&sasl.password=s3c",
+                "kafka://h?ssl_key_password=***&ssl.key.password=***&sasl.password=***",
+            ),
+            (
+                "postgres://app@db:5432/x?sslmode=require&password=s3c",
+                "postgres://app@db:5432/x?sslmode=require&password=***",
+            ),
+            (
+                "postgres://db/x?user=app&sslpassword=s3c&application_name=txo",
+                "postgres://db/x?user=app&sslpassword=***&application_name=txo",
+            ),
+            (
+                "https://hooks.example/in?token=s3c&event={event_type}",
+                "https://hooks.example/in?token=***&event={event_type}",
+            ),
+            (
+                "https://h/x?Secret=s3c&API_KEY=s3c&api-key=s3c&apikey=s3c&key=s3c&sig=s3c",
+                "https://h/x?Secret=***&API_KEY=***&api-key=***&apikey=***&key=***&sig=***",
+            ),
+            (
+                "https://h/x?X-Amz-Signature=s3c&X-Amz-Credential=s3c&access_key=s3c&secret_key=s3c",
+                "https://h/x?X-Amz-Signature=***&X-Amz-Credential=***&access_key=***&secret_key=***",
+            ),
+            (
+                "mqtt://h?auth=s3c&authorization=s3c&credentials=s3c&passwd=s3c&pass=s3c",
+                "mqtt://h?auth=***&authorization=***&credentials=***&passwd=***&pass=***",
+            ),
+            (
+                "https://h/x?sasl%5Fpassword=s3c&secret=&token=a%26b",
+                "https://h/x?sasl%5Fpassword=***&secret=&token=***",
+            ),
+            // Where a secret is kept is not a secret; nor are ordinary parameters.
+            (
+                "https://h/x?secret_file=/run/s&tls_key=/k.pem&ssl_key_location=/k&topic=a.b",
+                "https://h/x?secret_file=/run/s&tls_key=/k.pem&ssl_key_location=/k&topic=a.b",
+            ),
+            ("nats://h:4222?stream=S", "nats://h:4222?stream=S"),
+        ] {
+            let got = redact_url(raw);
+            assert_eq!(got, want, "{raw}");
+            assert!(!got.contains("s3c"), "{got}");
+            // Still a URL, with the other parameters intact.
+            let u = url::Url::parse(&got).unwrap();
+            let orig = url::Url::parse(raw).unwrap();
+            assert_eq!(u.host_str(), orig.host_str(), "{raw}");
+            for (k, v) in orig.query_pairs() {
+                if !is_secret_param(&k) {
+                    assert!(u.query_pairs().any(|(k2, v2)| k2 == k && v2 == v), "{k} lost: {got}");
+                }
+            }
+        }
+        // Unparsable URLs too.
+        for bad in [
+            "kafka://u:s3c@[bad:host?sasl_password=s3c",
+            "https://[bad?token=s3c#frag",
+            "amqp://u:s3c/x@h",
+        ] {
+            let got = redact_url(bad);
+            assert!(!got.contains("s3c"), "{bad} -> {got}");
+        }
+    }
+
+    #[test]
+    fn secret_names() {
+        for n in [
+            "password",
+            "PASSWORD",
+            "sasl.password",
+            "sasl_password",
+            "ssl-key-password",
+            "sslpassword",
+            "token",
+            "auth_token",
+            "access_token",
+            "secret",
+            "client_secret",
+            "sasl.oauthbearer.client.secret",
+            "api_key",
+            "X-Api-Key",
+            "apikey",
+            "access_key",
+            "secret_key",
+            "key_password",
+            "auth",
+            "Authorization",
+            "signature",
+            "credentials",
+            "passwd",
+            "pass",
+            "private_key",
+            "passphrase",
+        ] {
+            assert!(is_secret_name(n), "{n}");
+        }
+        for n in [
+            "topic",
+            "stream",
+            "user",
+            "username",
+            "sslmode",
+            "secret_file",
+            "tls_key",
+            "ssl.key.location",
+            "linger.ms",
+            "authentication",
+            "author",
+            "passive",
+            "key",
+            "compression",
+            "",
+        ] {
+            assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn redacts_secrets_inside_any_text() {
+        for (text, want) in [
+            (
+                "Kafka at kafka://u:s3c@h:9092?sasl_password=s3c&topic=t: fetch metadata: timed out",
+                "Kafka at kafka://u:***@h:9092?sasl_password=***&topic=t: fetch metadata: timed out",
+            ),
+            (
+                "cannot connect to \"postgres://app:s3c@db/x?password=s3c\", giving up",
+                "cannot connect to \"postgres://app:***@db/x?password=***\", giving up",
+            ),
+            (
+                "(https://h/in?api_key=s3c).",
+                "(https://h/in?api_key=***).",
+            ),
+            (
+                "config sasl.password=s3c ssl.key.password=\"s 3c\" linger.ms=5, token='s3c'",
+                "config sasl.password=*** ssl.key.password=\"***\" linger.ms=5, token='***'",
+            ),
+            (
+                "Client config error: Invalid value sasl.password s3c s3c",
+                "Client config error: Invalid value sasl.password ***",
+            ),
+            (
+                "nats://t0k@h:4222 refused",
+                "nats://***@h:4222 refused",
+            ),
+        ] {
+            assert_eq!(redact_secrets(text), want, "{text}");
+        }
+        // Text without secrets comes back as it was, URLs and all.
+        for text in [
+            "connection refused (os error 111)",
+            "HTTP 503 from https://h/in?event=a.b: retry-after=5 code=503",
+            "amqp://guest@127.0.0.1:5672/%2f: no route; a==b, =x, password authentication failed",
+            "see http://h",
+            "://nothing",
+            "",
+        ] {
+            assert_eq!(redact_secrets(text), text);
+        }
     }
 
     #[test]

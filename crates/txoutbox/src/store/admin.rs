@@ -206,6 +206,8 @@ fn state_sql(state: Option<EventState>) -> &'static str {
 }
 
 const DEAD: &str = "dead_at IS NOT NULL AND processed_at IS NULL";
+/// Pending or leased: the rows the partial `(seq)` index of unfinished events holds.
+const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
 /// $1 id, $2 event_type, $3 aggregate_type, $4 aggregate_id, $5 created_after, $6 created_before.
 const FILTER: &str = "($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
@@ -229,16 +231,32 @@ fn millis(d: Duration) -> f64 {
 
 impl PgStore {
     /// Events matching `f`, in `seq` order, one page at a time.
+    ///
+    /// The cursor is a plain `seq > $7` (the first page binds the smallest `bigint`), so even
+    /// a generic plan walks an index on `seq` from the cursor on. Without a state the page is
+    /// the merge of the three disjoint states, each in its own `seq` order: the unfinished
+    /// rows (their partial index), dead letters and published rows (each theirs, where
+    /// present), so no page sorts the whole table.
     pub async fn list_events(&self, f: &EventFilter, page: Page) -> Result<EventPage, Error> {
         let limit = page.limit.clamp(1, MAX_PAGE);
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE {} AND {FILTER} AND ($7::bigint IS NULL OR seq > $7) \
-             ORDER BY seq LIMIT $8",
-            self.table().qualified(),
-            state_sql(f.state),
-        );
+        let table = self.table().qualified();
+        let branch = |state: &str| {
+            format!(
+                "SELECT {COLUMNS} FROM {table} WHERE {state} AND {FILTER} AND seq > $7 \
+                 ORDER BY seq LIMIT $8"
+            )
+        };
+        let sql = match f.state {
+            Some(state) => branch(state_sql(Some(state))),
+            None => format!(
+                "SELECT * FROM (({}) UNION ALL ({}) UNION ALL ({})) page ORDER BY seq LIMIT $8",
+                branch(UNFINISHED),
+                branch(DEAD),
+                branch(state_sql(Some(EventState::Published))),
+            ),
+        };
         let rows = bind(sqlx::query(&sql), f)
-            .bind(page.after_seq)
+            .bind(page.after_seq.unwrap_or(i64::MIN))
             .bind(limit + 1)
             .fetch_all(self.pool())
             .await

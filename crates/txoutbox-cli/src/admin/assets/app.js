@@ -37,7 +37,9 @@ function renderStatus(s) {
   $("oldest").textContent = age(s.oldest_pending_age_secs);
   $("table").textContent = s.table;
   $("relay").textContent = s.relay_id ? "relay " + s.relay_id : "";
-  $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  // The counts are the relay's last reading (every --metrics-interval), not this poll's.
+  const at = s.sampled_at ? new Date(s.sampled_at) : new Date();
+  $("updated").textContent = "updated " + at.toLocaleTimeString();
 }
 
 function points(values, max) {
