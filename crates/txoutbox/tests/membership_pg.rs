@@ -464,3 +464,102 @@ async fn an_idle_relay_does_not_wake_for_events_held_behind_a_dead_letter() {
     assert_eq!(db.processed().await, 0, "the held events stay held");
     db.cleanup().await;
 }
+
+/// An aggregate id of type "order" whose partition `relay_id` owns now.
+async fn aggregate_owned_by(db: &TestDb, relay_id: &str) -> String {
+    let sql = format!(
+        "SELECT a FROM generate_series(1, 10000) g, LATERAL (SELECT 'own' || g AS a) x
+         WHERE ((('x' || left(md5('order/' || a), 8))::bit(32)::int & 2147483647) % 64)
+               IN (SELECT partition FROM {} WHERE owner = $1)
+         LIMIT 1",
+        db.table.derived("partitions")
+    );
+    sqlx::query_scalar(&sql)
+        .bind(relay_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn commits_to_another_relays_partitions_neither_notify_nor_wake_an_idle_relay() {
+    let db = TestDb::new().await;
+    // "busy" owns the partitions of aggregate "a" (and keeps them: it never runs here).
+    db.store()
+        .rebalance(RebalanceParams {
+            lease: Duration::from_secs(3600),
+            ..join("busy", Uuid::new_v4(), Ordering::Ordered)
+        })
+        .await
+        .unwrap();
+    enqueue(&db, "a", 1).await;
+    db.exec(&format!(
+        "UPDATE {p} SET owner = NULL, lease_until = NULL
+         WHERE partition NOT IN (SELECT DISTINCT partition_key % 64 FROM {q})",
+        p = db.table.derived("partitions"),
+        q = db.q(),
+    ))
+    .await;
+    // The poll is long: only a wake-up can deliver quickly.
+    let mut cfg = config("idle");
+    cfg.poll_interval = Duration::from_secs(30);
+    let (claims, waits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let store = Counting {
+        inner: db.store(),
+        claims: claims.clone(),
+        waits: waits.clone(),
+    };
+    let publisher = RecordingPublisher::new();
+    let relay = Relay::new(store, publisher.boxed(), cfg).spawn();
+    wait_until("idle took the free partitions and waits", || async {
+        db.count_partitions("owner = 'idle'").await == 32 && db.waiter_count().await == 1
+    })
+    .await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener.listen(&db.table.channel()).await.unwrap();
+    let (c0, w0) = (
+        claims.load(AtomicOrdering::SeqCst),
+        waits.load(AtomicOrdering::SeqCst),
+    );
+    // 100 commits, one event each, all in busy's partition.
+    enqueue(&db, "a", 100).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (c1, w1) = (
+        claims.load(AtomicOrdering::SeqCst),
+        waits.load(AtomicOrdering::SeqCst),
+    );
+    let mut notified = 0;
+    while let Ok(n) = tokio::time::timeout(Duration::from_millis(200), listener.recv()).await {
+        n.unwrap();
+        notified += 1;
+        if notified > 100 {
+            break;
+        }
+    }
+    assert_eq!(notified, 0, "commits to busy's partition notified");
+    assert!(
+        c1 - c0 <= 2 && w1 - w0 <= 2,
+        "100 commits to another relay's partition woke the idle relay: {} claims, {} waits",
+        c1 - c0,
+        w1 - w0
+    );
+    // A commit to one of its own partitions still wakes it at once (the poll is 30 s).
+    let mine = aggregate_owned_by(&db, "idle").await;
+    let e = NewEvent::new("order", &mine, "e", &serde_json::json!({})).unwrap();
+    let id = db.outbox().enqueue(&db.pool, &e).await.unwrap();
+    wait_until_for(
+        "the idle relay was woken for its own partition",
+        Duration::from_secs(5),
+        || async {
+            db.count_where(&format!("id = '{id}' AND processed_at IS NOT NULL"))
+                .await
+                == 1
+        },
+    )
+    .await;
+    relay.shutdown().await.unwrap();
+    assert_eq!(db.count_where("processed_at IS NOT NULL").await, 1);
+    db.cleanup().await;
+}

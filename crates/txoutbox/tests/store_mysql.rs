@@ -103,7 +103,9 @@ async fn an_ordered_claim_leases_nothing_of_an_aggregate_past_a_row_it_could_not
 async fn deregister_locks_only_the_relays_own_rows() {
     let h = MySqlHarness::new().await;
     let store = h.store(Retention::Mark).await;
-    let ids = h.enqueue(&[event("a", 0), event("b", 0), event("c", 0)]).await;
+    let ids = h
+        .enqueue(&[event("a", 0), event("b", 0), event("c", 0)])
+        .await;
     let mut leaving = claim("leaving", Ordering::Unordered);
     leaving.limit = 1;
     let got = store.claim(leaving).await.unwrap();

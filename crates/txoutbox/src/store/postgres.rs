@@ -105,8 +105,9 @@ impl Queries {
             }
         };
         // Seconds until the earliest event this relay can take is due ($1: relay id, $2:
-        // ordered, $3: partition count, $4: hold). Unordered: any unfinished event. Ordered:
-        // only events in the partitions it owns, and only those that no earlier event of
+        // ordered, $3: hold). Unordered: any unfinished event. Ordered: only events in the
+        // partitions it owns, one probe of the partition index each (an idle relay beside
+        // another relay's backlog reads nothing), and only those that no earlier event of
         // their aggregate holds back (backing off or leased: that one's own due time counts;
         // dead, with `hold`: it waits for an operator, whose retry wakes the relay). Rows it
         // could never claim (other relays' partitions, events behind a held one) would make
@@ -115,20 +116,25 @@ impl Queries {
         // subtracting timestamps fails ("cannot subtract infinite timestamps") and would stop
         // the relay.
         let due = format!(
-            "SELECT (extract(epoch FROM min(greatest(e.available_at, coalesce(e.locked_until, e.available_at))))
-               - extract(epoch FROM now()))::float8
-             FROM {q} e
-             WHERE e.processed_at IS NULL AND e.dead_at IS NULL
-               AND (NOT $2 OR (
-                 e.partition_key % $3 = ANY (ARRAY(
-                   SELECT partition FROM {partitions} WHERE owner = $1 AND lease_until > now()))
-                 AND NOT EXISTS (
-                   SELECT 1 FROM {q} b
-                   WHERE b.partition_key = e.partition_key AND b.seq < e.seq
-                     AND {BLOCKING}
-                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                     AND (b.dead_at IS NULL OR $4)
-                   OFFSET 0)))"
+            "SELECT (extract(epoch FROM min(t)) - extract(epoch FROM now()))::float8 FROM (
+               SELECT greatest(e.available_at, coalesce(e.locked_until, e.available_at)) AS t
+               FROM {q} e WHERE NOT $2 AND e.processed_at IS NULL AND e.dead_at IS NULL
+               UNION ALL
+               SELECT d.t FROM {partitions} p CROSS JOIN LATERAL (
+                 SELECT greatest(e.available_at, coalesce(e.locked_until, e.available_at)) AS t
+                 FROM {q} e
+                 WHERE (e.partition_key & 63) = p.partition
+                   AND e.processed_at IS NULL AND e.dead_at IS NULL
+                   AND NOT EXISTS (
+                     SELECT 1 FROM {q} b
+                     WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+                       AND {BLOCKING}
+                       AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                       AND (b.dead_at IS NULL OR $3)
+                     OFFSET 0)
+               ) d
+               WHERE $2 AND p.owner = $1 AND p.lease_until > now()
+             ) due"
         );
         Self {
             // One autocommit statement: pick available rows in seq order, skip rows another
@@ -160,8 +166,11 @@ impl Queries {
             // event of their aggregate backing off, leased (by an unordered relay of old) or
             // (with $4, `hold`) dead. Together with one owner per partition, this keeps each
             // aggregate's events in seq order. It writes nothing: the partition lease is the
-            // claim, and the settle is fenced by partition ownership. `lease_left` is how long
-            // the shortest of the partition leases still runs.
+            // claim, and the settle is fenced by partition ownership and epoch. `lease_left` is
+            // how long the shortest of the partition leases still runs. The walk of the pending
+            // index runs only if one of the owned partitions has an event available at all
+            // (an InitPlan, one probe of the partition index per partition): the empty claim
+            // of an idle relay beside another relay's backlog costs next to nothing.
             claim_ordered: format!(
                 "WITH owned AS (
                     SELECT partition, lease_until, epoch FROM {partitions}
@@ -179,6 +188,11 @@ impl Queries {
                    AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
                    AND e.seq <= $6
                    AND e.partition_key NOT IN (SELECT unnest($5::int[]))
+                   AND EXISTS (SELECT 1 FROM owned o WHERE EXISTS (
+                     SELECT 1 FROM {q} x
+                     WHERE (x.partition_key & 63) = o.partition
+                       AND x.processed_at IS NULL AND x.dead_at IS NULL AND x.available_at <= now()
+                       AND (x.locked_until IS NULL OR x.locked_until <= now())))
                    AND NOT EXISTS (
                      SELECT 1 FROM {q} b
                      WHERE b.partition_key = e.partition_key AND b.seq < e.seq
@@ -240,12 +254,15 @@ impl Queries {
             ),
             has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
             // Say "I am waiting" (writers notify only then) and learn, in the same round trip,
-            // how long until the earliest event this relay can take is due ($5: how long the
-            // flag lasts; the rest as in `due`).
+            // how long until the earliest event this relay can take is due ($4: how long the
+            // flag lasts; the rest as in `due`). An ordered relay waits for its own
+            // partitions only: commits to others' do not notify (see the `wake` trigger).
             wait_prepare: format!(
                 "WITH w AS (
-                    INSERT INTO {waiters} (relay_id, waiting_until) VALUES ($1, now() + $5 * interval '1 millisecond')
-                    ON CONFLICT (relay_id) DO UPDATE SET waiting_until = EXCLUDED.waiting_until
+                    INSERT INTO {waiters} (relay_id, waiting_until, ordered)
+                    VALUES ($1, now() + $4 * interval '1 millisecond', $2)
+                    ON CONFLICT (relay_id) DO UPDATE
+                      SET waiting_until = EXCLUDED.waiting_until, ordered = EXCLUDED.ordered
                  )
                  {due}"
             ),
@@ -899,11 +916,6 @@ impl Store for PgStore {
         let (relay_id, max) = (p.relay_id, p.max);
         let ordered = p.ordering.is_ordered();
         let hold = p.ordering == Ordering::OrderedHold;
-        let partitions = if ordered {
-            self.partition_count().await?
-        } else {
-            1
-        };
         let mut slot = self.listener.lock().await;
         if let Err(e) = self.listen(&mut slot).await {
             // No listener: fall back to polling, but do report the error.
@@ -930,7 +942,6 @@ impl Store for PgStore {
         let until: Option<f64> = sqlx::query_scalar(&self.q.wait_prepare)
             .bind(relay_id)
             .bind(ordered)
-            .bind(partitions)
             .bind(hold)
             .bind((millis(max) + 1000) as f64)
             .fetch_one(&self.pool)
@@ -965,7 +976,6 @@ impl Store for PgStore {
                             let ready: bool = sqlx::query_scalar(&self.q.due_now)
                                 .bind(relay_id)
                                 .bind(ordered)
-                                .bind(partitions)
                                 .bind(hold)
                                 .fetch_one(&self.pool)
                                 .await

@@ -677,9 +677,15 @@ pub async fn a_relay_id_held_by_a_live_process_is_refused<H: Harness>(h: &H) {
     };
     other.deregister(leaving(intruder)).await.unwrap();
     let alive = |rs: &[crate::store::RelayInfo]| rs.iter().any(|r| r.relay_id == "same" && r.alive);
-    assert!(alive(&store.relays().await.unwrap()), "the holder is still registered");
+    assert!(
+        alive(&store.relays().await.unwrap()),
+        "the holder is still registered"
+    );
     store.deregister(leaving(holder)).await.unwrap();
-    assert!(!alive(&store.relays().await.unwrap()), "its own exit deregisters");
+    assert!(
+        !alive(&store.relays().await.unwrap()),
+        "its own exit deregisters"
+    );
     // Free again: another process may take the id now.
     other.rebalance(params(intruder)).await.unwrap();
 }
