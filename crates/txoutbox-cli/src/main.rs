@@ -85,8 +85,13 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin::returned_messages=error"));
+    // Colour only on a terminal (and not with NO_COLOR set): escape codes in a file, a pipe
+    // or a log collector are noise.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Pretty => builder.init(),

@@ -246,6 +246,13 @@ async fn demo_delivers_exactly_the_committed_events() {
         "{}",
         stderr(&out)
     );
+    // Its log went to a pipe: plain text, no colour codes.
+    assert!(stderr(&out).contains("INFO"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains('\u{1b}'),
+        "colour codes in a log written to a pipe: {:?}",
+        stderr(&out)
+    );
     let lines = std::fs::read_to_string(&path).unwrap();
     assert_eq!(
         lines.lines().count(),

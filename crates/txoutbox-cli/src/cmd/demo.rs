@@ -153,7 +153,7 @@ async fn create_order(
     let total = f64::from(i) * 10.5;
     let payload = serde_json::json!({"order_id": id, "customer_id": customer, "total": total});
     let event = NewEvent::new("order", &id, "order.created", &payload)?;
-    let commit = i % 5 != 0;
+    let commit = !i.is_multiple_of(5);
     match db {
         Db::Postgres(pool) => {
             let mut tx = pool.begin().await?;

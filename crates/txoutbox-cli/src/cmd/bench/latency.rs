@@ -226,7 +226,7 @@ async fn clock_offset(env: &Env) -> anyhow::Result<f64> {
         let rtt = started.elapsed();
         let mid = before + chrono::Duration::from_std(rtt / 2).unwrap_or_default();
         let off = (db - mid).num_microseconds().unwrap_or(0) as f64 / 1e6;
-        if best.map_or(true, |(r, _)| rtt < r) {
+        if best.is_none_or(|(r, _)| rtt < r) {
             best = Some((rtt, off));
         }
     }

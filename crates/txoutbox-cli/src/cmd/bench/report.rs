@@ -245,7 +245,7 @@ pub fn fmt_num(v: f64) -> String {
         let digits = n.unsigned_abs().to_string();
         let mut s = String::new();
         for (i, ch) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 s.push(',');
             }
             s.push(ch);
