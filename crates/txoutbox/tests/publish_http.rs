@@ -217,6 +217,46 @@ async fn delivers_signed_requests_with_the_contract_headers() {
     }
 }
 
+/// A secret given as the convention has it, base64 without the `whsec_` prefix (how Svix and
+/// most receivers show it), signs requests that the Standard Webhooks project's own verifier
+/// accepts with the same string, prefixed or not; `secret_encoding=raw` takes the text itself.
+#[tokio::test]
+async fn signatures_verify_with_the_official_library() {
+    let server = Server::start(Mode::Ok).await;
+    let secret = "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let file = SecretFile::new(&format!("{secret}\n"));
+    let raw = SecretFile::new("a plain text key\n");
+    for url in [
+        format!("{}/hooks?secret_file={}", server.base, file.0.display()),
+        format!(
+            "{}/hooks?secret_file={}&secret_encoding=base64",
+            server.base,
+            file.0.display()
+        ),
+        format!(
+            "{}/hooks?secret_file={}&secret_encoding=raw",
+            server.base,
+            raw.0.display()
+        ),
+    ] {
+        let p = publisher(&url).await;
+        p.send(&message(1)).await.unwrap().await.unwrap();
+    }
+    let got = server.shared.requests.lock().unwrap();
+    assert_eq!(got.len(), 3);
+    for r in &got[..2] {
+        for s in [secret.to_string(), format!("whsec_{secret}")] {
+            let wh = standardwebhooks::Webhook::new(&s).unwrap();
+            wh.verify(&r.body, &r.headers)
+                .unwrap_or_else(|e| panic!("the official verifier rejects it ({s}): {e:?}"));
+        }
+        let as_raw = standardwebhooks::Webhook::from_bytes(secret.as_bytes().to_vec()).unwrap();
+        assert!(as_raw.verify(&r.body, &r.headers).is_err());
+    }
+    let wh = standardwebhooks::Webhook::from_bytes(b"a plain text key".to_vec()).unwrap();
+    wh.verify(&got[2].body, &got[2].headers).unwrap();
+}
+
 #[tokio::test]
 async fn answers_are_classified() {
     let server = Server::start(Mode::Ok).await;
@@ -327,13 +367,34 @@ async fn bad_config_is_refused() {
             Ok(_) => panic!("{bad}: accepted"),
         }
     }
-    let bad_secret = SecretFile::new("whsec_not*base64");
-    let url = format!(
-        "http://127.0.0.1:9/x?secret_file={}",
-        bad_secret.0.display()
-    );
-    let e = publish::connect(&url).await.err().unwrap().to_string();
-    assert!(!e.contains("not*base64"), "{e}");
+    for text in ["whsec_not*base64", "not*base64 either"] {
+        let bad_secret = SecretFile::new(text);
+        let url = format!(
+            "http://127.0.0.1:9/x?secret_file={}",
+            bad_secret.0.display()
+        );
+        let e = publish::connect(&url).await.err().unwrap().to_string();
+        assert!(!e.contains("not*base64"), "{e}");
+        assert!(e.contains("secret_encoding=raw"), "{e}");
+    }
+    let secret = SecretFile::new("aGVsbG8=");
+    for (query, says) in [
+        (
+            format!("secret_file={}&secret_encoding=hex", secret.0.display()),
+            "not base64 or raw",
+        ),
+        ("secret_encoding=raw".to_string(), "no secret"),
+    ] {
+        let e = publish::connect(&format!("http://127.0.0.1:9/x?{query}"))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("secret_encoding") && e.contains(says),
+            "{query}: {e}"
+        );
+    }
 }
 
 /// 401, 403 and 404 mean "nobody can take this right now" (an expired credential, a deploy

@@ -5,7 +5,8 @@
 //! ```
 //!
 //! The URL is the endpoint, minus the parameters txoutbox reads itself: `timeout` (per request,
-//! default `10s`), `secret_file` (a file holding the signing secret), `unavailable_status`
+//! default `10s`), `secret_file` (a file holding the signing secret), `secret_encoding` (below),
+//! `unavailable_status`
 //! (below), `cloudevents` and `ce_source`, and for `https://` the TLS parameters `tls_ca` (trust this CA instead of the
 //! built-in web roots), `tls_cert` and `tls_key` (a client certificate, for mutual TLS). Every
 //! other query parameter stays on the endpoint.
@@ -15,8 +16,11 @@
 //! `webhook-id` (the event id: the same on every retry, for the receiver's dedup),
 //! `webhook-timestamp` (unix seconds) and `webhook-signature`
 //! (`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`). The secret comes from
-//! `secret_file` or else the environment variable `TXOUTBOX_WEBHOOK_SECRET`; a `whsec_` prefix
-//! means base64 after it, as the convention has it; without a secret nothing is signed. With
+//! `secret_file` or else the environment variable `TXOUTBOX_WEBHOOK_SECRET`. As the convention
+//! (and its official libraries) has it, a secret is base64, with or without the `whsec_` prefix:
+//! the same secret string verifies on the receiver. `secret_encoding=raw` takes the text itself
+//! as the key instead (for receivers that use a plain-text key); without a secret nothing is
+//! signed. With
 //! `cloudevents=true` the request also carries the CloudEvents HTTP binary-mode headers
 //! `ce-specversion`, `ce-id`, `ce-source`, `ce-type`, `ce-subject`, `ce-time`.
 //!
@@ -48,6 +52,7 @@ use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
 const PARAMS: &[&str] = &[
     "timeout",
     "secret_file",
+    "secret_encoding",
     "unavailable_status",
     "cloudevents",
     "ce_source",
@@ -117,16 +122,35 @@ impl HttpPublisher {
                 reason,
             })?,
         };
-        let secret = match url.param("secret_file") {
-            Some(path) => Some(read_secret_file(path)?),
-            None => match std::env::var(SECRET_ENV) {
-                Ok(s) => Some(decode_secret(&s).map_err(|reason| ConfigError::BadParam {
-                    name: SECRET_ENV.into(),
-                    reason,
-                })?),
-                Err(_) => None,
-            },
+        let encoding = match url.param("secret_encoding") {
+            None => SecretEncoding::Base64,
+            Some(v) => SecretEncoding::parse(v).ok_or_else(|| ConfigError::BadParam {
+                name: "secret_encoding".into(),
+                reason: format!("{v:?} is not base64 or raw"),
+            })?,
         };
+        let secret =
+            match url.param("secret_file") {
+                Some(path) => Some(read_secret_file(path, encoding)?),
+                None => match std::env::var(SECRET_ENV) {
+                    Ok(s) => Some(decode_secret(&s, encoding).map_err(|reason| {
+                        ConfigError::BadParam {
+                            name: SECRET_ENV.into(),
+                            reason,
+                        }
+                    })?),
+                    Err(_) if url.param("secret_encoding").is_some() => {
+                        return Err(ConfigError::BadParam {
+                            name: "secret_encoding".into(),
+                            reason: format!(
+                                "given, but there is no secret (secret_file or {SECRET_ENV})"
+                            ),
+                        }
+                        .into())
+                    }
+                    Err(_) => None,
+                },
+            };
         let cloudevents = CloudEvents::from_url(url)?;
         let endpoint = endpoint(u);
         let mut shown = endpoint.clone();
@@ -252,28 +276,56 @@ fn endpoint(u: &url::Url) -> url::Url {
     out
 }
 
-fn read_secret_file(path: &str) -> Result<Vec<u8>, ConfigError> {
+fn read_secret_file(path: &str, encoding: SecretEncoding) -> Result<Vec<u8>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::BadParam {
         name: "secret_file".into(),
         reason: format!("cannot read {path:?}: {e}"),
     })?;
-    decode_secret(&text).map_err(|reason| ConfigError::BadParam {
+    decode_secret(&text, encoding).map_err(|reason| ConfigError::BadParam {
         name: "secret_file".into(),
         reason: format!("{path:?}: {reason}"),
     })
 }
 
-/// The key bytes of a secret: base64 after `whsec_`, else the text itself (never quoted in
-/// errors).
-pub fn decode_secret(text: &str) -> Result<Vec<u8>, String> {
+/// How the text of a webhook secret becomes the HMAC key (`secret_encoding=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SecretEncoding {
+    /// Standard Webhooks: base64, with or without the `whsec_` prefix (the default; what the
+    /// convention's libraries do with the same string).
+    #[default]
+    Base64,
+    /// The text itself is the key (`secret_encoding=raw`).
+    Raw,
+}
+
+impl SecretEncoding {
+    fn parse(v: &str) -> Option<Self> {
+        match v {
+            "base64" => Some(Self::Base64),
+            "raw" => Some(Self::Raw),
+            _ => None,
+        }
+    }
+}
+
+/// The key bytes of a secret (surrounding whitespace, such as a file's trailing newline, is
+/// not part of it). The secret is never quoted in errors.
+pub fn decode_secret(text: &str, encoding: SecretEncoding) -> Result<Vec<u8>, String> {
     let text = text.trim();
-    let key = match text.strip_prefix(SECRET_PREFIX) {
-        Some(b64) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| {
-                format!("the secret starts with {SECRET_PREFIX} but the rest is not base64")
-            })?,
-        None => text.as_bytes().to_vec(),
+    let key = match encoding {
+        SecretEncoding::Raw => text.as_bytes().to_vec(),
+        SecretEncoding::Base64 => {
+            let b64 = text.strip_prefix(SECRET_PREFIX).unwrap_or(text);
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|_| {
+                    format!(
+                        "the secret is not base64 (Standard Webhooks secrets are base64, with or \
+                         without {SECRET_PREFIX}); to use the text itself as the key, add \
+                         secret_encoding=raw to the URL"
+                    )
+                })?
+        }
     };
     if key.is_empty() {
         return Err("the secret is empty".into());
@@ -432,6 +484,11 @@ impl Publisher for HttpPublisher {
         "http"
     }
 
+    fn destination(&self, _message: &Message) -> Option<String> {
+        // The endpoint without its query (which may hold a token) and credentials.
+        Some(self.shown.clone())
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let headers = self.headers(message, chrono::Utc::now().timestamp())?;
         let request = self
@@ -485,16 +542,31 @@ mod tests {
 
     #[test]
     fn secrets_decode() {
-        assert_eq!(decode_secret("whsec_aGVsbG8=\n").unwrap(), b"hello");
-        assert_eq!(decode_secret("plain").unwrap(), b"plain");
-        assert!(decode_secret("whsec_***").is_err());
-        assert!(decode_secret("  ").is_err());
+        use SecretEncoding::{Base64, Raw};
+        assert_eq!(decode_secret("whsec_aGVsbG8=\n", Base64).unwrap(), b"hello");
+        // Without the prefix it is base64 all the same, as the official libraries have it.
+        assert_eq!(decode_secret("aGVsbG8=", Base64).unwrap(), b"hello");
+        assert_eq!(decode_secret("plain text", Raw).unwrap(), b"plain text");
+        assert_eq!(decode_secret("whsec_x", Raw).unwrap(), b"whsec_x");
+        let e = decode_secret("not*base64", Base64).unwrap_err();
+        assert!(
+            e.contains("secret_encoding=raw") && !e.contains("not*"),
+            "{e}"
+        );
+        assert!(decode_secret("whsec_***", Base64).is_err());
+        assert!(decode_secret("  ", Base64).is_err());
+        assert!(decode_secret("whsec_", Base64).is_err());
+        assert!(decode_secret("", Raw).is_err());
     }
 
     #[test]
     fn signature_matches_the_standard_webhooks_example() {
         // The example from the Standard Webhooks specification.
-        let key = decode_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let key = decode_secret(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            SecretEncoding::Base64,
+        )
+        .unwrap();
         let sig = sign(
             &key,
             "msg_p5jXN8AQM9LWM0D4loKWxJek",
