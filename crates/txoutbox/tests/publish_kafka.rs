@@ -292,6 +292,8 @@ async fn bad_params_are_config_errors() {
         "kafka://127.0.0.1:1?partitions=0",
         "kafka://127.0.0.1:1?replication=-1",
         "kafka://127.0.0.1:1?create_topic=maybe",
+        "kafka://127.0.0.1:1?ce_source=/only-with-cloudevents",
+        "kafka://127.0.0.1:1?cloudevents=maybe",
         "kafka://127.0.0.1:1?connect_timeout=soon",
         "kafka://127.0.0.1:1?topic={nope}",
         "kafka://127.0.0.1:1?compression=zzz",
@@ -424,4 +426,104 @@ async fn gapless_guarantee_cannot_be_turned_off() {
         Err(e) => panic!("expected a config error, got {e}"),
         Ok(_) => panic!("enable_gapless_guarantee=false accepted"),
     }
+}
+
+/// The official Python clients of `scripts/clients.sh` (`TXOUTBOX_CLIENTS_PYTHON`, which
+/// `scripts/test.sh` sets): `None`, with a message, when they are not installed, except under
+/// CI, where that fails.
+fn clients_python() -> Option<String> {
+    match std::env::var("TXOUTBOX_CLIENTS_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "TXOUTBOX_CLIENTS_PYTHON is required in CI (scripts/test.sh sets it)"
+            );
+            eprintln!("skipping the official-client check: run scripts/test.sh, or set TXOUTBOX_CLIENTS_PYTHON=$(scripts/clients.sh)");
+            None
+        }
+    }
+}
+
+/// `cloudevents=true` adds the CloudEvents Kafka protocol binding's binary-mode headers; the
+/// records parse as CloudEvents with the CloudEvents SDK, read by confluent-kafka.
+#[tokio::test]
+async fn cloudevents_binary_mode_headers() {
+    use chrono::SubsecRound as _;
+    let mut scope = Scope::new();
+    let topic = scope.topic("ce");
+    let p = publisher(&scope.url(
+        &topic,
+        "&create_topic=true&partitions=1&cloudevents=true&ce_source=/shop",
+    ))
+    .await;
+    let sent: Vec<Message> = (0..5)
+        .map(|n| {
+            let mut m = message(n, &format!("o-{n}"));
+            // A user header named like a binding header is dropped, not sent twice.
+            m.headers.insert("ce_type".into(), "forged".into());
+            m.headers.insert("content-type".into(), "text/plain".into());
+            m
+        })
+        .collect();
+    for m in &sent {
+        p.send(m).await.unwrap().await.unwrap();
+    }
+    let c = consumer(&topic, 1);
+    let got = consume(&c, sent.len(), Duration::from_secs(30)).await;
+    for (m, r) in sent.iter().zip(&got) {
+        assert_eq!(header(r, "ce_specversion"), ["1.0"]);
+        assert_eq!(header(r, "ce_id"), [m.id.to_string()]);
+        assert_eq!(header(r, "ce_source"), ["/shop"]);
+        assert_eq!(header(r, "ce_type"), ["created"]);
+        assert_eq!(header(r, "ce_subject"), [m.aggregate_id.as_str()]);
+        assert_eq!(
+            header(r, "ce_time"),
+            [m.created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)]
+        );
+        assert_eq!(header(r, "content-type"), ["application/json"]);
+        assert_eq!(header(r, "outbox-event-id"), [m.id.to_string()]);
+        assert_eq!(header(r, "traceparent"), [format!("00-trace-{}-01", m.seq)]);
+    }
+    if let Some(python) = clients_python() {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/clients/kafka_cloudevents.py"
+        );
+        let out = tokio::process::Command::new(&python)
+            .arg(script)
+            .arg(brokers())
+            .arg(&topic)
+            .arg(sent.len().to_string())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the CloudEvents SDK refused the records: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let events: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(events.len(), sent.len());
+        for (m, e) in sent.iter().zip(&events) {
+            let a = &e["attributes"];
+            assert_eq!(a["specversion"], "1.0");
+            assert_eq!(a["id"], m.id.to_string());
+            assert_eq!(a["source"], "/shop");
+            assert_eq!(a["type"], "created");
+            assert_eq!(a["subject"], m.aggregate_id);
+            assert_eq!(a["datacontenttype"], "application/json");
+            let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
+            assert_eq!(time, m.created_at.trunc_subsecs(6));
+            assert_eq!(e["data"]["n"], m.seq);
+            assert_eq!(e["key"], m.aggregate_id);
+        }
+    }
+    p.close().await.unwrap();
+    scope.cleanup().await;
 }

@@ -2,7 +2,9 @@
 //!
 //! Each protocol binding maps the same attributes onto its own carrier in *binary content
 //! mode* (the payload stays the body): HTTP headers `ce-id`, `ce-type`, ...; MQTT 5 user
-//! properties `id`, `type`, ...; Redis stream fields `ce_id`, `ce_type`, ....
+//! properties `id`, `type`, ...; Redis stream fields `ce_id`, `ce_type`, ...; Kafka record
+//! headers `ce_id`, `ce_type`, ...; NATS headers `ce-id`, ...; AMQP headers `cloudEvents:id`,
+//! ....
 
 use super::url::PublisherUrl;
 use super::{ConfigError, Message};

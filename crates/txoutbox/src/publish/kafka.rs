@@ -34,7 +34,10 @@
 //!
 //! Each event is one record: key = aggregate id, value = the body, headers = the `outbox-*`
 //! contract headers and the user headers (a user header named like a contract header is
-//! dropped). [`Publisher::send`] enqueues the record in the producer; the [`Ack`] resolves
+//! dropped). With `cloudevents=true` (and `ce_source`, see the `cloudevents` module) the record
+//! also carries the CloudEvents Kafka protocol binding's binary-mode headers: `ce_specversion`,
+//! `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`, and `content-type` for
+//! `datacontenttype`. [`Publisher::send`] enqueues the record in the producer; the [`Ack`] resolves
 //! with its delivery report, i.e. when all in-sync replicas have it. The idempotent producer
 //! keeps each partition's order even with several requests in flight and retries, so one
 //! key's events stay in order while the relay pipelines them
@@ -69,6 +72,7 @@ use rdkafka::producer::{FutureRecord, Producer};
 use self::context::BrokerErrors;
 use self::producer::Producers;
 use self::settings::Settings;
+use super::cloudevents::CloudEvents;
 use super::url::PublisherUrl;
 use super::{Ack, ConnectError, ErrorKind, Message, PublishError, Publisher, Template};
 
@@ -98,6 +102,8 @@ pub struct KafkaPublisher {
     /// Topics that exist (created by us or found to exist), when `create_topic` is on.
     known_topics: Mutex<HashSet<String>>,
     topic: Template,
+    /// `cloudevents=true`: the CloudEvents Kafka binding's headers.
+    cloudevents: Option<CloudEvents>,
     partitions: i32,
     replication: i32,
     connect_timeout: Duration,
@@ -147,19 +153,35 @@ pub fn validate_topic(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The record headers: contract headers, then user headers that do not clash with them.
-fn headers(m: &Message) -> OwnedHeaders {
-    let contract = m.contract_headers();
-    let mut out = OwnedHeaders::new_with_capacity(contract.len() + m.headers.len());
-    for (name, value) in &contract {
+/// The record headers: contract headers, the CloudEvents Kafka binding's headers in binary
+/// mode when `ce` is set (`ce_specversion`, `ce_id`, ..., with `datacontenttype` as
+/// `content-type`), then user headers that do not clash with either.
+fn headers(m: &Message, ce: Option<&CloudEvents>) -> OwnedHeaders {
+    let mut ours: Vec<(String, String)> = m
+        .contract_headers()
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
+    if let Some(ce) = ce {
+        ours.extend(ce.attributes(m).into_iter().map(|(name, value)| {
+            let name = if name == "datacontenttype" {
+                "content-type".to_string()
+            } else {
+                format!("ce_{name}")
+            };
+            (name, value)
+        }));
+    }
+    let mut out = OwnedHeaders::new_with_capacity(ours.len() + m.headers.len());
+    for (name, value) in &ours {
         out = out.insert(Header {
             key: name,
             value: Some(value.as_bytes()),
         });
     }
     for (name, value) in &m.headers {
-        if contract.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)) {
-            tracing::debug!(event = %m.id, header = %name, "user header shadows a contract header; dropped");
+        if ours.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)) {
+            tracing::debug!(event = %m.id, header = %name, "user header shadows a contract or CloudEvents header; dropped");
             continue;
         }
         out = out.insert(Header {
@@ -266,6 +288,7 @@ impl KafkaPublisher {
             errors,
             known_topics: Mutex::new(HashSet::new()),
             topic: settings.topic,
+            cloudevents: settings.cloudevents,
             partitions: settings.partitions,
             replication: settings.replication,
             connect_timeout: settings.connect_timeout,
@@ -413,6 +436,10 @@ impl Publisher for KafkaPublisher {
         true
     }
 
+    fn destination(&self, message: &Message) -> Option<String> {
+        Some(self.topic.render(message))
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let id = message.id;
         let topic = self.topic.render(message);
@@ -430,7 +457,7 @@ impl Publisher for KafkaPublisher {
             let record = FutureRecord::to(&topic)
                 .key(&message.aggregate_id)
                 .payload(&message.body)
-                .headers(headers(message));
+                .headers(headers(message, self.cloudevents.as_ref()));
             // A producer that failed fatally can send nothing more: use a new one.
             let producer = self.producers.current().map_err(|e| self.explain(e))?;
             // Enqueue only: the producer's own thread sends, in enqueue order per partition.

@@ -7,6 +7,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 
 use super::{literal, validate_topic, DEFAULT_TOPIC};
+use crate::publish::cloudevents::{self, CloudEvents};
 use crate::publish::tls::{self, TlsFiles};
 use crate::publish::url::{percent_decode, PublisherUrl};
 use crate::publish::{ConfigError, Template};
@@ -37,6 +38,8 @@ const SECURE_FORM: &str = "kafkas:// (or tls=true)";
 /// What the URL asks for. (No `Debug`: the client config holds secrets.)
 pub(super) struct Settings {
     pub topic: Template,
+    /// `cloudevents=true` (with `ce_source`).
+    pub cloudevents: Option<CloudEvents>,
     pub create_topic: bool,
     pub partitions: i32,
     pub replication: i32,
@@ -60,6 +63,7 @@ impl Settings {
                 reason: format!("{literal:?}: {reason}"),
             })?;
         }
+        let cloudevents = CloudEvents::from_url(url)?;
         let create_topic = url.bool_param("create_topic", false)?;
         let partitions = positive(url, "partitions", 3)?;
         let replication = positive(url, "replication", 1)?;
@@ -120,7 +124,10 @@ impl Settings {
             }
         }
         for (name, value) in u.query_pairs() {
-            if OWN_PARAMS.contains(&name.as_ref()) || tls::PARAMS.contains(&name.as_ref()) {
+            if OWN_PARAMS.contains(&name.as_ref())
+                || tls::PARAMS.contains(&name.as_ref())
+                || cloudevents::PARAMS.contains(&name.as_ref())
+            {
                 continue;
             }
             let key = librdkafka_key(&name);
@@ -157,6 +164,7 @@ impl Settings {
         }
         Ok(Self {
             topic,
+            cloudevents,
             create_topic,
             partitions,
             replication,
