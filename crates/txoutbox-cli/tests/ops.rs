@@ -81,6 +81,83 @@ async fn stop(mut child: tokio::process::Child) {
     assert!(status.success(), "relay exit: {status}");
 }
 
+/// Every metric the shipped dashboard and alert rules query, read from those files, is on
+/// `/metrics` of a relay that has not published anything: a panel of a fresh relay shows 0,
+/// not "no data", and an `increase()` alert sees the first failure.
+#[tokio::test]
+async fn a_fresh_relay_exposes_every_metric_the_dashboard_and_rules_query() {
+    let db = TestSchema::migrated().await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let mut names = std::collections::BTreeSet::new();
+    for file in [
+        "grafana/txoutbox-dashboard.json",
+        "prometheus/txoutbox-rules.yml",
+    ] {
+        let text = std::fs::read_to_string(deploy.join(file)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("outbox_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            let name = ["_bucket", "_sum", "_count"]
+                .iter()
+                .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+            // Alert names and the like are CamelCase; metric names are snake_case.
+            if at == 0 || !rest.as_bytes()[at - 1].is_ascii_alphanumeric() {
+                names.insert(name.to_string());
+            }
+            rest = &tail[end..];
+        }
+    }
+    assert!(names.len() >= 10, "found only {names:?}");
+    let relay = db
+        .command(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--admin-addr",
+            &addr,
+            "--metrics-interval",
+            "100ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, m) = http(port, "GET", "/metrics", None, "").await;
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !m.contains(&format!("# TYPE {n} ")))
+            .collect();
+        if missing.is_empty() {
+            for zero in [
+                "outbox_events_published_total 0",
+                "outbox_events_dead_lettered_total 0",
+                "outbox_events_released_total 0",
+                "outbox_settles_fenced_total 0",
+                "outbox_batch_duration_seconds_count 0",
+                "outbox_commit_to_publish_seconds_count 0",
+            ] {
+                assert!(m.lines().any(|l| l == zero), "no {zero:?} in:\n{m}");
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{missing:?} missing from /metrics of a fresh relay:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop(relay).await;
+}
+
 #[tokio::test]
 async fn admin_listener_serves_metrics_health_and_api() {
     let db = TestSchema::migrated().await;

@@ -34,9 +34,41 @@ pub const OLDEST_PENDING_AGE_SECONDS: &str = "outbox_oldest_pending_age_seconds"
 pub const RELAY_INFO: &str = "outbox_relay_info";
 /// Counter: published events deleted by the retention purge.
 pub const PURGED_TOTAL: &str = "outbox_events_purged_total";
+/// Counter, label `reason` (`queue_full`, `export_failed`): trace spans the daemon's OTLP
+/// export dropped rather than hold up the relay.
+pub const SPANS_DROPPED_TOTAL: &str = "outbox_trace_spans_dropped_total";
 
-/// Describe every metric (units and help texts) to the installed recorder.
+/// Describe every metric (units and help texts) to the installed recorder, and start every
+/// series the relay records at zero, so that a relay that has published nothing yet exposes
+/// them: a dashboard panel shows 0 rather than "no data", and `increase()` sees the first
+/// event rather than a series born at 1 (Prometheus' own advice). The counters labelled
+/// `event_type` start as one series without the label (it stays 0; the labelled series are
+/// added as event types appear). The gauges read from the database are left to the first
+/// sample: 0 pending before anyone looked would be a claim, not a measurement.
 pub fn describe() {
+    describe_only();
+    for counter in [
+        PUBLISHED_TOTAL,
+        FAILED_TOTAL,
+        DEAD_LETTERED_TOTAL,
+        CLAIMED_TOTAL,
+        RELEASED_TOTAL,
+        FENCED_TOTAL,
+        PURGED_TOTAL,
+    ] {
+        ::metrics::counter!(counter).increment(0);
+    }
+    for histogram in [BATCH_DURATION_SECONDS, COMMIT_TO_PUBLISH_SECONDS] {
+        // Registering the handle is enough for the exporter to render empty buckets.
+        let _ = ::metrics::histogram!(histogram);
+    }
+    ::metrics::gauge!(PARTITIONS_OWNED).set(0.0);
+    for reason in ["queue_full", "export_failed"] {
+        ::metrics::counter!(SPANS_DROPPED_TOTAL, "reason" => reason).increment(0);
+    }
+}
+
+fn describe_only() {
     use ::metrics::{describe_counter, describe_histogram, Unit};
     describe_counter!(PUBLISHED_TOTAL, "Events the broker acknowledged.");
     describe_counter!(FAILED_TOTAL, "Failed publish attempts, by event type.");
@@ -74,5 +106,9 @@ pub fn describe() {
     describe_counter!(
         PURGED_TOTAL,
         "Published events deleted by the retention purge."
+    );
+    describe_counter!(
+        SPANS_DROPPED_TOTAL,
+        "Trace spans dropped by the OTLP export (queue full, or the collector refused them)."
     );
 }
