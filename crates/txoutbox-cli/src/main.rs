@@ -6,6 +6,8 @@ mod cmd;
 mod config;
 mod ctx;
 mod secrets;
+#[cfg(feature = "otel")]
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,19 @@ fn main() -> ExitCode {
         Err(e) => e.exit(), // usage errors exit 2, --help/--version 0
     };
     init_logging(cli.global.log_format);
+    // Before the runtime: the OTLP exporter's blocking HTTP client must not be made (or
+    // dropped) on it. Dropped after the runtime, flushing what is queued.
+    #[cfg(feature = "otel")]
+    let _telemetry = match telemetry::init() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "error: {}",
+                txoutbox::publish::redact_secrets(&format!("{e:#}"))
+            );
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -87,6 +87,12 @@ impl Outbox {
         E: Executor<'e>,
         E::Database: Backend,
     {
+        #[cfg(feature = "otel")]
+        if let Some(traced) = crate::otel::with_current_context(std::slice::from_ref(event)) {
+            <E::Database as Backend>::insert(self, executor, &traced).await?;
+            self.woke();
+            return Ok(event.id);
+        }
         <E::Database as Backend>::insert(self, executor, std::slice::from_ref(event)).await?;
         self.woke();
         Ok(event.id)
@@ -105,6 +111,10 @@ impl Outbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        #[cfg(feature = "otel")]
+        let traced = crate::otel::with_current_context(events);
+        #[cfg(feature = "otel")]
+        let events = traced.as_deref().unwrap_or(events);
         <E::Database as Backend>::insert(self, executor, events).await?;
         self.woke();
         Ok(events.iter().map(|e| e.id).collect())

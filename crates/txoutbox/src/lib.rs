@@ -25,7 +25,9 @@
 //! takes your pool or transaction takes either.
 //!
 //! Cargo features: `postgres`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`, `http`,
-//! `kafka` (publishers), `testing` (the store conformance suite, for a backend's tests).
+//! `kafka` (publishers), `otel` (W3C trace context from the writer's span through the relay's
+//! publish span to the broker message, see [`otel`]), `testing` (the store conformance suite,
+//! for a backend's tests).
 //! `stdout:`, `file:` and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -37,6 +39,9 @@ pub mod ident;
 pub mod inbox;
 pub mod metrics;
 pub mod migrate;
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod otel;
 pub mod publish;
 pub mod relay;
 pub mod retention;

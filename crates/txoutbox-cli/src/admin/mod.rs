@@ -139,6 +139,12 @@ impl Publisher for SharedPublisher {
     fn kind(&self) -> &'static str {
         self.0.kind()
     }
+    fn keeps_key_order(&self) -> bool {
+        self.0.keeps_key_order()
+    }
+    fn destination(&self, message: &Message) -> Option<String> {
+        self.0.destination(message)
+    }
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         self.0.send(message).await
     }

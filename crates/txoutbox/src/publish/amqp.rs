@@ -451,6 +451,14 @@ impl Publisher for AmqpPublisher {
         "amqp"
     }
 
+    fn destination(&self, _message: &Message) -> Option<String> {
+        // The semantic conventions name the exchange (the default one is `amq.default`).
+        Some(match self.settings.exchange.as_str() {
+            "" => "amq.default".to_string(),
+            name => name.to_string(),
+        })
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let routing_key = self.settings.routing_key.render(message);
         let properties = properties(message, &routing_key, self.settings.cloudevents.as_ref())?;

@@ -47,6 +47,10 @@ impl Publisher for FaultyPublisher {
         self.inner.keeps_key_order()
     }
 
+    fn destination(&self, message: &Message) -> Option<String> {
+        self.inner.destination(message)
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let draw: f64 = match self.rng.lock() {
             Ok(mut r) => r.gen(),

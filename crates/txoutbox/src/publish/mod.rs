@@ -26,24 +26,31 @@ mod tls;
 mod url;
 
 #[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub mod amqp;
 #[cfg(any(
     feature = "redis",
     feature = "mqtt",
     feature = "http",
     feature = "nats",
-    feature = "amqp"
+    feature = "amqp",
+    feature = "kafka"
 ))]
 pub mod cloudevents;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
 #[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub mod mqtt;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 use std::fmt;
@@ -77,6 +84,13 @@ pub trait Publisher: Send + Sync + 'static {
     /// aggregate's next event.
     fn keeps_key_order(&self) -> bool {
         false
+    }
+
+    /// Where `message` goes (subject, topic, stream, exchange, endpoint), for the publish
+    /// span's `messaging.destination.name`; `None` if the publisher has no such name.
+    fn destination(&self, message: &Message) -> Option<String> {
+        let _ = message;
+        None
     }
 
     /// Hand one message to the broker. Messages handed over by consecutive calls on one

@@ -446,6 +446,10 @@ impl Publisher for MqttPublisher {
         "mqtt"
     }
 
+    fn destination(&self, message: &Message) -> Option<String> {
+        Some(self.topic.render(message))
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let topic = self.topic.render(message);
         validate_topic(&topic).map_err(|reason| {

@@ -264,6 +264,10 @@ impl Publisher for NatsPublisher {
         "nats"
     }
 
+    fn destination(&self, message: &Message) -> Option<String> {
+        Some(self.subject.render(message))
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let subject = self.subject.render(message);
         validate_subject(&subject).map_err(|reason| {

@@ -301,6 +301,10 @@ impl Publisher for RedisPublisher {
         "redis"
     }
 
+    fn destination(&self, message: &Message) -> Option<String> {
+        Some(self.stream.render(message))
+    }
+
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let stream = self.stream.render(message);
         if stream.is_empty() {

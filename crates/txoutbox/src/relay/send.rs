@@ -12,6 +12,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Relay;
+#[cfg(feature = "otel")]
+use crate::otel::PublishSpan;
 use crate::publish::{ErrorKind, Message, PublishError};
 use crate::store::Ordering;
 use crate::OutboxEvent;
@@ -63,10 +65,19 @@ impl Relay {
                     continue;
                 }
             }
-            let message = Message::from_event(event);
+            let mut message = Message::from_event(event);
+            let span = PublishSpan::start(self.publisher.as_ref(), &mut message);
             match tokio::time::timeout_at(deadline, self.publisher.send(&message)).await {
-                Ok(Ok(ack)) => in_flight.push(async move { (i, ack.await) }),
-                Ok(Err(e)) => held.record(&mut outcome, i, Err(e)),
+                Ok(Ok(ack)) => in_flight.push(async move {
+                    let r = ack.await;
+                    span.end(&r);
+                    (i, r)
+                }),
+                Ok(Err(e)) => {
+                    let r = Err(e);
+                    span.end(&r);
+                    held.record(&mut outcome, i, r);
+                }
                 Err(_) => break,
             }
         }
@@ -134,7 +145,8 @@ impl Relay {
                         if cancel.is_cancelled() || Instant::now() >= deadline {
                             return;
                         }
-                        let message = Message::from_event(&events[i]);
+                        let mut message = Message::from_event(&events[i]);
+                        let span = PublishSpan::start(self.publisher.as_ref(), &mut message);
                         let result =
                             match tokio::time::timeout_at(deadline, self.publisher.send(&message))
                                 .await
@@ -147,6 +159,7 @@ impl Relay {
                                 Ok(Err(e)) => Err(e),
                                 Err(_) => return,
                             };
+                        span.end(&result);
                         let go_on = match &result {
                             Ok(()) => true,
                             Err(e) => skip_dead && e.kind() == ErrorKind::Permanent,
@@ -235,4 +248,16 @@ impl<'a> Held<'a> {
             }
         }
     }
+}
+
+/// Without the `otel` feature, publishing makes no span.
+#[cfg(not(feature = "otel"))]
+struct PublishSpan;
+
+#[cfg(not(feature = "otel"))]
+impl PublishSpan {
+    fn start(_: &dyn crate::publish::Publisher, _: &mut Message) -> Self {
+        Self
+    }
+    fn end(self, _: &Result<(), PublishError>) {}
 }
