@@ -13,8 +13,8 @@
 //!
 //! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
 //! the system's roots), `tls_cert` and `tls_key` (a client certificate; the key must be PKCS#8,
-//! `-----BEGIN PRIVATE KEY-----`: lapin's rustls backend takes the pair only as PKCS#12, which
-//! is built from them in memory).
+//! `-----BEGIN PRIVATE KEY-----`: it is packed with the certificate as PKCS#12 in memory, as
+//! lapin's rustls backend took it).
 //!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
@@ -38,9 +38,10 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
-use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use tokio::sync::Mutex;
 
 use super::tls::TlsFiles;
@@ -286,13 +287,20 @@ impl AmqpPublisher {
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
         let tls = lapin::tcp::OwnedTLSConfig {
-            identity: s.tls_pkcs12.as_ref().map(|der| lapin::tcp::OwnedIdentity {
-                der: der.clone(),
-                password: PKCS12_PASSWORD.into(),
-            }),
+            identity: s
+                .tls_pkcs12
+                .as_ref()
+                .map(|der| lapin::tcp::OwnedIdentity::PKCS12 {
+                    der: der.clone(),
+                    password: PKCS12_PASSWORD.into(),
+                }),
             cert_chain: s.tls_ca.clone(),
         };
-        let connecting = Connection::connect_with_config(&s.uri, properties, tls);
+        // The Tokio runtime this runs on: lapin's I/O thread registers the socket with its
+        // reactor.
+        let runtime =
+            lapin::runtime::default_runtime().map_err(|e| self.unavailable("cannot connect", e))?;
+        let connecting = Connection::connect_with_config(&s.uri, properties, tls, runtime);
         let connection = match tokio::time::timeout(s.connect_timeout, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
@@ -334,7 +342,7 @@ impl AmqpPublisher {
                 };
                 channel
                     .exchange_declare(
-                        &s.exchange,
+                        s.exchange.as_str().into(),
                         s.exchange_kind.clone(),
                         options,
                         FieldTable::default(),
@@ -353,7 +361,7 @@ impl AmqpPublisher {
             if let Some((queue, key)) = &s.bind_queue {
                 let declared = channel
                     .queue_declare(
-                        queue,
+                        queue.as_str().into(),
                         lapin::options::QueueDeclareOptions {
                             durable: true,
                             ..Default::default()
@@ -365,9 +373,9 @@ impl AmqpPublisher {
                     Ok(_) => {
                         channel
                             .queue_bind(
-                                queue,
-                                &s.exchange,
-                                key,
+                                queue.as_str().into(),
+                                s.exchange.as_str().into(),
+                                key.as_str().into(),
                                 lapin::options::QueueBindOptions::default(),
                                 FieldTable::default(),
                             )
@@ -428,7 +436,7 @@ fn close_in_background(connection: Connection) {
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                connection.close(200, "txoutbox: reconnecting"),
+                connection.close(200, "txoutbox: reconnecting".into()),
             )
             .await;
         });
@@ -469,8 +477,8 @@ impl Publisher for AmqpPublisher {
         let mut slot = self.link.lock().await;
         let link = self.ensure_link(&mut slot).await?;
         let publish = link.channel.basic_publish(
-            &sent.exchange,
-            &sent.routing_key,
+            sent.exchange.as_str().into(),
+            sent.routing_key.as_str().into(),
             options,
             &message.body,
             properties,
@@ -563,7 +571,11 @@ impl Publisher for AmqpPublisher {
         };
         let timeout = self.settings.confirm_timeout;
         let _ = tokio::time::timeout(timeout, link.channel.wait_for_confirms()).await;
-        match tokio::time::timeout(timeout, link.connection.close(200, "txoutbox: shutdown")).await
+        match tokio::time::timeout(
+            timeout,
+            link.connection.close(200, "txoutbox: shutdown".into()),
+        )
+        .await
         {
             Ok(Ok(())) | Err(_) => Ok(()),
             Ok(Err(e)) if !link.connection.status().connected() => {
@@ -681,8 +693,8 @@ fn unroutable(sent: &Sent, code: u16, text: &str) -> PublishError {
 /// A confirm that failed because the channel or connection went away.
 fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
     let id = sent.id;
-    let err = match &e {
-        lapin::Error::ProtocolError(amqp) => {
+    let err = match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
             let code = amqp.get_id();
             match amqp.kind() {
                 AMQPErrorKind::Hard(_) => PublishError::unavailable(format!(
@@ -710,9 +722,10 @@ fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
                 )),
             }
         }
-        lapin::Error::IOError(_)
-        | lapin::Error::InvalidConnectionState(_)
-        | lapin::Error::MissingHeartbeatError => PublishError::unavailable(format!(
+        lapin::ErrorKind::IOError(_)
+        | lapin::ErrorKind::RuntimeShutdownError(_)
+        | lapin::ErrorKind::InvalidConnectionState(_)
+        | lapin::ErrorKind::MissingHeartbeatError => PublishError::unavailable(format!(
             "event {id}: connection to the broker lost before the confirm"
         )),
         _ => PublishError::transient(format!("event {id}: channel failed before the confirm")),
