@@ -79,13 +79,13 @@ impl Consumer {
         let ch = conn.create_channel().await.context("open a channel")?;
         let mut ids = std::mem::take(&mut *s.ids.lock().unwrap_or_else(|p| p.into_inner()));
         while let Some(m) = ch
-            .basic_get(&s.queue, BasicGetOptions { no_ack: true })
+            .basic_get(s.queue.as_str().into(), BasicGetOptions { no_ack: true })
             .await
             .context("basic.get")?
         {
             ids.push(event_id(&m.delivery)?);
         }
-        let _ = conn.close(200, "done").await;
+        let _ = conn.close(200, "done".into()).await;
         Ok((ids, s.reconnects.load(Ordering::Relaxed)))
     }
 }
@@ -146,8 +146,8 @@ async fn session(s: &Shared, consuming: &mut bool) -> anyhow::Result<()> {
     declare_queue(&ch, &s.queue).await?;
     let mut deliveries = ch
         .basic_consume(
-            &s.queue,
-            "chaos-consumer",
+            s.queue.as_str().into(),
+            "chaos-consumer".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         )
@@ -160,7 +160,7 @@ async fn session(s: &Shared, consuming: &mut bool) -> anyhow::Result<()> {
         // not read it again.
         let next = tokio::select! {
             _ = s.stop.cancelled() => {
-                let _ = conn.close(200, "done").await;
+                let _ = conn.close(200, "done".into()).await;
                 return Ok(());
             }
             n = async {

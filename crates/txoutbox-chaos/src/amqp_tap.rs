@@ -178,12 +178,11 @@ mod tests {
         );
         let header = AMQPFrame::Header(
             1,
-            60,
-            Box::new(AMQPContentHeader {
+            AMQPContentHeader {
                 class_id: 60,
                 body_size: body.len() as u64,
                 properties: props,
-            }),
+            },
         );
         let mut out = bytes(&method);
         out.extend(bytes(&header));
@@ -194,7 +193,7 @@ mod tests {
     #[test]
     fn finds_message_ids_across_chunk_boundaries() {
         let mut all = b"AMQP\x00\x00\x09\x01".to_vec();
-        all.extend(bytes(&AMQPFrame::Heartbeat(0)));
+        all.extend(bytes(&AMQPFrame::Heartbeat));
         all.extend(publish(Some("id-1"), b"{\"n\":1}"));
         all.extend(publish(None, b"no id"));
         all.extend(publish(Some("id-3"), &[0xCE; 300]));

@@ -224,7 +224,7 @@ pub async fn declare(url: &str, exchange: &str, queue: &str) -> anyhow::Result<(
         .context("connect to RabbitMQ")?;
     let ch = conn.create_channel().await.context("open a channel")?;
     ch.exchange_declare(
-        exchange,
+        exchange.into(),
         ExchangeKind::Topic,
         ExchangeDeclareOptions {
             durable: true,
@@ -236,21 +236,21 @@ pub async fn declare(url: &str, exchange: &str, queue: &str) -> anyhow::Result<(
     .context("declare the exchange")?;
     declare_queue(&ch, queue).await?;
     ch.queue_bind(
-        queue,
-        exchange,
-        "#",
+        queue.into(),
+        exchange.into(),
+        "#".into(),
         QueueBindOptions::default(),
         FieldTable::default(),
     )
     .await
     .context("bind the queue")?;
-    let _ = conn.close(200, "declared").await;
+    let _ = conn.close(200, "declared".into()).await;
     Ok(())
 }
 
 pub async fn declare_queue(ch: &Channel, queue: &str) -> anyhow::Result<()> {
     ch.queue_declare(
-        queue,
+        queue.into(),
         QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -270,7 +270,7 @@ pub async fn ready_messages(url: &str, queue: &str) -> anyhow::Result<u32> {
     let ch = conn.create_channel().await.context("open a channel")?;
     let q = ch
         .queue_declare(
-            queue,
+            queue.into(),
             QueueDeclareOptions {
                 passive: true,
                 ..Default::default()
@@ -279,6 +279,6 @@ pub async fn ready_messages(url: &str, queue: &str) -> anyhow::Result<u32> {
         )
         .await
         .context("look the queue up")?;
-    let _ = conn.close(200, "done").await;
+    let _ = conn.close(200, "done".into()).await;
     Ok(q.message_count())
 }

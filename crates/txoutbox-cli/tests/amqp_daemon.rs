@@ -17,13 +17,17 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 async fn queue(ch: &Channel, exchange: &str, name: &str, key: &str) {
-    ch.queue_declare(name, QueueDeclareOptions::default(), FieldTable::default())
-        .await
-        .unwrap();
+    ch.queue_declare(
+        name.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
     ch.queue_bind(
-        name,
-        exchange,
-        key,
+        name.into(),
+        exchange.into(),
+        key.into(),
         QueueBindOptions::default(),
         FieldTable::default(),
     )
@@ -36,7 +40,7 @@ async fn take(ch: &Channel, q: &str, n: usize) -> Vec<lapin::message::Delivery> 
     let mut got = Vec::new();
     while got.len() < n {
         match ch
-            .basic_get(q, BasicGetOptions { no_ack: true })
+            .basic_get(q.into(), BasicGetOptions { no_ack: true })
             .await
             .unwrap()
         {
@@ -63,7 +67,7 @@ async fn poison_event_dead_letters_and_dlq_retry_delivers_it() {
     let ch = conn.create_channel().await.unwrap();
     let exchange = unique("txo_x");
     ch.exchange_declare(
-        &exchange,
+        exchange.as_str().into(),
         ExchangeKind::Topic,
         ExchangeDeclareOptions {
             durable: true,
@@ -164,13 +168,13 @@ async fn poison_event_dead_letters_and_dlq_retry_delivers_it() {
     assert_eq!(out.status.code(), Some(1));
 
     for q in [&created_q, &shipped_q] {
-        ch.queue_delete(q, QueueDeleteOptions::default())
+        ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())
             .await
             .unwrap();
     }
-    ch.exchange_delete(&exchange, ExchangeDeleteOptions::default())
+    ch.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
         .await
         .unwrap();
-    let _ = conn.close(200, "done").await;
+    let _ = conn.close(200, "done".into()).await;
     db.cleanup().await;
 }

@@ -429,7 +429,7 @@ impl Broker for Amqp {
             let got = self
                 .channel
                 .basic_get(
-                    &self.queue,
+                    self.queue.as_str().into(),
                     lapin::options::BasicGetOptions { no_ack: true },
                 )
                 .await
@@ -470,11 +470,14 @@ impl Broker for Amqp {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
         let _ = self
             .channel
-            .queue_delete(&self.queue, QueueDeleteOptions::default())
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await;
         let _ = self
             .channel
-            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await;
     }
 }
@@ -495,7 +498,7 @@ async fn amqp_conforms() {
     };
     b.channel
         .exchange_declare(
-            &b.exchange,
+            b.exchange.as_str().into(),
             lapin::ExchangeKind::Topic,
             ExchangeDeclareOptions {
                 durable: true,
@@ -507,7 +510,7 @@ async fn amqp_conforms() {
         .unwrap();
     b.channel
         .queue_declare(
-            &b.queue,
+            b.queue.as_str().into(),
             QueueDeclareOptions::default(),
             FieldTable::default(),
         )
@@ -515,16 +518,16 @@ async fn amqp_conforms() {
         .unwrap();
     b.channel
         .queue_bind(
-            &b.queue,
-            &b.exchange,
-            "#",
+            b.queue.as_str().into(),
+            b.exchange.as_str().into(),
+            "#".into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
         .unwrap();
     suite(&b).await;
-    let _ = conn.close(200, "done").await;
+    let _ = conn.close(200, "done".into()).await;
 }
 
 // --- Redis Streams -----------------------------------------------------------------------

@@ -42,7 +42,7 @@ impl Scope {
         scope
             .channel
             .queue_declare(
-                &scope.queue,
+                scope.queue.as_str().into(),
                 QueueDeclareOptions::default(),
                 FieldTable::default(),
             )
@@ -54,7 +54,7 @@ impl Scope {
     async fn declare_exchange(&self) -> anyhow::Result<()> {
         self.channel
             .exchange_declare(
-                &self.exchange,
+                self.exchange.as_str().into(),
                 ExchangeKind::Topic,
                 ExchangeDeclareOptions {
                     durable: true,
@@ -69,9 +69,9 @@ impl Scope {
     async fn bind(&self, pattern: &str) -> anyhow::Result<()> {
         self.channel
             .queue_bind(
-                &self.queue,
-                &self.exchange,
-                pattern,
+                self.queue.as_str().into(),
+                self.exchange.as_str().into(),
+                pattern.into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
@@ -94,7 +94,7 @@ impl Scope {
         while got.len() < n {
             match self
                 .channel
-                .basic_get(&self.queue, BasicGetOptions { no_ack: true })
+                .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
                 .await?
             {
                 Some(m) => got.push(m.delivery),
@@ -110,13 +110,16 @@ impl Scope {
     async fn cleanup(self) {
         let _ = self
             .channel
-            .queue_delete(&self.queue, QueueDeleteOptions::default())
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await;
         let _ = self
             .channel
-            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await;
-        let _ = self.connection.close(200, "test done").await;
+        let _ = self.connection.close(200, "test done".into()).await;
     }
 }
 
@@ -258,7 +261,10 @@ async fn recovers_after_the_broker_closes_the_channel() -> anyhow::Result<()> {
         // Publishing to a missing exchange makes RabbitMQ close the channel (404).
         scope
             .channel
-            .exchange_delete(&scope.exchange, ExchangeDeleteOptions::default())
+            .exchange_delete(
+                scope.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await?;
         let e = match p.send(&message(1)).await {
             Ok(ack) => ack.await.err().context("exchange is gone")?,

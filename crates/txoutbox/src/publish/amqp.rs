@@ -12,9 +12,11 @@
 //! `unroutable` (below), `cloudevents` and `ce_source`.
 //!
 //! TLS: `amqps://host:5671/...` with `tls_ca` (a CA to verify the broker with, trusted besides
-//! the system's roots), `tls_cert` and `tls_key` (a client certificate; the key must be PKCS#8,
-//! `-----BEGIN PRIVATE KEY-----`: lapin's rustls backend takes the pair only as PKCS#12, which
-//! is built from them in memory).
+//! the system's roots), `tls_cert` and `tls_key` (a client certificate chain and its key, PEM:
+//! PKCS#8 `BEGIN PRIVATE KEY`, PKCS#1 `BEGIN RSA PRIVATE KEY` or SEC1 `BEGIN EC PRIVATE KEY`).
+//! The pair is checked when the publisher is made — the key must be one rustls can sign with
+//! and belong to the first certificate — so a bad one is a configuration error naming the
+//! parameter, not a connection that fails on every attempt.
 //!
 //! One connection with one channel in confirm mode, behind a mutex: messages are published in
 //! call order, and the [`Ack`] waits for the broker's confirm. Every message is persistent and
@@ -38,9 +40,10 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
-use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use tokio::sync::Mutex;
 
 use super::tls::TlsFiles;
@@ -113,8 +116,15 @@ struct Settings {
     unroutable: ErrorKind,
     /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
     tls_ca: Option<String>,
-    /// `amqps://` with `tls_cert` and `tls_key`: the client identity as PKCS#12 (DER).
-    tls_pkcs12: Option<Vec<u8>>,
+    /// `amqps://` with `tls_cert` and `tls_key`: the client certificate and its key.
+    tls_identity: Option<ClientIdentity>,
+}
+
+/// A client certificate chain and its private key (PEM), checked to belong together. No
+/// `Debug`: it holds the key.
+struct ClientIdentity {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
 }
 
 impl Settings {
@@ -179,11 +189,15 @@ impl Settings {
             });
         }
         let tls = TlsFiles::from_url(url, url.scheme() == "amqps", "amqps://")?;
-        let tls_pkcs12 = match tls.as_ref().and_then(|t| t.client.as_ref()) {
-            Some((cert, key)) => Some(pkcs12(cert, key)?),
+        let (tls_ca, tls_client) = match tls {
+            Some(t) => (t.ca, t.client),
+            None => (None, None),
+        };
+        let tls_identity = match tls_client {
+            Some((cert_pem, key_pem)) => Some(ClientIdentity::check(cert_pem, key_pem)?),
             None => None,
         };
-        let tls_ca = match tls.and_then(|t| t.ca) {
+        let tls_ca = match tls_ca {
             Some(pem) => Some(String::from_utf8(pem).map_err(|_| ConfigError::BadParam {
                 name: "tls_ca".into(),
                 reason: "not a UTF-8 PEM file".into(),
@@ -192,7 +206,7 @@ impl Settings {
         };
         Ok(Self {
             tls_ca,
-            tls_pkcs12,
+            tls_identity,
             uri: url.base().to_string(),
             exchange,
             exchange_kind,
@@ -212,48 +226,53 @@ impl Settings {
     }
 }
 
-/// Protects the in-memory PKCS#12 only as the format demands; it never leaves the process.
-const PKCS12_PASSWORD: &str = "txoutbox";
-
-/// Pack a PEM certificate chain and PKCS#8 key as PKCS#12, the only client identity form
-/// lapin's rustls backend takes.
-fn pkcs12(cert_pem: &[u8], key_pem: &[u8]) -> Result<Vec<u8>, ConfigError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivatePkcs8KeyDer};
-    let bad = |name: &str, reason: &str| ConfigError::BadParam {
-        name: name.into(),
-        reason: reason.into(),
-    };
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .map(|c| {
-            let c = c.map_err(|_| bad("tls_cert", "not a PEM certificate chain"))?;
-            p12_keystore::Certificate::from_der(&c)
-                .map_err(|_| bad("tls_cert", "holds a certificate that does not parse"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if chain.is_empty() {
-        return Err(bad("tls_cert", "holds no certificate"));
+impl ClientIdentity {
+    /// Check that `key_pem` holds a private key rustls can sign with (PKCS#8, PKCS#1 or SEC1)
+    /// for the first certificate of `cert_pem`, as the TLS handshake will need. The errors name
+    /// the parameter, never the content.
+    fn check(cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Result<Self, ConfigError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |name: &str, reason: String| ConfigError::BadParam {
+            name: name.into(),
+            reason,
+        };
+        let chain = CertificateDer::pem_slice_iter(&cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad("tls_cert", "is not a PEM certificate chain".into()))?;
+        if chain.is_empty() {
+            return Err(bad("tls_cert", "holds no certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| {
+            bad(
+                "tls_key",
+                "holds no PEM private key (PKCS#8 `BEGIN PRIVATE KEY`, PKCS#1 \
+                 `BEGIN RSA PRIVATE KEY` or SEC1 `BEGIN EC PRIVATE KEY`)"
+                    .into(),
+            )
+        })?;
+        // The provider lapin's rustls connector will use: the process's default if one is
+        // installed, else ring (lapin is built with `rustls--ring`).
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        match rustls::sign::CertifiedKey::from_der(chain, key, &provider) {
+            Ok(_) => Ok(Self { cert_pem, key_pem }),
+            // rustls's errors describe the problem, never the bytes.
+            Err(rustls::Error::InconsistentKeys(_)) => Err(bad(
+                "tls_key",
+                "is not the private key of the (first) certificate in tls_cert".into(),
+            )),
+            Err(rustls::Error::InvalidCertificate(e)) => Err(bad(
+                "tls_cert",
+                format!("holds a certificate that does not parse ({e})"),
+            )),
+            Err(e) => Err(bad(
+                "tls_key",
+                format!("is not a usable RSA, ECDSA or Ed25519 private key ({e})"),
+            )),
+        }
     }
-    let key = PrivatePkcs8KeyDer::from_pem_slice(key_pem).map_err(|_| {
-        bad(
-            "tls_key",
-            "amqps:// needs a PKCS#8 key (-----BEGIN PRIVATE KEY-----); convert it with \
-             `openssl pkcs8 -topk8 -nocrypt`",
-        )
-    })?;
-    let mut store = p12_keystore::KeyStore::new();
-    store.add_entry(
-        "txoutbox",
-        p12_keystore::KeyStoreEntry::PrivateKeyChain(p12_keystore::PrivateKeyChain::new(
-            key.secret_pkcs8_der(),
-            b"txoutbox",
-            chain,
-        )),
-    );
-    store
-        .writer(PKCS12_PASSWORD)
-        .write()
-        .map_err(|_| bad("tls_cert", "cannot be packed as PKCS#12 with tls_key"))
 }
 
 impl AmqpPublisher {
@@ -286,13 +305,22 @@ impl AmqpPublisher {
         let properties =
             ConnectionProperties::default().with_connection_name(LongString::from("txoutbox"));
         let tls = lapin::tcp::OwnedTLSConfig {
-            identity: s.tls_pkcs12.as_ref().map(|der| lapin::tcp::OwnedIdentity {
-                der: der.clone(),
-                password: PKCS12_PASSWORD.into(),
-            }),
+            // `PKCS8` is lapin's name for a PEM chain and key; the key may be any of the three
+            // PEM forms (rustls-pki-types reads it).
+            identity: s
+                .tls_identity
+                .as_ref()
+                .map(|id| lapin::tcp::OwnedIdentity::PKCS8 {
+                    pem: id.cert_pem.clone(),
+                    key: id.key_pem.clone(),
+                }),
             cert_chain: s.tls_ca.clone(),
         };
-        let connecting = Connection::connect_with_config(&s.uri, properties, tls);
+        // The Tokio runtime this runs on: lapin's I/O thread registers the socket with its
+        // reactor.
+        let runtime =
+            lapin::runtime::default_runtime().map_err(|e| self.unavailable("cannot connect", e))?;
+        let connecting = Connection::connect_with_config(&s.uri, properties, tls, runtime);
         let connection = match tokio::time::timeout(s.connect_timeout, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(self.unavailable("cannot connect", e)),
@@ -334,7 +362,7 @@ impl AmqpPublisher {
                 };
                 channel
                     .exchange_declare(
-                        &s.exchange,
+                        s.exchange.as_str().into(),
                         s.exchange_kind.clone(),
                         options,
                         FieldTable::default(),
@@ -353,7 +381,7 @@ impl AmqpPublisher {
             if let Some((queue, key)) = &s.bind_queue {
                 let declared = channel
                     .queue_declare(
-                        queue,
+                        queue.as_str().into(),
                         lapin::options::QueueDeclareOptions {
                             durable: true,
                             ..Default::default()
@@ -365,9 +393,9 @@ impl AmqpPublisher {
                     Ok(_) => {
                         channel
                             .queue_bind(
-                                queue,
-                                &s.exchange,
-                                key,
+                                queue.as_str().into(),
+                                s.exchange.as_str().into(),
+                                key.as_str().into(),
                                 lapin::options::QueueBindOptions::default(),
                                 FieldTable::default(),
                             )
@@ -428,7 +456,7 @@ fn close_in_background(connection: Connection) {
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                connection.close(200, "txoutbox: reconnecting"),
+                connection.close(200, "txoutbox: reconnecting".into()),
             )
             .await;
         });
@@ -477,8 +505,8 @@ impl Publisher for AmqpPublisher {
         let mut slot = self.link.lock().await;
         let link = self.ensure_link(&mut slot).await?;
         let publish = link.channel.basic_publish(
-            &sent.exchange,
-            &sent.routing_key,
+            sent.exchange.as_str().into(),
+            sent.routing_key.as_str().into(),
             options,
             &message.body,
             properties,
@@ -571,7 +599,11 @@ impl Publisher for AmqpPublisher {
         };
         let timeout = self.settings.confirm_timeout;
         let _ = tokio::time::timeout(timeout, link.channel.wait_for_confirms()).await;
-        match tokio::time::timeout(timeout, link.connection.close(200, "txoutbox: shutdown")).await
+        match tokio::time::timeout(
+            timeout,
+            link.connection.close(200, "txoutbox: shutdown".into()),
+        )
+        .await
         {
             Ok(Ok(())) | Err(_) => Ok(()),
             Ok(Err(e)) if !link.connection.status().connected() => {
@@ -689,8 +721,8 @@ fn unroutable(sent: &Sent, code: u16, text: &str) -> PublishError {
 /// A confirm that failed because the channel or connection went away.
 fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
     let id = sent.id;
-    let err = match &e {
-        lapin::Error::ProtocolError(amqp) => {
+    let err = match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
             let code = amqp.get_id();
             match amqp.kind() {
                 AMQPErrorKind::Hard(_) => PublishError::unavailable(format!(
@@ -718,9 +750,10 @@ fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
                 )),
             }
         }
-        lapin::Error::IOError(_)
-        | lapin::Error::InvalidConnectionState(_)
-        | lapin::Error::MissingHeartbeatError => PublishError::unavailable(format!(
+        lapin::ErrorKind::IOError(_)
+        | lapin::ErrorKind::RuntimeShutdownError(_)
+        | lapin::ErrorKind::InvalidConnectionState(_)
+        | lapin::ErrorKind::MissingHeartbeatError => PublishError::unavailable(format!(
             "event {id}: connection to the broker lost before the confirm"
         )),
         _ => PublishError::transient(format!("event {id}: channel failed before the confirm")),
@@ -901,6 +934,45 @@ mod tests {
             "PRECONDITION_FAILED - inequivalent arg 'type'",
             10
         ));
+    }
+
+    #[test]
+    fn client_identities_are_checked_up_front() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["client".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let check = |cert: &str, key: &str| {
+            ClientIdentity::check(cert.as_bytes().to_vec(), key.as_bytes().to_vec())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        check(&cert.pem(), &key.serialize_pem()).unwrap();
+
+        let other = rcgen::KeyPair::generate().unwrap();
+        let e = check(&cert.pem(), &other.serialize_pem()).unwrap_err();
+        assert!(
+            e.contains("tls_key") && e.contains("not the private key"),
+            "{e}"
+        );
+        let secret =
+            "-----BEGIN EC PRIVATE KEY-----\nc2VjcmV0LWJ5dGVz\n-----END EC PRIVATE KEY-----\n";
+        let e = check(&cert.pem(), secret).unwrap_err();
+        assert!(e.contains("tls_key") && !e.contains("c2VjcmV0"), "{e}");
+        let e = check(&cert.pem(), "-----BEGIN CERTIFICATE-----\n").unwrap_err();
+        assert!(e.contains("tls_key"), "{e}");
+        let e = check(
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            &key.serialize_pem(),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("tls_cert") && e.contains("does not parse"),
+            "{e}"
+        );
+        let e = check("no pem here", &key.serialize_pem()).unwrap_err();
+        assert!(e.contains("tls_cert"), "{e}");
     }
 
     #[test]

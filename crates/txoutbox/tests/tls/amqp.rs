@@ -92,19 +92,44 @@ async fn amqps_with_a_client_certificate() {
     ))
     .await;
     assert!(e.contains("cannot connect"), "{e}");
-    // A key that is not PKCS#8 is refused up front, saying how to convert it.
-    let sec1 = pki.dir.join("client-sec1.key");
-    std::fs::write(
-        &sec1,
-        "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n",
-    )
-    .unwrap();
-    let e = refused(&format!(
+    // The key in the older PEM forms works too: SEC1 (the same EC key) and PKCS#1 (an RSA
+    // key with a certificate of its own).
+    deliver(&format!(
         "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
         pki.path(&pki.ca),
         pki.path(&pki.client_cert),
-        sec1.display()
+        pki.path(&pki.client_key_sec1())
     ))
     .await;
-    assert!(e.contains("tls_key") && e.contains("PKCS#8"), "{e}");
+    let (rsa_cert, rsa_key) = pki.rsa_client("txoutbox-client-rsa");
+    deliver(&format!(
+        "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
+        pki.path(&pki.ca),
+        pki.path(&rsa_cert),
+        pki.path(&rsa_key)
+    ))
+    .await;
+
+    // A key that is not a key, or not the certificate's, is refused up front, naming the
+    // parameter and not quoting the file.
+    let garbage = pki.dir.join("client-garbage.key");
+    std::fs::write(
+        &garbage,
+        "-----BEGIN EC PRIVATE KEY-----\nc2VjcmV0LWJ5dGVz\n-----END EC PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    for (key, why) in [(&garbage, "usable"), (&rsa_key, "not the private key")] {
+        let e = refused(&format!(
+            "amqps://guest:guest@{base}&tls_ca={}&tls_cert={}&tls_key={}",
+            pki.path(&pki.ca),
+            pki.path(&pki.client_cert),
+            key.display()
+        ))
+        .await;
+        assert!(e.contains("tls_key") && e.contains(why), "{e}");
+        assert!(
+            !e.contains("c2VjcmV0") && !e.contains("secret-bytes"),
+            "{e}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Certificates made at test time: a CA, a server certificate for `127.0.0.1` and
 //! `localhost`, a client certificate, and a second CA that signed nothing we use (the "wrong
-//! CA"). All PEM files sit in a temporary directory removed on drop.
+//! CA"). All PEM files sit in a temporary directory removed on drop. Keys in the older PEM
+//! forms (PKCS#1, SEC1) are made with the `openssl` command, as a user would convert them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +26,9 @@ pub struct Pki {
     pub ca_der: rustls_pki::CertificateDer<'static>,
     pub server_der: rustls_pki::CertificateDer<'static>,
     pub server_key_der: Vec<u8>,
+    /// The CA, to sign more client certificates with.
+    ca_cert: rcgen::Certificate,
+    ca_key: KeyPair,
 }
 
 /// rustls' key and certificate types, as rcgen hands them out.
@@ -48,6 +52,24 @@ fn leaf(
     issuer: &rcgen::Certificate,
     issuer_key: &KeyPair,
 ) -> (rcgen::Certificate, KeyPair) {
+    leaf_with_key(
+        cn,
+        names,
+        usage,
+        issuer,
+        issuer_key,
+        KeyPair::generate().unwrap(),
+    )
+}
+
+fn leaf_with_key(
+    cn: &str,
+    names: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+    issuer: &rcgen::Certificate,
+    issuer_key: &KeyPair,
+    key: KeyPair,
+) -> (rcgen::Certificate, KeyPair) {
     let mut p =
         CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
     p.distinguished_name.push(DnType::CommonName, cn);
@@ -56,7 +78,6 @@ fn leaf(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    let key = KeyPair::generate().unwrap();
     (p.signed_by(&key, issuer, issuer_key).unwrap(), key)
 }
 
@@ -100,6 +121,8 @@ impl Pki {
             ca_der: ca_cert.der().clone(),
             server_der: server.der().clone(),
             server_key_der: server_key.serialize_der(),
+            ca_cert,
+            ca_key,
             dir,
         };
         for key in [&pki.server_key, &pki.client_key] {
@@ -117,6 +140,55 @@ impl Pki {
             .unwrap()
             .success();
         assert!(ok, "chown {user} {}", self.dir.display());
+    }
+
+    /// The client key (ECDSA P-256, PKCS#8) rewritten as SEC1, `-----BEGIN EC PRIVATE KEY-----`.
+    pub fn client_key_sec1(&self) -> PathBuf {
+        let out = self.dir.join("client-sec1.key");
+        openssl(&["pkey", "-traditional", "-in"], &self.client_key, &out);
+        assert_pem_label(&out, "EC PRIVATE KEY");
+        out
+    }
+
+    /// Another client certificate (common name `cn`, signed by the CA) with an RSA key, and
+    /// that key as PKCS#1, `-----BEGIN RSA PRIVATE KEY-----`.
+    pub fn rsa_client(&self, cn: &str) -> (PathBuf, PathBuf) {
+        let pkcs8 = self.dir.join("client-rsa-pkcs8.key");
+        // Output captured: genpkey draws progress dots on stderr.
+        let out = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&pkcs8)
+            .output()
+            .expect("the openssl command");
+        assert!(
+            out.status.success(),
+            "openssl genpkey: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pem = std::fs::read_to_string(&pkcs8).unwrap();
+        let key = KeyPair::from_pem_and_sign_algo(&pem, &rcgen::PKCS_RSA_SHA256).unwrap();
+        let (cert, _) = leaf_with_key(
+            cn,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+            &self.ca_cert,
+            &self.ca_key,
+            key,
+        );
+        let cert_path = self.dir.join("client-rsa.pem");
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        let pkcs1 = self.dir.join("client-rsa-pkcs1.key");
+        openssl(&["pkey", "-traditional", "-in"], &pkcs8, &pkcs1);
+        assert_pem_label(&pkcs1, "RSA PRIVATE KEY");
+        chmod(&pkcs8, "600");
+        (cert_path, pkcs1)
     }
 
     pub fn path(&self, p: &Path) -> String {
@@ -159,6 +231,34 @@ impl Drop for Pki {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `openssl ARGS... IN -out OUT`, the output readable by its owner only.
+fn openssl(args: &[&str], input: &Path, out: &Path) {
+    let run = Command::new("openssl")
+        .args(args)
+        .arg(input)
+        .arg("-out")
+        .arg(out)
+        .output()
+        .expect("the openssl command");
+    assert!(
+        run.status.success(),
+        "openssl {args:?} {}: {}",
+        input.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    chmod(out, "600");
+}
+
+/// The PEM file's first block is `-----BEGIN {label}-----`.
+fn assert_pem_label(p: &Path, label: &str) {
+    let text = std::fs::read_to_string(p).unwrap();
+    assert!(
+        text.starts_with(&format!("-----BEGIN {label}-----")),
+        "{} is not {label}",
+        p.display()
+    );
 }
 
 pub fn chmod(p: &Path, mode: &str) {
