@@ -4,7 +4,10 @@
 //! - `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (the full URL) or `OTEL_EXPORTER_OTLP_ENDPOINT` (the
 //!   base: `/v1/traces` is appended) switch export on; `OTEL_EXPORTER_OTLP_HEADERS`,
 //!   `OTEL_EXPORTER_OTLP_TIMEOUT` and `OTEL_EXPORTER_OTLP_COMPRESSION` as the exporter reads
-//!   them. The protocol is `http/protobuf` (another `OTEL_EXPORTER_OTLP_PROTOCOL` is refused).
+//!   them. The protocol is `http/protobuf` over plain `http://` (another
+//!   `OTEL_EXPORTER_OTLP_PROTOCOL`, or an `https://` endpoint, is refused at start-up: the
+//!   exporter's TLS would need a second TLS stack, aws-lc, beside the ring one everything else
+//!   uses).
 //! - `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES` (the service is `txoutbox` unless they
 //!   name one); `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; `OTEL_BSP_*` for batching.
 //! - `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` switch it off.
@@ -55,6 +58,15 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
         env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
     if disabled || endpoint.is_none() {
         return Ok(None);
+    }
+    if let Some(url) = &endpoint {
+        if url.trim().to_ascii_lowercase().starts_with("https://") {
+            bail!(
+                "the OTLP endpoint {url:?} is https://: this build exports over plain http only \
+                 (send to a collector or agent on the same host or network, e.g. \
+                 http://127.0.0.1:4318)"
+            );
+        }
     }
     if let Some(exporter) = env("OTEL_TRACES_EXPORTER") {
         if exporter != "otlp" {

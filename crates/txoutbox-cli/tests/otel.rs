@@ -394,3 +394,64 @@ async fn a_collector_that_hangs_does_not_slow_the_relay() {
     stop(relay).await;
     db.cleanup().await;
 }
+
+/// OTEL_* settings this build cannot honour stop start-up with one error naming them.
+#[tokio::test]
+async fn otel_settings_it_cannot_honour_stop_start_up() {
+    let db = TestSchema::new().await;
+    for (endpoint, var, value, says) in [
+        (
+            "https://collector:4318",
+            "OTEL_TRACES_EXPORTER",
+            "otlp",
+            "plain http",
+        ),
+        (
+            "http://127.0.0.1:4318",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "grpc",
+            "http/protobuf",
+        ),
+        (
+            "http://127.0.0.1:4318",
+            "OTEL_TRACES_EXPORTER",
+            "zipkin",
+            "only `otlp`",
+        ),
+        (
+            "http://127.0.0.1:4318",
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            "lots",
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+        ),
+    ] {
+        let out = db
+            .command(&["migrate"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+            .env(var, value)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{var}={value}: {}",
+            stderr(&out)
+        );
+        let err = stderr(&out);
+        assert!(
+            err.contains(says) && err.lines().count() == 1,
+            "{var}={value}: {err}"
+        );
+    }
+    // Switched off, the same settings do not matter.
+    let out = db
+        .command(&["migrate"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")
+        .env("OTEL_SDK_DISABLED", "true")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    db.cleanup().await;
+}
