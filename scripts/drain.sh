@@ -37,6 +37,8 @@ sort -n /tmp/txo_drain_rss.$$.* | tail -1 > /tmp/txo_drain_rss.$$; rm -f /tmp/tx
 end=$(date +%s.%N)
 # Published = no longer pending (works for --retention-period 0 too); dead letters excluded.
 left=$(psql -qAt "$db" -c "SELECT count(*) FROM $schema.outbox_events WHERE processed_at IS NULL")
+# When the last event was published (the relay's exit may come later, e.g. flushing traces).
+last=$(psql -qAt "$db" -c "SELECT coalesce(extract(epoch FROM max(processed_at)), 0) FROM $schema.outbox_events")
 done_n=$((n - left))
 rss=$(cat /tmp/txo_drain_rss.$$); rm -f /tmp/txo_drain_rss.$$
-python3 -c "import sys; n,s,e,d,r=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]); print(f'relays={sys.argv[6]} drained {d} of {n} events in {e-s:.2f} s: {d/(e-s):,.0f} events/s, peak RSS {r/1024:.0f} MiB')" "$n" "$start" "$end" "$done_n" "$rss" "$relays"
+python3 -c "import sys; n,s,e,d,r,l=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3]),int(sys.argv[4]),int(sys.argv[5]),float(sys.argv[7]); print(f'relays={sys.argv[6]} drained {d} of {n} events in {e-s:.2f} s: {d/(e-s):,.0f} events/s, peak RSS {r/1024:.0f} MiB; last published after {l-s:.2f} s: {d/max(l-s, 1e-9):,.0f} events/s published')" "$n" "$start" "$end" "$done_n" "$rss" "$relays" "$last"

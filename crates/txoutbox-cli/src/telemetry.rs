@@ -15,7 +15,8 @@
 //! Spans are queued and sent from a thread of their own, so a slow or absent collector never
 //! holds up the relay: when the queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) is full a span
 //! is dropped, and a batch the collector did not take is dropped too; both are counted in
-//! `outbox_trace_spans_dropped_total{reason="queue_full"|"export_failed"}`.
+//! `outbox_trace_spans_dropped_total{reason="queue_full"|"export_failed"}`. On exit the spans
+//! still queued get one second to leave.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,9 +37,14 @@ pub struct Telemetry {
     provider: SdkTracerProvider,
 }
 
+/// How long exiting waits for the spans still queued to reach the collector: enough for a
+/// nearby one; an absent collector (whose export retries until `OTEL_EXPORTER_OTLP_TIMEOUT`)
+/// must not hold up a relay's exit for long.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        if let Err(e) = self.provider.shutdown() {
+        if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_WAIT) {
             tracing::warn!(error = %e, "trace export did not shut down cleanly");
         }
     }
@@ -53,7 +59,7 @@ fn env(name: &str) -> Option<String> {
 /// on the export thread).
 pub fn init() -> anyhow::Result<Option<Telemetry>> {
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
+        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
     let endpoint =
         env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
     if disabled || endpoint.is_none() {
@@ -69,7 +75,7 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
         }
     }
     if let Some(exporter) = env("OTEL_TRACES_EXPORTER") {
-        if exporter != "otlp" {
+        if !exporter.trim().eq_ignore_ascii_case("otlp") {
             bail!("OTEL_TRACES_EXPORTER={exporter:?}: only `otlp` (or `none`) is built in");
         }
     }
@@ -109,7 +115,10 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
     .build();
     let mut resource = Resource::builder();
     let named = env("OTEL_SERVICE_NAME").is_some()
-        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="));
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|kv| kv.split('=').next().map(str::trim) == Some("service.name"))
+        });
     if !named {
         resource = resource.with_service_name("txoutbox");
     }

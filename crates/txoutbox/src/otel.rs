@@ -134,9 +134,13 @@ fn messaging_system(kind: &str) -> &str {
     }
 }
 
-/// The span of one publish attempt, from `send` to the broker's answer.
+/// The span of one publish attempt, from `send` to the broker's answer. One dropped without
+/// [`end`](Self::end) (its acknowledgement did not come within the lease, or the relay shut
+/// down first: the event is released and sent again) ends as an error, `error.type` =
+/// `released`.
 pub(crate) struct PublishSpan {
     cx: Context,
+    ended: bool,
 }
 
 impl PublishSpan {
@@ -184,17 +188,35 @@ impl PublishSpan {
         }
         Self {
             cx: parent.with_span(span),
+            ended: false,
         }
     }
 
     /// End the span with the attempt's outcome.
-    pub(crate) fn end(self, result: &Result<(), PublishError>) {
+    pub(crate) fn end(mut self, result: &Result<(), PublishError>) {
+        self.ended = true;
         let span = self.cx.span();
         if let Err(e) = result {
             span.set_attribute(KeyValue::new("error.type", e.kind().to_string()));
             span.set_status(Status::error(crate::publish::redact_secrets(
                 &e.to_string(),
             )));
+        }
+        span.end();
+    }
+}
+
+impl Drop for PublishSpan {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let span = self.cx.span();
+        if span.is_recording() {
+            span.set_attribute(KeyValue::new("error.type", "released"));
+            span.set_status(Status::error(
+                "not acknowledged within the lease or before shutdown; released, to be sent again",
+            ));
         }
         span.end();
     }

@@ -634,3 +634,39 @@ async fn publisher_errors_reach_last_error_and_the_api_redacted() {
     }
     db.cleanup().await;
 }
+
+/// The relay's handle on the shared publisher answers what the publisher answers: behind a
+/// wrapper that said "no" to `keeps_key_order`, Kafka lost its ordered pipelining.
+#[test]
+fn the_shared_publisher_forwards_what_the_relay_asks() {
+    struct KeyOrdered;
+    #[async_trait::async_trait]
+    impl Publisher for KeyOrdered {
+        fn kind(&self) -> &'static str {
+            "kafka"
+        }
+        fn keeps_key_order(&self) -> bool {
+            true
+        }
+        fn destination(&self, m: &Message) -> Option<String> {
+            Some(format!("topic.{}", m.aggregate_type))
+        }
+        async fn send(&self, _: &Message) -> Result<Ack, PublishError> {
+            Err(PublishError::unavailable("not used"))
+        }
+    }
+    let (relay_side, _) = SharedPublisher::split(Box::new(KeyOrdered));
+    assert!(relay_side.keeps_key_order());
+    let m = Message {
+        id: uuid::Uuid::now_v7(),
+        seq: 1,
+        aggregate_type: "order".into(),
+        aggregate_id: "1".into(),
+        event_type: "created".into(),
+        body: b"{}".to_vec(),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempt: 1,
+    };
+    assert_eq!(relay_side.destination(&m).as_deref(), Some("topic.order"));
+}

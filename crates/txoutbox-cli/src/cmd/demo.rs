@@ -256,6 +256,12 @@ impl Publisher for Recording {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+    fn keeps_key_order(&self) -> bool {
+        self.inner.keeps_key_order()
+    }
+    fn destination(&self, message: &Message) -> Option<String> {
+        self.inner.destination(message)
+    }
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let ack = self.inner.send(message).await?;
         let delivered = self.delivered.clone();

@@ -485,8 +485,14 @@ impl Publisher for HttpPublisher {
     }
 
     fn destination(&self, _message: &Message) -> Option<String> {
-        // The endpoint without its query (which may hold a token) and credentials.
-        Some(self.shown.clone())
+        // Scheme, host and port only: webhook URLs often carry their token in the path
+        // (Slack, Discord), and the destination goes to the trace backend.
+        let u = &self.endpoint;
+        let host = u.host_str().unwrap_or_default();
+        Some(match u.port() {
+            Some(port) => format!("{}://{host}:{port}", u.scheme()),
+            None => format!("{}://{host}", u.scheme()),
+        })
     }
 
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
