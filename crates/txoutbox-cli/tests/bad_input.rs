@@ -223,15 +223,15 @@ async fn malformed_urls_and_durations_are_usage_errors() {
                 "--backoff-max",
                 "1s",
             ],
-            "backoff-max",
+            "--backoff-base must not exceed --backoff-max",
         ),
         (
             &["relay", "--publisher", "null:", "--poll-interval", "0s"],
-            "poll interval",
+            "--poll-interval must be more than 0",
         ),
         (
             &["relay", "--publisher", "null:", "--partition-lease", "1ms"],
-            "partition lease",
+            "--partition-lease must be at least 2s",
         ),
         (
             &["relay", "--publisher", "null:", "--inject-faults", "1.5"],

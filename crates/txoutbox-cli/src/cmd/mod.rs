@@ -45,10 +45,15 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
     };
     c.partition_lease = t.partition_lease;
     c.pipeline = t.pipeline as usize;
-    c.validate().map_err(UsageError)?;
-    if t.backoff_base > t.backoff_max {
-        return Err(UsageError("--backoff-base must not exceed --backoff-max".into()).into());
-    }
+    // The library's own check, in the flags' words: the CLI refuses what the library does.
+    c.validate().map_err(|e| {
+        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
+        UsageError(format!(
+            "{} {}",
+            flag(e.field),
+            e.rule.replace("backoff_max", "--backoff-max")
+        ))
+    })?;
     Ok(c)
 }
 

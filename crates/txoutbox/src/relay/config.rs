@@ -69,32 +69,49 @@ pub fn default_relay_id() -> String {
     format!("{host}:{}:{rand}", std::process::id())
 }
 
+/// A [`RelayConfig`] setting out of range: which one (the field's name, which is also the
+/// daemon's flag with `-` for `_`) and what it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {rule}")]
+#[non_exhaustive]
+pub struct InvalidSetting {
+    /// The `RelayConfig` field, e.g. `batch_size` (`--batch-size`).
+    pub field: &'static str,
+    /// What it must be, e.g. `must be at least 1`.
+    pub rule: &'static str,
+}
+
 impl RelayConfig {
-    /// Check the settings, naming the first bad one.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Check the settings, naming the first bad one. [`Relay::run`](super::Relay::run)
+    /// refuses a config that fails this, and the daemon checks its flags with it.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let bad = |field, rule| Err(InvalidSetting { field, rule });
         if self.batch_size == 0 {
-            return Err("batch size must be at least 1".into());
+            return bad("batch_size", "must be at least 1");
         }
         if self.pipeline == 0 {
-            return Err("pipeline must be at least 1 batch".into());
+            return bad("pipeline", "must be at least 1 batch");
         }
         if self.max_in_flight == 0 {
-            return Err("max in flight must be at least 1".into());
+            return bad("max_in_flight", "must be at least 1");
         }
         if self.lease < Duration::from_secs(1) {
-            return Err("lease must be at least 1s".into());
+            return bad("lease", "must be at least 1s");
         }
         if self.poll_interval.is_zero() {
-            return Err("poll interval must be more than 0".into());
+            return bad("poll_interval", "must be more than 0");
         }
         if self.max_attempts == 0 {
-            return Err("max attempts must be at least 1".into());
+            return bad("max_attempts", "must be at least 1");
         }
         if self.partition_lease < Duration::from_secs(2) {
-            return Err("partition lease must be at least 2s".into());
+            return bad("partition_lease", "must be at least 2s");
         }
         if self.relay_id.is_empty() {
-            return Err("relay id must not be empty".into());
+            return bad("relay_id", "must not be empty");
+        }
+        if self.backoff.base > self.backoff.max {
+            return bad("backoff_base", "must not exceed backoff_max");
         }
         Ok(())
     }
@@ -103,5 +120,23 @@ impl RelayConfig {
     /// never published after another relay may have claimed it.
     pub(crate) fn lease_margin(&self) -> Duration {
         (self.lease / 5).min(Duration::from_secs(5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_setting() {
+        assert_eq!(RelayConfig::default().validate(), Ok(()));
+        let mut c = RelayConfig::default();
+        c.backoff.base = c.backoff.max + Duration::from_secs(1);
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.field, "backoff_base");
+        assert_eq!(e.to_string(), "backoff_base must not exceed backoff_max");
+        let mut c = RelayConfig::default();
+        c.batch_size = 0;
+        assert_eq!(c.validate().unwrap_err().field, "batch_size");
     }
 }

@@ -12,7 +12,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::BatchReport;
-pub use config::{default_relay_id, RelayConfig};
+pub use config::{default_relay_id, InvalidSetting, RelayConfig};
 
 use crate::error::Error;
 use crate::publish::Publisher;
@@ -71,7 +71,7 @@ impl RelayStats {
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("invalid relay setting: {0}")]
-    Config(String),
+    Config(#[from] InvalidSetting),
     #[error(transparent)]
     Store(#[from] Error),
     #[error("relay task panicked or was aborted: {0}")]
