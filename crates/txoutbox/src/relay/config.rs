@@ -124,6 +124,7 @@ impl RelayConfig {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -135,8 +136,10 @@ mod tests {
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "backoff_base");
         assert_eq!(e.to_string(), "backoff_base must not exceed backoff_max");
-        let mut c = RelayConfig::default();
-        c.batch_size = 0;
+        let c = RelayConfig {
+            batch_size: 0,
+            ..Default::default()
+        };
         assert_eq!(c.validate().unwrap_err().field, "batch_size");
     }
 }
