@@ -1,6 +1,6 @@
 //! The databases the outbox runs on. One sealed trait, [`Backend`], implemented for each sqlx
 //! database whose cargo feature is on (`postgres`, `sqlite`, `mysql`), so that [`crate::Outbox`],
-//! [`crate::migrate`] and [`crate::Inbox`] take the caller's own executor or pool whichever
+//! [`crate::migrate()`] and [`crate::Inbox`] take the caller's own executor or pool whichever
 //! database it is, and join the caller's transaction on each. `mysql` covers MySQL 8 and
 //! MariaDB 10.6+.
 

@@ -1,7 +1,7 @@
 //! The store conformance suite (cargo feature `testing`): the same checks — claim, settle,
 //! lease expiry, fencing, release, dead letters, ordering, `has_unfinished`, counts — run
 //! against every backend on a real database. A backend provides a [`Harness`] (a fresh,
-//! migrated outbox per test, and a way to read its rows); [`store_conformance!`] turns the
+//! migrated outbox per test, and a way to read its rows); [`store_conformance!`](crate::store_conformance) turns the
 //! checks of [`store`] into one `#[tokio::test]` each:
 //!
 //! ```ignore
