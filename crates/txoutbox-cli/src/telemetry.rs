@@ -16,9 +16,9 @@
 //! holds up the relay: when the queue (`OTEL_BSP_MAX_QUEUE_SIZE`, default 2048) is full a span
 //! is dropped, and a batch the collector did not take is dropped too; both are counted in
 //! `outbox_trace_spans_dropped_total{reason="queue_full"|"export_failed"}`. On exit the spans
-//! still queued get one second to leave.
+//! still queued get one second to leave (100 ms when the last export failed).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,16 +35,24 @@ use txoutbox::metrics::SPANS_DROPPED_TOTAL;
 /// The installed exporter; flushes and shuts it down when dropped.
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    /// Did the last export fail (or is one failing right now)?
+    failing: Arc<AtomicBool>,
 }
 
 /// How long exiting waits for the spans still queued to reach the collector: enough for a
 /// nearby one; an absent collector (whose export retries until `OTEL_EXPORTER_OTLP_TIMEOUT`)
-/// must not hold up a relay's exit for long.
+/// must not hold up a relay's exit, so after a failed export the wait is short.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+const SHUTDOWN_WAIT_FAILING: Duration = Duration::from_millis(100);
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_WAIT) {
+        let wait = if self.failing.load(Ordering::Relaxed) {
+            SHUTDOWN_WAIT_FAILING
+        } else {
+            SHUTDOWN_WAIT
+        };
+        if let Err(e) = self.provider.shutdown_with_timeout(wait) {
             tracing::warn!(error = %e, "trace export did not shut down cleanly");
         }
     }
@@ -103,9 +111,11 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
         None => 2048,
     };
     let queued = Arc::new(AtomicUsize::new(0));
+    let failing = Arc::new(AtomicBool::new(false));
     let batch = BatchSpanProcessor::builder(Counted {
         inner: exporter,
         queued: queued.clone(),
+        failing: failing.clone(),
     })
     .with_batch_config(
         BatchConfigBuilder::default()
@@ -131,7 +141,7 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
         .with_resource(resource.build())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    Ok(Some(Telemetry { provider }))
+    Ok(Some(Telemetry { provider, failing }))
 }
 
 /// The exporter, counting what is queued for it and what it failed to deliver.
@@ -140,6 +150,8 @@ struct Counted<E> {
     inner: E,
     /// Spans handed to the batch processor and not yet exported (or dropped).
     queued: Arc<AtomicUsize>,
+    /// Set while an export is under way after a failed one, and after a failed one.
+    failing: Arc<AtomicBool>,
 }
 
 impl<E: SpanExporter> SpanExporter for Counted<E> {
@@ -149,9 +161,11 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let n = batch.len();
         let queued = self.queued.clone();
+        let failing = self.failing.clone();
         let export = self.inner.export(batch);
         async move {
             let result = export.await;
+            failing.store(result.is_err(), Ordering::Relaxed);
             let _ = queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
                 Some(q.saturating_sub(n))
             });
@@ -193,7 +207,12 @@ impl SpanProcessor for Bounded {
     fn on_end(&self, span: SpanData) {
         if self.queued.fetch_add(1, Ordering::Relaxed) >= self.max {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            ::metrics::counter!(SPANS_DROPPED_TOTAL, "reason" => "queue_full").increment(1);
+            // One handle, looked up at the first drop (the recorder is installed by then:
+            // spans come from the relay); not a registry lookup per dropped span.
+            static QUEUE_FULL: std::sync::OnceLock<::metrics::Counter> = std::sync::OnceLock::new();
+            QUEUE_FULL
+                .get_or_init(|| ::metrics::counter!(SPANS_DROPPED_TOTAL, "reason" => "queue_full"))
+                .increment(1);
             return;
         }
         self.inner.on_end(span);

@@ -8,7 +8,8 @@
 //!   (`opentelemetry::global`; the daemon installs an OTLP one): kind `Producer`, named
 //!   `send {destination}`, with the messaging attributes of the OpenTelemetry semantic
 //!   conventions (`messaging.system`, `messaging.destination.name`, `messaging.message.id`,
-//!   `messaging.operation.type`/`.name`), parented on the writer's context from the event's
+//!   `messaging.operation.type`/`.name`; and `outbox.aggregate_id`, `outbox.event_type`,
+//!   `outbox.attempt`), parented on the writer's context from the event's
 //!   `traceparent`. The message the broker gets carries the publish span's own context in its
 //!   `traceparent`/`tracestate` headers (every publisher passes the event's headers on: NATS
 //!   and Kafka headers, AMQP application headers, MQTT user properties, HTTP headers, Redis
@@ -127,7 +128,7 @@ fn put(headers: &mut std::collections::BTreeMap<String, String>, sc: &SpanContex
 
 /// `messaging.system` for a publisher kind: the semantic conventions' name where they have
 /// one (`rabbitmq` for AMQP 0-9-1), else the kind.
-fn messaging_system(kind: &str) -> &str {
+fn messaging_system(kind: &'static str) -> &'static str {
     match kind {
         "amqp" => "rabbitmq",
         other => other,
@@ -156,32 +157,29 @@ impl PublishSpan {
             })
             .map(|sc| Context::new().with_remote_span_context(sc))
             .unwrap_or_default();
-        let mut span = tracer
-            .span_builder("send")
+        let kind = publisher.kind();
+        let destination = publisher
+            .destination(message)
+            .unwrap_or_else(|| kind.to_string());
+        // The attributes go in with the builder (one allocation for all of them); the
+        // body size and the aggregate type are left out to keep a span cheap: the relay
+        // makes one per message.
+        let attributes = vec![
+            KeyValue::new("messaging.system", messaging_system(kind)),
+            KeyValue::new("messaging.destination.name", destination.clone()),
+            KeyValue::new("messaging.message.id", message.id.to_string()),
+            KeyValue::new("messaging.operation.type", "send"),
+            KeyValue::new("messaging.operation.name", "send"),
+            KeyValue::new("outbox.aggregate_id", message.aggregate_id.clone()),
+            KeyValue::new("outbox.event_type", message.event_type.clone()),
+            KeyValue::new("outbox.attempt", i64::from(message.attempt)),
+        ];
+        let span = tracer
+            .span_builder(format!("send {destination}"))
             .with_kind(SpanKind::Producer)
+            .with_attributes(attributes)
             .start_with_context(&tracer, &parent);
         use opentelemetry::trace::Span as _;
-        if span.is_recording() {
-            let destination = publisher
-                .destination(message)
-                .unwrap_or_else(|| publisher.kind().to_string());
-            span.update_name(format!("send {destination}"));
-            span.set_attributes([
-                KeyValue::new(
-                    "messaging.system",
-                    messaging_system(publisher.kind()).to_string(),
-                ),
-                KeyValue::new("messaging.destination.name", destination),
-                KeyValue::new("messaging.message.id", message.id.to_string()),
-                KeyValue::new("messaging.operation.type", "send"),
-                KeyValue::new("messaging.operation.name", "send"),
-                KeyValue::new("messaging.message.body.size", message.body.len() as i64),
-                KeyValue::new("outbox.aggregate_type", message.aggregate_type.clone()),
-                KeyValue::new("outbox.aggregate_id", message.aggregate_id.clone()),
-                KeyValue::new("outbox.event_type", message.event_type.clone()),
-                KeyValue::new("outbox.attempt", i64::from(message.attempt)),
-            ]);
-        }
         let sc = span.span_context().clone();
         if sc.is_valid() {
             put(&mut message.headers, &sc);
