@@ -98,7 +98,10 @@ pub fn current_span_context() -> Option<SpanContext> {
 /// `traceparent`, or `None` when there is no current span or every event has one (nothing
 /// to copy).
 pub(crate) fn with_current_context(events: &[crate::NewEvent]) -> Option<Vec<crate::NewEvent>> {
-    if events.iter().all(|e| e.headers.contains_key(TRACEPARENT)) {
+    if events
+        .iter()
+        .all(|e| header(&e.headers, TRACEPARENT).is_some())
+    {
         return None;
     }
     let sc = current_span_context()?;
@@ -107,7 +110,7 @@ pub(crate) fn with_current_context(events: &[crate::NewEvent]) -> Option<Vec<cra
             .iter()
             .map(|e| {
                 let mut e = e.clone();
-                if !e.headers.contains_key(TRACEPARENT) {
+                if header(&e.headers, TRACEPARENT).is_none() {
                     put(&mut e.headers, &sc);
                 }
                 e
@@ -116,12 +119,30 @@ pub(crate) fn with_current_context(events: &[crate::NewEvent]) -> Option<Vec<cra
     )
 }
 
-fn put(headers: &mut std::collections::BTreeMap<String, String>, sc: &SpanContext) {
+type Headers = std::collections::BTreeMap<String, String>;
+
+/// The value of header `name` in any letter case (HTTP header names are case-insensitive,
+/// and writers in other languages may store `Traceparent`).
+fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a String> {
+    headers.get(name).or_else(|| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    })
+}
+
+/// Remove header `name` in every letter case.
+fn remove(headers: &mut Headers, name: &str) {
+    headers.retain(|k, _| !k.eq_ignore_ascii_case(name));
+}
+
+fn put(headers: &mut Headers, sc: &SpanContext) {
+    remove(headers, TRACEPARENT);
     headers.insert(TRACEPARENT.to_string(), traceparent(sc));
     let state = sc.trace_state().header();
-    if state.is_empty() {
-        headers.remove(TRACESTATE);
-    } else {
+    remove(headers, TRACESTATE);
+    if !state.is_empty() {
         headers.insert(TRACESTATE.to_string(), state);
     }
 }
@@ -149,11 +170,9 @@ impl PublishSpan {
     /// the message's headers (what the broker gets).
     pub(crate) fn start(publisher: &dyn Publisher, message: &mut Message) -> Self {
         let tracer = opentelemetry::global::tracer(SCOPE);
-        let parent = message
-            .headers
-            .get(TRACEPARENT)
+        let parent = header(&message.headers, TRACEPARENT)
             .and_then(|tp| {
-                parse_traceparent(tp, message.headers.get(TRACESTATE).map(String::as_str))
+                parse_traceparent(tp, header(&message.headers, TRACESTATE).map(String::as_str))
             })
             .map(|sc| Context::new().with_remote_span_context(sc))
             .unwrap_or_default();
@@ -277,5 +296,21 @@ mod tests {
         assert_eq!(traced[0].headers()[TRACESTATE], "a=b");
         assert_eq!(traced[1].headers(), own.headers());
         assert!(with_current_context(&[own]).is_none());
+        // Another letter case is the same header: kept, not doubled.
+        let capital = event().header("Traceparent", "00-set-by-hand");
+        assert!(with_current_context(&[capital]).is_none());
+    }
+
+    #[test]
+    fn headers_are_found_and_replaced_in_any_case() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = Headers::new();
+        h.insert("TraceParent".into(), tp.into());
+        h.insert("TRACESTATE".into(), "a=b".into());
+        assert_eq!(header(&h, TRACEPARENT).map(String::as_str), Some(tp));
+        let sc = parse_traceparent(tp, None).unwrap();
+        put(&mut h, &sc);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h[TRACEPARENT], tp);
     }
 }

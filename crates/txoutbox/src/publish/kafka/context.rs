@@ -106,6 +106,7 @@ impl ClientContext for BrokerErrors {
             tracing::warn!(%reason, "Kafka broker connection refused (TLS or authentication)");
             self.record_refusal(reason);
         } else {
+            let error = self.clean(&error.to_string());
             tracing::warn!(%error, %reason, "Kafka client error");
         }
     }
