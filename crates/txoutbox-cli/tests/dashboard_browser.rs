@@ -17,14 +17,6 @@ use fantoccini::{Client, ClientBuilder, Locator};
 
 const TOKEN: &str = "browser-test-token";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn find_binary(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)

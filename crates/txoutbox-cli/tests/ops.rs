@@ -13,14 +13,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "ops-test-token";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One HTTP/1.1 request on a fresh connection: (status, body).
 async fn http(
     port: u16,
@@ -70,15 +62,6 @@ async fn wait_listening(port: u16) {
             .is_ok()
     })
     .await;
-}
-
-async fn stop(mut child: tokio::process::Child) {
-    signal(&child, "TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("relay exits after SIGTERM")
-        .unwrap();
-    assert!(status.success(), "relay exit: {status}");
 }
 
 /// Every metric the shipped dashboard and alert rules query, read from those files, is on

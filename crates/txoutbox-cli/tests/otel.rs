@@ -248,15 +248,6 @@ fn relay_with_otlp(db: &TestSchema, receiver: &Receiver, publisher: &str) -> tok
     c.spawn().unwrap()
 }
 
-async fn stop(mut child: tokio::process::Child) {
-    signal(&child, "TERM");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("relay exits after SIGTERM")
-        .unwrap();
-    assert!(status.success(), "relay exit: {status}");
-}
-
 #[tokio::test]
 async fn a_trace_runs_from_the_writer_through_the_relay_to_nats() {
     let receiver = Receiver::start().await;
@@ -352,11 +343,7 @@ async fn a_collector_that_hangs_does_not_slow_the_relay() {
     });
     let db = TestSchema::migrated().await;
     db.insert_events(2000, 50).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut c = db.command(&[
         "relay",
         "--publisher",

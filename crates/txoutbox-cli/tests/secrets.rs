@@ -222,14 +222,6 @@ async fn publisher_from_a_file_delivers_and_its_password_stays_hidden() {
     db.cleanup().await;
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One HTTP/1.1 request; the status code.
 async fn http_status(port: u16, method: &str, path: &str, token: Option<&str>) -> u16 {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))

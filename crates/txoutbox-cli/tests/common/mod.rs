@@ -157,6 +157,25 @@ where
     }
 }
 
+/// A loopback port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// SIGTERM a relay and wait (up to 30 s) for its clean exit.
+pub async fn stop(mut child: tokio::process::Child) {
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("relay exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "relay exit: {status}");
+}
+
 /// Send a signal to a child process.
 pub fn signal(child: &Child, sig: &str) {
     let pid = child.id().expect("child has a pid");
