@@ -44,6 +44,9 @@ pub enum Error {
         relay_id: String,
         remaining_secs: f64,
     },
+    /// A claim given back to a store that did not make it (its fence is of another kind).
+    #[error("this claim was not made by this store (its fence is of another kind); settle and release a claim with the store that claimed it")]
+    ForeignClaim,
     /// Something this database does not do (e.g. schemas on SQLite).
     #[error("{0}")]
     Unsupported(String),

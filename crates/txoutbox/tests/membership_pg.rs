@@ -13,10 +13,10 @@ use common::*;
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{
-    ClaimParams, Counts, DeregisterParams, Failure, Membership, Ordering, RebalanceParams,
+    Claim, ClaimParams, Counts, DeregisterParams, Failure, Membership, Ordering, RebalanceParams,
     ReleaseParams, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
-use txoutbox::{Error, NewEvent, OutboxEvent};
+use txoutbox::{Error, NewEvent};
 use uuid::Uuid;
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -38,6 +38,7 @@ fn ordered_claim(relay_id: &str, token: Uuid) -> ClaimParams<'_> {
         limit: 100,
         lease: Duration::from_secs(30),
         ordering: Ordering::Ordered,
+        in_flight: &[],
     }
 }
 
@@ -72,22 +73,22 @@ async fn expire(db: &TestDb, relay_id: &str) {
 }
 
 /// Relay A claims E; B takes the partitions over and dead-letters E; they come back to A.
-/// Returns (A's store, A's claim token, E). A's settle must now change nothing.
-async fn round_trip(db: &TestDb) -> (PgStore, Uuid, Uuid) {
+/// Returns (A's store, A's claim, E). A's settle must now change nothing.
+async fn round_trip(db: &TestDb) -> (PgStore, Claim, Uuid) {
     let (a, b) = (db.store(), db.store());
     let (ia, ib) = (Uuid::new_v4(), Uuid::new_v4());
     let e = enqueue(db, "x", 1).await[0];
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
     let token_a = Uuid::new_v4();
-    let got = a.claim(ordered_claim("A", token_a)).await.unwrap();
-    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![e]);
+    let claim_a = a.claim(ordered_claim("A", token_a)).await.unwrap();
+    assert_eq!(claim_a.ids(), vec![e]);
 
     expire(db, "A").await;
     let m = b.rebalance(join("B", ib, Ordering::Ordered)).await.unwrap();
     assert_eq!(m.owned.len(), 64, "B took every partition over");
     let token_b = Uuid::new_v4();
-    let got = b.claim(ordered_claim("B", token_b)).await.unwrap();
-    assert_eq!(got.len(), 1);
+    let claim_b = b.claim(ordered_claim("B", token_b)).await.unwrap();
+    assert_eq!(claim_b.events.len(), 1);
     let dead = Failure {
         id: e,
         error: "refused for good".into(),
@@ -97,7 +98,7 @@ async fn round_trip(db: &TestDb) -> (PgStore, Uuid, Uuid) {
     };
     let out = b
         .settle(SettleParams {
-            token: token_b,
+            claim: &claim_b,
             published: &[],
             failed: &[dead],
         })
@@ -108,16 +109,16 @@ async fn round_trip(db: &TestDb) -> (PgStore, Uuid, Uuid) {
     expire(db, "B").await;
     let m = a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
     assert_eq!(m.owned.len(), 64, "the partitions came back to A");
-    (a, token_a, e)
+    (a, claim_a, e)
 }
 
 #[tokio::test]
 async fn a_late_ordered_success_after_an_ownership_round_trip_changes_nothing() {
     let db = TestDb::new().await;
-    let (a, token_a, e) = round_trip(&db).await;
+    let (a, claim_a, e) = round_trip(&db).await;
     let out = a
         .settle(SettleParams {
-            token: token_a,
+            claim: &claim_a,
             published: &[e],
             failed: &[],
         })
@@ -133,7 +134,7 @@ async fn a_late_ordered_success_after_an_ownership_round_trip_changes_nothing() 
 #[tokio::test]
 async fn a_late_ordered_failure_after_an_ownership_round_trip_does_not_revive_a_dead_letter() {
     let db = TestDb::new().await;
-    let (a, token_a, e) = round_trip(&db).await;
+    let (a, claim_a, e) = round_trip(&db).await;
     let retry = Failure {
         id: e,
         error: "timed out".into(),
@@ -143,7 +144,7 @@ async fn a_late_ordered_failure_after_an_ownership_round_trip_does_not_revive_a_
     };
     let out = a
         .settle(SettleParams {
-            token: token_a,
+            claim: &claim_a,
             published: &[],
             failed: &[retry],
         })
@@ -164,13 +165,13 @@ async fn a_settle_within_one_ownership_still_lands() {
     let e = enqueue(&db, "x", 1).await[0];
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
     let token = Uuid::new_v4();
-    a.claim(ordered_claim("A", token)).await.unwrap();
+    let claim = a.claim(ordered_claim("A", token)).await.unwrap();
     // Heartbeats renew without a new epoch.
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
     let out = a
         .settle(SettleParams {
-            token,
+            claim: &claim,
             published: &[e],
             failed: &[],
         })
@@ -311,7 +312,7 @@ struct Counting {
 
 #[async_trait::async_trait]
 impl Store for Counting {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
         self.claims.fetch_add(1, AtomicOrdering::SeqCst);
         self.inner.claim(p).await
     }
@@ -336,9 +337,6 @@ impl Store for Counting {
     }
     async fn counts(&self) -> Result<Counts, Error> {
         self.inner.counts().await
-    }
-    fn claim_expires(&self, token: Uuid) -> Option<std::time::Instant> {
-        self.inner.claim_expires(token)
     }
 }
 

@@ -19,7 +19,7 @@ use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{
     ClaimParams, Counts, DeadFilter, ReleaseParams, SettleOutcome, SettleParams, Store, Wake,
 };
-use txoutbox::{NewEvent, OutboxEvent};
+use txoutbox::NewEvent;
 use uuid::Uuid;
 
 /// Small, fast settings for tests. `RelayConfig` is `#[non_exhaustive]`: built from the
@@ -725,7 +725,7 @@ struct PausedStore {
 
 #[async_trait::async_trait]
 impl Store for PausedStore {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, txoutbox::Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<txoutbox::store::Claim, txoutbox::Error> {
         self.inner.claim(p).await
     }
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, txoutbox::Error> {
@@ -765,9 +765,6 @@ impl Store for PausedStore {
     }
     async fn counts(&self) -> Result<Counts, txoutbox::Error> {
         self.inner.counts().await
-    }
-    fn claim_expires(&self, token: Uuid) -> Option<std::time::Instant> {
-        self.inner.claim_expires(token)
     }
 }
 

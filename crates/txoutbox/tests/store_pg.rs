@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -34,7 +35,13 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
         limit,
         lease,
         ordering: txoutbox::store::Ordering::Unordered,
+        in_flight: &[],
     }
+}
+
+/// A row-lease claim under `token`, for a settle or release fenced by that token alone.
+fn leased(token: Uuid) -> txoutbox::store::Claim {
+    txoutbox::store::Claim::leased(token, Vec::new(), std::time::Instant::now() + LEASE)
 }
 
 async fn enqueue_n(db: &TestDb, n: usize) -> Vec<Uuid> {
@@ -90,7 +97,8 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
         .store()
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
     fresh.cleanup().await;
     db.cleanup().await;
@@ -126,7 +134,8 @@ async fn the_seeds_literal_insert_works_unchanged() {
         .store()
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(got.len(), 2);
     for e in &got {
         assert_eq!(e.aggregate_type, "order");
@@ -195,7 +204,8 @@ async fn enqueue_many_keeps_slice_order_and_rollback_leaves_nothing() {
         .store()
         .claim(claim("r", Uuid::new_v4(), 100, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     for (i, e) in claimed.iter().enumerate() {
         assert_eq!(e.id, ids[i]);
         assert_eq!(e.payload, serde_json::json!({ "i": i }));
@@ -235,7 +245,8 @@ async fn claims_are_leased_fenced_and_expire() {
     let a = store
         .claim(claim("relay-a", token_a, 3, Duration::from_secs(1)))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(
         a.iter().map(|e| e.id).collect::<Vec<_>>(),
         ids[..3],
@@ -248,7 +259,8 @@ async fn claims_are_leased_fenced_and_expire() {
     let rest = store
         .claim(claim("relay-a", token_a, 10, Duration::from_secs(1)))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(rest.iter().map(|e| e.id).collect::<Vec<_>>(), ids[3..]);
     for r in db.rows().await {
         assert_eq!(r.locked_by.as_deref(), Some("relay-a"));
@@ -260,7 +272,8 @@ async fn claims_are_leased_fenced_and_expire() {
     let b = store
         .claim(claim("relay-b", token_b, 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert!(b.is_empty(), "leased rows were claimed twice: {b:?}");
 
     // Once the 1 s leases run out (the two claims' a moment apart), the second relay gets
@@ -270,7 +283,8 @@ async fn claims_are_leased_fenced_and_expire() {
         let got = store
             .claim(claim("relay-b", token_b, 10, LEASE))
             .await
-            .unwrap();
+            .unwrap()
+            .events;
         let mut b = b.lock().unwrap();
         b.extend(got.iter().map(|e| e.id));
         b.len() >= 5
@@ -294,7 +308,7 @@ async fn claims_are_leased_fenced_and_expire() {
         .collect();
     let out = store
         .settle(SettleParams {
-            token: token_a,
+            claim: &leased(token_a),
             published: &ids[..3],
             failed: &failed,
         })
@@ -303,7 +317,7 @@ async fn claims_are_leased_fenced_and_expire() {
     assert_eq!((out.published, out.failed), (0, 0));
     let released = store
         .release(ReleaseParams {
-            token: token_a,
+            claim: &leased(token_a),
             ids: &ids,
         })
         .await
@@ -316,7 +330,7 @@ async fn claims_are_leased_fenced_and_expire() {
     // The holder's token works.
     let out = store
         .settle(SettleParams {
-            token: token_b,
+            claim: &leased(token_b),
             published: &ids,
             failed: &[],
         })
@@ -336,7 +350,10 @@ async fn release_gives_rows_back_unattempted() {
     let token = Uuid::new_v4();
     store.claim(claim("r", token, 10, LEASE)).await.unwrap();
     let n = store
-        .release(ReleaseParams { token, ids: &ids })
+        .release(ReleaseParams {
+            claim: &leased(token),
+            ids: &ids,
+        })
         .await
         .unwrap();
     assert_eq!(n, 3);
@@ -345,7 +362,8 @@ async fn release_gives_rows_back_unattempted() {
     let again = store
         .claim(claim("other", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(again.len(), 3, "released rows are claimable at once");
     // Deregister frees what a relay holds.
     assert_eq!(
@@ -373,6 +391,7 @@ async fn settle_marks_published_and_backs_off_or_buries_failures() {
             .claim(claim("r", token, 10, LEASE))
             .await
             .unwrap()
+            .events
             .len(),
         4
     );
@@ -401,7 +420,7 @@ async fn settle_marks_published_and_backs_off_or_buries_failures() {
     ];
     let out = store
         .settle(SettleParams {
-            token,
+            claim: &leased(token),
             published: &ids[..1],
             failed: &failed,
         })
@@ -447,14 +466,16 @@ async fn settle_marks_published_and_backs_off_or_buries_failures() {
     let none = store
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert!(none.is_empty(), "{none:?}");
     // The short backoff runs out and only that event comes back, with its attempt count.
     let again = wait_for("the 300 ms backoff to pass", || async {
         let got = store
             .claim(claim("r", Uuid::new_v4(), 10, LEASE))
             .await
-            .unwrap();
+            .unwrap()
+            .events;
         (!got.is_empty()).then_some(got)
     })
     .await;
@@ -474,7 +495,7 @@ async fn delete_retention_deletes_on_settle() {
     store.claim(claim("r", token, 10, LEASE)).await.unwrap();
     let out = store
         .settle(SettleParams {
-            token,
+            claim: &leased(token),
             published: &ids[..2],
             failed: &[Failure {
                 id: ids[2],
@@ -498,7 +519,7 @@ async fn delete_retention_deletes_on_settle() {
     store.claim(claim("r", token2, 10, LEASE)).await.unwrap();
     let out = store
         .settle(SettleParams {
-            token,
+            claim: &leased(token),
             published: &ids[2..],
             failed: &[],
         })
@@ -526,7 +547,7 @@ async fn bury(db: &TestDb, ids: &[Uuid]) {
         .collect();
     store
         .settle(SettleParams {
-            token,
+            claim: &leased(token),
             published: &[],
             failed: &failed,
         })
@@ -534,7 +555,7 @@ async fn bury(db: &TestDb, ids: &[Uuid]) {
         .unwrap();
     store
         .release(ReleaseParams {
-            token,
+            claim: &leased(token),
             ids: &db.rows().await.iter().map(|r| r.id).collect::<Vec<_>>(),
         })
         .await
@@ -588,7 +609,8 @@ async fn dead_letters_view_retry_and_discard() {
     let claimed = store
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     let mut got: Vec<Uuid> = claimed.iter().map(|e| e.id).collect();
     got.sort();
     let mut want = vec![ids[1], ids[2], ids[4]];
@@ -721,7 +743,7 @@ async fn counts_reflect_every_state() {
     store.claim(claim("r", token, 6, LEASE)).await.unwrap();
     store
         .settle(SettleParams {
-            token,
+            claim: &leased(token),
             published: &ids[..3],
             failed: &[
                 Failure {
@@ -744,7 +766,7 @@ async fn counts_reflect_every_state() {
         .unwrap();
     store
         .release(ReleaseParams {
-            token,
+            claim: &leased(token),
             ids: &ids[5..6],
         })
         .await
@@ -752,7 +774,8 @@ async fn counts_reflect_every_state() {
     let leased = store
         .claim(claim("r2", Uuid::new_v4(), 2, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(leased.iter().map(|e| e.id).collect::<Vec<_>>(), ids[5..7]);
     let c = store.counts().await.unwrap();
     assert_eq!(c.pending, 2, "{c:?}"); // ids[4] (backing off) and ids[7]
@@ -782,13 +805,18 @@ async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases()
     let first = store
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(first.len(), 10);
     claimed.extend(first.iter().map(|e| e.id));
     // Give back one of them: it is now behind the cursor too.
     let released = first[3].id;
     let token = Uuid::new_v4();
-    let again = store.claim(claim("r", token, 10, LEASE)).await.unwrap();
+    let again = store
+        .claim(claim("r", token, 10, LEASE))
+        .await
+        .unwrap()
+        .events;
     assert_eq!(again.len(), 10, "a full claim past the cursor");
     sqlx::query(&format!(
         "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL WHERE id = $1",
@@ -805,7 +833,8 @@ async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases()
         let batch = store
             .claim(claim("r", Uuid::new_v4(), 10, LEASE))
             .await
-            .unwrap();
+            .unwrap()
+            .events;
         if batch.is_empty() {
             break;
         }
@@ -878,32 +907,32 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
         })
         .await
         .unwrap();
-    let ordered = |token, limit| ClaimParams {
+    let ordered = |limit, in_flight| ClaimParams {
         relay_id: "r",
-        token,
+        token: Uuid::new_v4(),
         limit,
         lease: LEASE,
         ordering: Ordering::Ordered,
+        in_flight,
     };
-    let first = Uuid::new_v4();
-    let got = store.claim(ordered(first, 2)).await.unwrap();
-    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids[..2]);
+    let first = Arc::new(store.claim(ordered(2, &[])).await.unwrap());
+    assert_eq!(first.ids(), ids[..2]);
 
     // a is in flight; b's event lies past the window (4 batches of 2 after the last in
     // flight), so the claim ahead finds nothing.
-    let ahead = store.claim(ordered(Uuid::new_v4(), 2)).await.unwrap();
+    let in_flight = [first.clone()];
+    let ahead = store.claim(ordered(2, &in_flight)).await.unwrap().events;
     assert!(
         ahead.is_empty(),
         "{:?}",
         ahead.iter().map(|e| e.seq).collect::<Vec<_>>()
     );
     // A big enough batch reaches b, and only b.
-    let wide = Uuid::new_v4();
-    let got = store.claim(ordered(wide, 10)).await.unwrap();
-    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids[20..]);
+    let wide = store.claim(ordered(10, &in_flight)).await.unwrap();
+    assert_eq!(wide.ids(), ids[20..]);
     store
         .settle(SettleParams {
-            token: wide,
+            claim: &wide,
             published: &ids[20..],
             failed: &[],
         })
@@ -913,15 +942,16 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
     // a's first batch settled: a goes on from its third event.
     store
         .settle(SettleParams {
-            token: first,
+            claim: &first,
             published: &ids[..2],
             failed: &[],
         })
         .await
         .unwrap();
-    let next = store.claim(ordered(Uuid::new_v4(), 100)).await.unwrap();
-    assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), ids[2..20]);
-    // Deregistering gives back the claim in flight: 18 events (of one aggregate).
+    let next = store.claim(ordered(100, &[])).await.unwrap();
+    assert_eq!(next.ids(), ids[2..20]);
+    // Deregistering gives the partitions back at once (an ordered claim leases no rows), so
+    // another relay takes the claim's 18 events over without waiting for a lease.
     assert_eq!(
         store
             .deregister(txoutbox::store::DeregisterParams {
@@ -930,7 +960,25 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
             })
             .await
             .unwrap(),
-        18
+        0
     );
+    store
+        .rebalance(RebalanceParams {
+            relay_id: "r2",
+            instance: uuid::Uuid::new_v4(),
+            ordering: Ordering::Ordered,
+            lease: LEASE,
+            may_release: true,
+        })
+        .await
+        .unwrap();
+    let taken = store
+        .claim(ClaimParams {
+            relay_id: "r2",
+            ..ordered(100, &[])
+        })
+        .await
+        .unwrap();
+    assert_eq!(taken.ids(), ids[2..20]);
     db.cleanup().await;
 }

@@ -1,5 +1,6 @@
 //! One claim -> publish -> settle cycle.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedRwLockReadGuard;
@@ -7,12 +8,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::in_flight::Held;
 use super::Relay;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::publish::ErrorKind;
-use crate::store::{ClaimParams, Failure, ReleaseParams, SettleParams};
-use crate::OutboxEvent;
+use crate::store::{Claim, ClaimParams, Failure, ReleaseParams, SettleParams};
 
 /// What one cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,12 +30,13 @@ pub struct BatchReport {
 
 /// A claimed batch, not yet published.
 pub(super) struct Claimed {
-    token: Uuid,
+    pub(super) claim: Arc<Claim>,
     claimed_at: Instant,
-    pub(super) events: Vec<OutboxEvent>,
     /// Held until the batch is settled: the heartbeat gives partitions up only while no claim
     /// or batch of this relay is in flight (an ordered claim holds its events by partition).
     _hold: OwnedRwLockReadGuard<()>,
+    /// The claim is in the relay's claims in flight until the batch is settled or released.
+    _in_flight: Held,
 }
 
 impl Relay {
@@ -42,7 +44,7 @@ impl Relay {
     /// tests and embedders can drive the relay step by step.
     pub async fn run_once(&self, cancel: &CancellationToken) -> Result<BatchReport, Error> {
         let claimed = self.claim_batch().await?;
-        if claimed.events.is_empty() {
+        if claimed.claim.events.is_empty() {
             return Ok(BatchReport::default());
         }
         self.finish_batch(claimed, cancel).await
@@ -55,20 +57,23 @@ impl Relay {
         let claimed_at = Instant::now();
         // A heartbeat never gives up a partition while a claim or batch is in flight.
         let hold = self.claim_lock.clone().read_owned().await;
-        let events = self
-            .store
-            .claim(ClaimParams {
-                relay_id: &cfg.relay_id,
-                token,
-                limit: cfg.batch_size,
-                lease: cfg.lease,
-                ordering: cfg.ordering,
-            })
-            .await?;
+        let in_flight = self.in_flight.snapshot();
+        let claim = Arc::new(
+            self.store
+                .claim(ClaimParams {
+                    relay_id: &cfg.relay_id,
+                    token,
+                    limit: cfg.batch_size,
+                    lease: cfg.lease,
+                    ordering: cfg.ordering,
+                    in_flight: &in_flight,
+                })
+                .await?,
+        );
         Ok(Claimed {
-            token,
+            _in_flight: self.in_flight.hold(claim.clone()),
+            claim,
             claimed_at,
-            events,
             _hold: hold,
         })
     }
@@ -81,34 +86,30 @@ impl Relay {
     ) -> Result<BatchReport, Error> {
         let cfg = &self.config;
         let Claimed {
-            token,
+            claim,
             claimed_at,
-            events,
             _hold,
+            _in_flight,
         } = claimed;
+        let events = &claim.events;
         let mut report = BatchReport {
             claimed: events.len(),
             ..Default::default()
         };
         // Never publish past this point: after it another relay may own these rows (their
         // row lease, or for an ordered claim on PostgreSQL their partitions' lease, runs out).
-        let deadline = match self.store.claim_expires(token) {
-            Some(end) => {
-                let held = Instant::from_std(end)
-                    .saturating_duration_since(claimed_at)
-                    .min(cfg.lease);
-                claimed_at + held.saturating_sub((held / 5).min(cfg.lease_margin()))
-            }
-            None => claimed_at + cfg.lease.saturating_sub(cfg.lease_margin()),
-        };
+        let held = Instant::from_std(claim.expires)
+            .saturating_duration_since(claimed_at)
+            .min(cfg.lease);
+        let deadline = claimed_at + held.saturating_sub((held / 5).min(cfg.lease_margin()));
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);
 
         let ordered = cfg.ordering.is_ordered() && !self.publisher.keeps_key_order();
         let outcome = if ordered {
-            self.publish_chains(&events, deadline, cancel, shutdown_deadline)
+            self.publish_chains(events, deadline, cancel, shutdown_deadline)
                 .await
         } else {
-            self.publish_pipelined(&events, deadline, cancel, shutdown_deadline)
+            self.publish_pipelined(events, deadline, cancel, shutdown_deadline)
                 .await
         };
 
@@ -182,7 +183,7 @@ impl Relay {
         let settled = self
             .store
             .settle(SettleParams {
-                token,
+                claim: &claim,
                 published: &published,
                 failed: &failed,
             })
@@ -204,7 +205,7 @@ impl Relay {
         if !released.is_empty() {
             self.store
                 .release(ReleaseParams {
-                    token,
+                    claim: &claim,
                     ids: &released,
                 })
                 .await?;

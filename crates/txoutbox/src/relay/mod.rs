@@ -2,6 +2,7 @@
 
 mod batch;
 mod config;
+mod in_flight;
 mod send;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -45,6 +46,8 @@ pub struct Relay {
     /// This relay's own random id: a second process with the same relay id is refused, and
     /// only this instance's exit deregisters the relay id it holds.
     instance: uuid::Uuid,
+    /// Claims not yet settled or released, passed to every claim (see [`in_flight`]).
+    in_flight: Arc<in_flight::InFlight>,
 }
 
 /// Totals over a relay's life.
@@ -87,6 +90,7 @@ impl Relay {
             claim_lock: Arc::new(tokio::sync::RwLock::new(())),
             release_wanted: Arc::new(AtomicBool::new(false)),
             instance: uuid::Uuid::new_v4(),
+            in_flight: Arc::default(),
         }
     }
 
@@ -217,7 +221,7 @@ impl Relay {
                 },
             };
             errors = 0;
-            let n = claimed.events.len();
+            let n = claimed.claim.events.len();
             if n > 0 {
                 ready_without_work = false;
             }
@@ -336,6 +340,7 @@ impl Relay {
             claim_lock: self.claim_lock.clone(),
             release_wanted: self.release_wanted.clone(),
             instance: self.instance,
+            in_flight: self.in_flight.clone(),
         }
     }
 

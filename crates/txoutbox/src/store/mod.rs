@@ -21,7 +21,8 @@ pub mod sqlite;
 mod undecodable;
 pub mod wakeup;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use uuid::Uuid;
@@ -33,11 +34,82 @@ use crate::OutboxEvent;
 #[derive(Debug, Clone)]
 pub struct ClaimParams<'a> {
     pub relay_id: &'a str,
-    /// Per-claim fencing token: only a settle that presents it takes effect.
+    /// Per-claim fencing token for row leases: only a settle that presents it takes effect.
     pub token: Uuid,
     pub limit: usize,
     pub lease: Duration,
     pub ordering: Ordering,
+    /// This relay's claims not yet settled or released. An ordered claim that leases no rows
+    /// (PostgreSQL's: it holds events by partition ownership) skips their aggregates, so the
+    /// relay's own later events of an aggregate never overtake the ones it is still sending.
+    /// The relay keeps this list, not the store: a store holds no per-claim state.
+    pub in_flight: &'a [Arc<Claim>],
+}
+
+/// A claimed batch: its events, what fences its settle, and how long it may be published.
+///
+/// [`Store::claim`] makes it; [`Store::settle`] and [`Store::release`] take it back. It is a
+/// plain value: the store remembers nothing of it, so a claim may be settled by any handle of
+/// the same store, and a source of events other than a table plugs in with a fence of its own.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// In claim order (`seq`); empty when nothing was claimable.
+    pub events: Vec<OutboxEvent>,
+    pub fence: Fence,
+    /// Publishing must stop before this instant (this process's clock, taken before the claim
+    /// was sent, so never later than the database's): after it another relay may hold these
+    /// events. The relay stops a safety margin earlier.
+    pub expires: Instant,
+}
+
+/// What makes a settle take effect only while the claim still holds its events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fence {
+    /// The rows are leased under this token (`lock_token`); a settle presenting another token,
+    /// or after the lease passed to another relay, changes nothing.
+    Lease { token: Uuid },
+    /// PostgreSQL's ordered claims lease no rows: the relay holds the events because it owns
+    /// their partitions, and a settle takes effect only while it still owns each of them at
+    /// the epoch it owned it at when claiming.
+    Partitions(PartitionFence),
+}
+
+/// The fence of an ordered claim held by partition ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionFence {
+    pub relay_id: String,
+    /// The partitions the claim came from, ascending, and their ownership epochs.
+    pub partitions: Vec<i32>,
+    pub epochs: Vec<i64>,
+    /// The claim's aggregate hashes (`partition_key`), ascending, without repeats: the next
+    /// ordered claim skips them while this one is in flight.
+    pub keys: Vec<i32>,
+}
+
+impl Claim {
+    /// A claim of rows leased under `token` (MySQL, SQLite, and PostgreSQL's unordered mode).
+    pub fn leased(token: Uuid, events: Vec<OutboxEvent>, expires: Instant) -> Self {
+        Self {
+            events,
+            fence: Fence::Lease { token },
+            expires,
+        }
+    }
+
+    /// The row-lease token, or [`Error::ForeignClaim`] for a claim fenced otherwise (a claim
+    /// made by another kind of store).
+    pub fn lease_token(&self) -> Result<Uuid, Error> {
+        match &self.fence {
+            Fence::Lease { token } => Ok(*token),
+            Fence::Partitions(_) => Err(Error::ForeignClaim),
+        }
+    }
+
+    /// The ids of its events, in claim order.
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.events.iter().map(|e| e.id).collect()
+    }
 }
 
 /// How events are handed out.
@@ -125,7 +197,7 @@ pub struct Failure {
 /// Report the outcome of a claim: published ids and failures.
 #[derive(Debug, Clone)]
 pub struct SettleParams<'a> {
-    pub token: Uuid,
+    pub claim: &'a Claim,
     pub published: &'a [Uuid],
     pub failed: &'a [Failure],
 }
@@ -159,7 +231,7 @@ pub struct DeregisterParams<'a> {
 /// Give events back unattempted (shutdown, or lease about to run out before sending).
 #[derive(Debug, Clone)]
 pub struct ReleaseParams<'a> {
-    pub token: Uuid,
+    pub claim: &'a Claim,
     pub ids: &'a [Uuid],
 }
 
@@ -204,10 +276,10 @@ pub trait Store: Send + Sync + 'static {
     /// Claim a batch in one short statement; returned in `seq` order. A claimed row that does
     /// not decode (plain SQL wrote a value the relay cannot read) is not returned: the claim
     /// dead-letters it, fenced like a settle, with a last error that says what is wrong.
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error>;
-    /// Settle a batch in one statement; fenced by the claim token.
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error>;
+    /// Settle a batch in one statement; fenced by the claim's [`Fence`].
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error>;
-    /// Release leased events without counting an attempt; fenced by the claim token.
+    /// Release claimed events without counting an attempt; fenced by the claim's [`Fence`].
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error>;
     /// Is anything unpublished and not dead (pending, backing off or leased)? With
     /// [`Ordering::OrderedHold`], events held behind a dead letter do not count.
@@ -222,22 +294,13 @@ pub trait Store: Send + Sync + 'static {
     /// and stop writers notifying for it. Does nothing while another instance holds the id.
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error>;
     async fn counts(&self) -> Result<Counts, Error>;
-    /// When the events claimed under `token` stop being this relay's to publish, where that
-    /// is not the row lease the claim asked for: PostgreSQL's ordered claims lease no rows and
-    /// hold events by partition ownership, so a claim lasts as long as the partitions' lease.
-    /// The relay stops sending before then. `None`: the row lease (`ClaimParams::lease`).
-    /// A store that wraps another must forward this, or the relay would fall back to the row
-    /// lease and could send after the partitions' lease ran out.
-    fn claim_expires(&self, _token: Uuid) -> Option<std::time::Instant> {
-        None
-    }
 }
 
 /// A boxed store is a store: a store picked at run time (`Box<dyn Operator>`) can drive a
 /// relay.
 #[async_trait::async_trait]
 impl<S: Store + ?Sized> Store for Box<S> {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
         (**self).claim(p).await
     }
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -260,9 +323,6 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     async fn counts(&self) -> Result<Counts, Error> {
         (**self).counts().await
-    }
-    fn claim_expires(&self, token: Uuid) -> Option<std::time::Instant> {
-        (**self).claim_expires(token)
     }
 }
 

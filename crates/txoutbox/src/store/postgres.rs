@@ -1,6 +1,5 @@
 //! The PostgreSQL store: set-based claim and settle, fenced leases, LISTEN/NOTIFY wake-ups.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -11,8 +10,9 @@ use uuid::Uuid;
 
 use super::undecodable::{self, Decoded, Reader};
 use super::{
-    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
-    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Fence, Membership, Ordering,
+    PartitionFence, RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome,
+    SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -41,10 +41,6 @@ const SECOND_LOOK: Duration = Duration::from_millis(50);
 /// index from the start (for events committed late with a lower `seq`, and for released or
 /// retried ones).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
-
-/// How long after its partition lease ran out an ordered claim that was never settled is
-/// kept for a late settle (which needs to know it was an ordered claim, and by whom).
-const FORGET_AFTER: Duration = Duration::from_secs(300);
 
 /// A settle's failures, unnested: $2 ids, $3 errors, $4 delays (ms), $6 dead, $7 unavailable.
 const FAILURES: &str = "unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[]) \
@@ -342,40 +338,6 @@ pub struct PgStore {
     scan: std::sync::Mutex<ScanState>,
     /// The last wake-up's "no longer waiting" statement, still running (see `wait_for_work`).
     pending_clear: std::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), sqlx::Error>>>>,
-    /// Ordered claims in flight, by claim token (see [`InFlight`]).
-    in_flight: std::sync::Mutex<HashMap<Uuid, InFlight>>,
-}
-
-/// An ordered claim that has not been settled or released yet.
-///
-/// Ordered claims write nothing to the table: the relay holds the events because it owns
-/// their partitions. What a row lease did besides (keep this relay's next claim off the
-/// aggregates of the events it is still publishing) is done here, in memory: the next ordered
-/// claim skips every aggregate hash in `keys`, until the batch is settled or released, or its
-/// partition lease (`until`) has run out, after which the relay does not send it any more.
-#[derive(Debug)]
-struct InFlight {
-    relay_id: String,
-    /// How many events the claim holds.
-    events: usize,
-    /// The `partition_key` (aggregate hash) of the claim's events, sorted, without repeats.
-    keys: Vec<i32>,
-    /// The highest `seq` of the claim.
-    max_seq: i64,
-    /// The shortest lease of the partitions the claim came from, on this process's clock
-    /// (taken before the claim was sent, so never later than the database's).
-    until: std::time::Instant,
-    /// The partitions the claim came from, with their ownership epochs: the settle's fence.
-    fence_partitions: Vec<i32>,
-    fence_epochs: Vec<i64>,
-}
-
-/// What fences the settle of an ordered claim: the relay and the epochs of its partitions.
-#[derive(Debug)]
-struct OrderedFence {
-    relay_id: String,
-    partitions: Vec<i32>,
-    epochs: Vec<i64>,
 }
 
 /// Where the next claim starts reading the pending index.
@@ -442,7 +404,6 @@ impl PgStore {
                 last_full: std::time::Instant::now(),
                 backlog: false,
             }),
-            in_flight: std::sync::Mutex::new(HashMap::new()),
             pending_clear: std::sync::Mutex::new(None),
         }
     }
@@ -551,22 +512,31 @@ impl PgStore {
         Ok(rows)
     }
 
-    /// An ordered claim: read-only, see [`InFlight`].
-    async fn claim_ordered(&self, p: &ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    /// An ordered claim: read-only. It writes nothing to the table: the relay holds the
+    /// events because it owns their partitions (the claim's [`PartitionFence`]). What a row
+    /// lease did besides, keep this relay's next claim off the aggregates it is still
+    /// publishing, the claim params do: the relay passes its claims in flight, and this claim
+    /// skips their aggregate hashes, and reads at most [`CLAIM_AHEAD_WINDOW`] batches' worth of
+    /// `seq` past the last of them.
+    async fn claim_ordered(&self, p: &ClaimParams<'_>) -> Result<Claim, Error> {
         let partitions = self.partition_count().await?;
         let started = Instant::now();
+        let empty = || Claim::leased(p.token, Vec::new(), started + p.lease);
         let (mut busy, mut upto) = (Vec::new(), i64::MAX);
-        if let Ok(mut map) = self.in_flight.lock() {
-            // A claim never settled (its settle failed) is forgotten a while after its
-            // partition lease ran out; until then its keys no longer hold anything back.
-            map.retain(|_, f| f.until + FORGET_AFTER > started);
-            let live = || map.values().filter(|f| f.until > started);
-            busy.extend(live().flat_map(|f| f.keys.iter().copied()));
-            if let Some(last) = live().map(|f| f.max_seq).max() {
-                let window =
-                    i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
-                upto = last.saturating_add(window);
+        // A claim whose partition lease ran out holds nothing back: the relay does not send
+        // it any more.
+        let live = p.in_flight.iter().filter(|c| c.expires > started);
+        let mut last = None;
+        for c in live {
+            if let Fence::Partitions(f) = &c.fence {
+                busy.extend(f.keys.iter().copied());
+                last = last.max(c.events.iter().map(|e| e.seq).max());
             }
+        }
+        if let Some(last) = last {
+            let window =
+                i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
+            upto = last.saturating_add(window);
         }
         busy.sort_unstable();
         busy.dedup();
@@ -581,7 +551,7 @@ impl PgStore {
             .await
             .map_err(|e| self.err(e))?;
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(empty());
         }
         let g = |e| Error::Database(e);
         let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
@@ -602,39 +572,24 @@ impl PgStore {
             self.bury_undecodable(p, &bad, Some(partitions)).await;
         }
         if events.is_empty() {
-            return Ok(Vec::new());
+            return Ok(empty());
         }
-        let max_seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
         let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
-        if let Ok(mut map) = self.in_flight.lock() {
-            map.insert(
-                p.token,
-                InFlight {
-                    relay_id: p.relay_id.to_owned(),
-                    events: events.len(),
-                    keys,
-                    max_seq,
-                    until: started + left,
-                    fence_partitions,
-                    fence_epochs,
-                },
-            );
-        }
-        Ok(events)
+        Ok(Claim {
+            events,
+            fence: Fence::Partitions(PartitionFence {
+                relay_id: p.relay_id.to_owned(),
+                partitions: fence_partitions,
+                epochs: fence_epochs,
+                keys,
+            }),
+            expires: started + left,
+        })
     }
 
-    /// Forget an ordered claim (settled or released); `None` if `token` is not one.
-    fn take_in_flight(&self, token: Uuid) -> Option<InFlight> {
-        self.in_flight.lock().ok()?.remove(&token)
-    }
-
-    /// One settle statement: fenced by the claim token, or for an ordered claim (`fence`) by
-    /// partition ownership at the claim's epochs.
-    async fn settle_inner(
-        &self,
-        p: &SettleParams<'_>,
-        fence: Option<&OrderedFence>,
-    ) -> Result<SettleOutcome, Error> {
+    /// One settle statement: fenced by the claim token, or for an ordered claim by partition
+    /// ownership at the claim's epochs.
+    async fn settle_inner(&self, p: &SettleParams<'_>) -> Result<SettleOutcome, Error> {
         if p.published.is_empty() && p.failed.is_empty() {
             return Ok(SettleOutcome::default());
         }
@@ -643,8 +598,8 @@ impl PgStore {
         let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
         let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
         let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
-        let query = match fence {
-            Some(fence) => sqlx::query(&self.q.settle_ordered)
+        let query = match &p.claim.fence {
+            Fence::Partitions(fence) => sqlx::query(&self.q.settle_ordered)
                 .bind(p.published)
                 .bind(&ids)
                 .bind(&errs)
@@ -655,12 +610,12 @@ impl PgStore {
                 .bind(self.partition_count().await?)
                 .bind(&fence.partitions)
                 .bind(&fence.epochs),
-            None => sqlx::query(&self.q.settle)
+            Fence::Lease { token } => sqlx::query(&self.q.settle)
                 .bind(p.published)
                 .bind(&ids)
                 .bind(&errs)
                 .bind(&delays)
-                .bind(p.token)
+                .bind(token)
                 .bind(&dead)
                 .bind(&unavailable),
         };
@@ -837,13 +792,14 @@ fn millis(d: Duration) -> i64 {
 
 #[async_trait::async_trait]
 impl Store for PgStore {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
         if p.ordering.is_ordered() {
             // Ordered claims always scan from the start: an event below a cursor (released,
             // or retried from the dead letters with `hold`) must be found before any later
             // event of its aggregate.
             return self.claim_ordered(&p).await;
         }
+        let started = Instant::now();
         let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
         let mut rows = self.claim_unordered(&p, floor, p.limit).await?;
         if floor > 0 && rows.len() < p.limit {
@@ -856,37 +812,26 @@ impl Store for PgStore {
         if !bad.is_empty() {
             self.bury_undecodable(&p, &bad, None).await;
         }
-        Ok(events)
+        Ok(Claim::leased(p.token, events, started + p.lease))
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
-        let ordered = self.in_flight.lock().ok().and_then(|m| {
-            m.get(&p.token).map(|f| OrderedFence {
-                relay_id: f.relay_id.clone(),
-                partitions: f.fence_partitions.clone(),
-                epochs: f.fence_epochs.clone(),
-            })
-        });
-        let result = self.settle_inner(&p, ordered.as_ref()).await;
-        // Only now (the settle committed, or failed and the events are free to go again) may
-        // the next ordered claim take these aggregates' next events.
-        if ordered.is_some() {
-            self.take_in_flight(p.token);
-        }
-        result
+        self.settle_inner(&p).await
     }
 
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
-        if self.take_in_flight(p.token).is_some() {
-            // An ordered claim holds nothing in the table: forgetting it is the release.
-            return Ok(p.ids.len() as u64);
-        }
+        let token = match &p.claim.fence {
+            // An ordered claim holds nothing in the table: once the relay forgets it (no
+            // longer passes it in flight), its events are free to go again.
+            Fence::Partitions(_) => return Ok(p.ids.len() as u64),
+            Fence::Lease { token } => *token,
+        };
         if p.ids.is_empty() {
             return Ok(0);
         }
         let done = sqlx::query(&self.q.release)
             .bind(p.ids)
-            .bind(p.token)
+            .bind(token)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -894,10 +839,6 @@ impl Store for PgStore {
             scan.rewind();
         }
         Ok(done.rows_affected())
-    }
-
-    fn claim_expires(&self, token: Uuid) -> Option<Instant> {
-        self.in_flight.lock().ok()?.get(&token).map(|f| f.until)
     }
 
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
@@ -1020,18 +961,8 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        // Its ordered claims in flight are given back with its partitions.
-        let mut forgotten = 0;
-        if let Ok(mut map) = self.in_flight.lock() {
-            map.retain(|_, f| {
-                let mine = f.relay_id == relay_id;
-                if mine {
-                    forgotten += f.events as u64;
-                }
-                !mine
-            });
-        }
-        Ok(done.rows_affected() + forgotten)
+        // Its ordered claims (if any were still in flight) go with its partitions.
+        Ok(done.rows_affected())
     }
 
     async fn counts(&self) -> Result<Counts, Error> {

@@ -150,6 +150,7 @@ macro_rules! store_conformance {
             counts_reflect_every_state,
             ordered_claim_never_passes_a_blocked_aggregate,
             hold_mode_keeps_an_aggregate_behind_its_dead_letter,
+            a_claim_is_a_value_any_handle_of_the_store_settles,
             deregister_releases_and_forgets_the_relay,
             a_relay_id_held_by_a_live_process_is_refused,
             undecodable_rows_are_dead_lettered_and_the_rest_flow,

@@ -18,7 +18,7 @@ pub(crate) mod write;
 
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlPool, MySqlRow};
@@ -29,8 +29,9 @@ pub use crate::store::wakeup::Wakeup;
 use self::schema::{derived, table, NOW_MS};
 use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
-    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
-    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
+    RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
+    WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -301,7 +302,8 @@ impl MySqlStore {
 
 #[async_trait::async_trait]
 impl Store for MySqlStore {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
+        let started = Instant::now();
         let q = table(&self.table);
         let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
         let partitions = if p.ordering.is_ordered() {
@@ -377,7 +379,7 @@ impl Store for MySqlStore {
         };
         if seqs.is_empty() {
             tx.commit().await.map_err(err)?;
-            return Ok(Vec::new());
+            return Ok(Claim::leased(p.token, Vec::new(), started + p.lease));
         }
         // Integers read from the database: safe to inline.
         let list = seqs
@@ -413,7 +415,7 @@ impl Store for MySqlStore {
         tx.commit().await.map_err(err)?;
         undecodable::count_dead(&bad);
         self.idle.store(0, AtomicOrdering::Relaxed);
-        Ok(events)
+        Ok(Claim::leased(p.token, events, started + p.lease))
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -422,7 +424,7 @@ impl Store for MySqlStore {
         }
         let q = table(&self.table);
         let err = |e| self.err(e);
-        let token = p.token.hyphenated().to_string();
+        let token = p.claim.lease_token()?.hyphenated().to_string();
         let mut tx = self.pool.begin().await.map_err(err)?;
         let mut out = SettleOutcome::default();
         if !p.published.is_empty() {
@@ -490,6 +492,7 @@ impl Store for MySqlStore {
     }
 
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        let token = p.claim.lease_token()?;
         if p.ids.is_empty() {
             return Ok(0);
         }
@@ -504,7 +507,7 @@ impl Store for MySqlStore {
             query = query.bind(id.hyphenated().to_string());
         }
         Ok(query
-            .bind(p.token.hyphenated().to_string())
+            .bind(token.hyphenated().to_string())
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?

@@ -17,7 +17,7 @@ mod wake;
 pub(crate) mod write;
 
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqlitePool, SqliteRow};
@@ -29,8 +29,9 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 use self::schema::{derived, table, NOW_MS};
 use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
-    ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering, RebalanceParams,
-    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
+    RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
+    WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -418,7 +419,8 @@ fn id_list(ids: &[Uuid]) -> String {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Vec<OutboxEvent>, Error> {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
+        let started = Instant::now();
         let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
         let sql = if p.ordering.is_ordered() {
             &self.q.claim_ordered
@@ -445,14 +447,14 @@ impl Store for SqliteStore {
         if !events.is_empty() {
             self.idle.store(0, AtomicOrdering::Relaxed);
         }
-        Ok(events)
+        Ok(Claim::leased(p.token, events, started + p.lease))
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
         if p.published.is_empty() && p.failed.is_empty() {
             return Ok(SettleOutcome::default());
         }
-        let token = p.token.hyphenated().to_string();
+        let token = p.claim.lease_token()?.hyphenated().to_string();
         let failed = serde_json::Value::Array(
             p.failed
                 .iter()
@@ -500,12 +502,13 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        let token = p.claim.lease_token()?;
         if p.ids.is_empty() {
             return Ok(0);
         }
         let done = sqlx::query(&self.q.release)
             .bind(id_list(p.ids))
-            .bind(p.token.hyphenated().to_string())
+            .bind(token.hyphenated().to_string())
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
