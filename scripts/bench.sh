@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full benchmark behind README's "Performance" section, on a release build: each
+# The full benchmark behind docs/performance.md, on a release build: each
 # publisher alone (publish), drain (null: and NATS JetStream), latency at 500 and 5,000
 # events/s, the write path with 16 writers, and scale (1, 2, 4 relays, ordered and
 # unordered), 3 interleaved runs each.

@@ -26,8 +26,8 @@ else
   echo "test: could not install the official clients; the tests that use them will skip" >&2
 fi
 cargo test --workspace --all-features "$@"
-# A short fault-injection run (fixed seed, every fault kind, about 90 s; see README,
-# "Guarantees and how we test them"). Skipped when arguments pick tests, or with CHAOS=0.
+# A short fault-injection run (fixed seed, every fault kind, about 90 s; see
+# docs/guarantees.md). Skipped when arguments pick tests, or with CHAOS=0.
 if [ $# -eq 0 ] && [ "${CHAOS:-1}" != 0 ]; then
   scripts/chaos.sh
 fi

@@ -1,9 +1,9 @@
 //! # txoutbox
 //!
-//! A transactional outbox for PostgreSQL. A service writes its business rows and its events
-//! in **one database transaction** ([`Outbox::enqueue`]); the [`relay::Relay`] delivers every
-//! committed event to a message broker **at least once**, and never an event whose
-//! transaction rolled back. Consumers deduplicate with [`Inbox`].
+//! A transactional outbox for PostgreSQL, MySQL/MariaDB and SQLite. A service writes its
+//! business rows and its events in **one database transaction** ([`Outbox::enqueue`]); the
+//! [`relay::Relay`] delivers every committed event to a message broker **at least once**, and
+//! never an event whose transaction rolled back. Consumers deduplicate with [`Inbox`].
 //!
 //! ```no_run
 //! use txoutbox::{migrate, NewEvent, Outbox, OutboxTable};
@@ -21,13 +21,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The same works on SQLite (`sqlx::SqlitePool`, [`store::sqlite`]): every function that
-//! takes your pool or transaction takes either.
+//! The same works on MySQL/MariaDB (`sqlx::MySqlPool`, [`store::mysql`]) and SQLite
+//! (`sqlx::SqlitePool`, [`store::sqlite`]): every function that takes your pool or
+//! transaction takes any of them.
 //!
-//! Cargo features: `postgres`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`, `http`,
-//! `kafka` (publishers), `otel` (W3C trace context from the writer's span through the relay's
-//! publish span to the broker message, see [`otel`]), `testing` (the store conformance suite,
-//! for a backend's tests).
+//! Cargo features: `postgres`, `mysql`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`,
+//! `http`, `kafka` (publishers), `otel` (W3C trace context from the writer's span through the
+//! relay's publish span to the broker message, see [`otel`]), `testing` (the store conformance
+//! suite, for a backend's tests).
 //! `stdout:`, `file:` and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
