@@ -10,7 +10,7 @@ use sqlx::{Executor, Pool};
 use uuid::Uuid;
 
 use crate::error::Error;
-use crate::{Inbox, MigrateReport, NewEvent, Outbox, OutboxTable};
+use crate::{MigrateReport, NewEvent, OutboxTable};
 
 mod sealed {
     pub trait Sealed {}
@@ -21,15 +21,23 @@ mod sealed {
 #[async_trait::async_trait]
 pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
-    async fn insert<'e, E>(outbox: &Outbox, executor: E, events: &[NewEvent]) -> Result<(), Error>
+    async fn insert<'e, E>(
+        table: &OutboxTable,
+        executor: E,
+        events: &[NewEvent],
+    ) -> Result<(), Error>
     where
         E: Executor<'e, Database = Self>;
     #[doc(hidden)]
-    async fn mark_processed<'e, E>(inbox: &Inbox, executor: E, id: Uuid) -> Result<bool, Error>
+    async fn mark_processed<'e, E>(
+        table: &OutboxTable,
+        executor: E,
+        id: Uuid,
+    ) -> Result<bool, Error>
     where
         E: Executor<'e, Database = Self>;
     #[doc(hidden)]
-    async fn create_inbox<'e, E>(inbox: &Inbox, executor: E) -> Result<(), Error>
+    async fn create_inbox<'e, E>(table: &OutboxTable, executor: E) -> Result<(), Error>
     where
         E: Executor<'e, Database = Self>;
     // Not `Send`-bound: the migrations' futures are not provably `Send` (a compiler limit
@@ -46,116 +54,64 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(), Error>> + 'a;
 }
 
+/// A database's [`Backend`]: its module's `write` (enqueue, inbox) and `schema` (migrations).
+#[allow(unused_macros)]
+macro_rules! backend {
+    ($db:ty, $module:path) => {
+        impl sealed::Sealed for $db {}
+
+        #[async_trait::async_trait]
+        impl Backend for $db {
+            async fn insert<'e, E>(
+                table: &OutboxTable,
+                executor: E,
+                events: &[NewEvent],
+            ) -> Result<(), Error>
+            where
+                E: Executor<'e, Database = Self>,
+            {
+                use $module as m;
+                m::write::insert(table, executor, events).await
+            }
+            async fn mark_processed<'e, E>(
+                table: &OutboxTable,
+                executor: E,
+                id: Uuid,
+            ) -> Result<bool, Error>
+            where
+                E: Executor<'e, Database = Self>,
+            {
+                use $module as m;
+                m::write::mark_processed(table, executor, id).await
+            }
+            async fn create_inbox<'e, E>(table: &OutboxTable, executor: E) -> Result<(), Error>
+            where
+                E: Executor<'e, Database = Self>,
+            {
+                use $module as m;
+                m::write::create_inbox(table, executor).await
+            }
+            fn migrate<'a>(
+                pool: &'a Pool<Self>,
+                table: &'a OutboxTable,
+            ) -> impl Future<Output = Result<MigrateReport, Error>> + 'a {
+                use $module as m;
+                m::schema::migrate(pool, table)
+            }
+            fn check_schema<'a>(
+                pool: &'a Pool<Self>,
+                table: &'a OutboxTable,
+            ) -> impl Future<Output = Result<(), Error>> + 'a {
+                use $module as m;
+                m::schema::check_schema(pool, table)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
-impl sealed::Sealed for sqlx::Postgres {}
-
-#[cfg(feature = "postgres")]
-#[async_trait::async_trait]
-impl Backend for sqlx::Postgres {
-    async fn insert<'e, E>(outbox: &Outbox, executor: E, events: &[NewEvent]) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::enqueue::insert_pg(outbox, executor, events).await
-    }
-    async fn mark_processed<'e, E>(inbox: &Inbox, executor: E, id: Uuid) -> Result<bool, Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::inbox::mark_pg(inbox, executor, id).await
-    }
-    async fn create_inbox<'e, E>(inbox: &Inbox, executor: E) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::inbox::create_pg(inbox, executor).await
-    }
-    fn migrate<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<MigrateReport, Error>> + 'a {
-        crate::migrate::migrate_pg(pool, table)
-    }
-    fn check_schema<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<(), Error>> + 'a {
-        crate::migrate::check_schema_pg(pool, table)
-    }
-}
-
+backend!(sqlx::Postgres, crate::store::postgres);
 #[cfg(feature = "sqlite")]
-impl sealed::Sealed for sqlx::Sqlite {}
-
-#[cfg(feature = "sqlite")]
-#[async_trait::async_trait]
-impl Backend for sqlx::Sqlite {
-    async fn insert<'e, E>(outbox: &Outbox, executor: E, events: &[NewEvent]) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::sqlite::write::insert(outbox.table(), executor, events).await
-    }
-    async fn mark_processed<'e, E>(inbox: &Inbox, executor: E, id: Uuid) -> Result<bool, Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::sqlite::write::mark_processed(inbox.table(), executor, id).await
-    }
-    async fn create_inbox<'e, E>(_inbox: &Inbox, executor: E) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::sqlite::write::create_inbox(executor).await
-    }
-    fn migrate<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<MigrateReport, Error>> + 'a {
-        crate::store::sqlite::schema::migrate(pool, table)
-    }
-    fn check_schema<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<(), Error>> + 'a {
-        crate::store::sqlite::schema::check_schema(pool, table)
-    }
-}
-
+backend!(sqlx::Sqlite, crate::store::sqlite);
 #[cfg(feature = "mysql")]
-impl sealed::Sealed for sqlx::MySql {}
-
-#[cfg(feature = "mysql")]
-#[async_trait::async_trait]
-impl Backend for sqlx::MySql {
-    async fn insert<'e, E>(outbox: &Outbox, executor: E, events: &[NewEvent]) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::mysql::write::insert(outbox.table(), executor, events).await
-    }
-    async fn mark_processed<'e, E>(inbox: &Inbox, executor: E, id: Uuid) -> Result<bool, Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::mysql::write::mark_processed(inbox.table(), executor, id).await
-    }
-    async fn create_inbox<'e, E>(inbox: &Inbox, executor: E) -> Result<(), Error>
-    where
-        E: Executor<'e, Database = Self>,
-    {
-        crate::store::mysql::write::create_inbox(inbox.table(), executor).await
-    }
-    fn migrate<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<MigrateReport, Error>> + 'a {
-        crate::store::mysql::schema::migrate(pool, table)
-    }
-    fn check_schema<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a OutboxTable,
-    ) -> impl Future<Output = Result<(), Error>> + 'a {
-        crate::store::mysql::schema::check_schema(pool, table)
-    }
-}
+backend!(sqlx::MySql, crate::store::mysql);

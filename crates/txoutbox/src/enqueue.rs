@@ -4,7 +4,7 @@ use sqlx::Executor;
 use uuid::Uuid;
 
 use crate::backend::Backend;
-use crate::error::{db_error, Error};
+use crate::error::Error;
 use crate::{NewEvent, OutboxTable};
 
 /// A handle on one outbox table for writers. Cheap to clone; holds no connection.
@@ -30,8 +30,6 @@ use crate::{NewEvent, OutboxTable};
 #[derive(Debug, Clone)]
 pub struct Outbox {
     table: OutboxTable,
-    insert_one: String,
-    insert_many: String,
     wakeup: Option<crate::store::wakeup::Wakeup>,
 }
 
@@ -43,20 +41,7 @@ impl Default for Outbox {
 
 impl Outbox {
     pub fn new(table: OutboxTable) -> Self {
-        let t = table.qualified();
         Self {
-            insert_one: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, headers) \
-                 VALUES ($1, $2, $3, $4, $5, $6)"
-            ),
-            // One statement for many events; WITH ORDINALITY keeps `seq` in slice order.
-            insert_many: format!(
-                "INSERT INTO {t} (id, aggregate_type, aggregate_id, event_type, payload, headers) \
-                 SELECT id, aggregate_type, aggregate_id, event_type, payload, headers \
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) \
-                   WITH ORDINALITY AS e(id, aggregate_type, aggregate_id, event_type, payload, headers, n) \
-                 ORDER BY n"
-            ),
             table,
             wakeup: None,
         }
@@ -87,14 +72,7 @@ impl Outbox {
         E: Executor<'e>,
         E::Database: Backend,
     {
-        #[cfg(feature = "otel")]
-        if let Some(traced) = crate::otel::with_current_context(std::slice::from_ref(event)) {
-            <E::Database as Backend>::insert(self, executor, &traced).await?;
-            self.woke();
-            return Ok(event.id);
-        }
-        <E::Database as Backend>::insert(self, executor, std::slice::from_ref(event)).await?;
-        self.woke();
+        self.write(executor, std::slice::from_ref(event)).await?;
         Ok(event.id)
     }
 
@@ -111,62 +89,23 @@ impl Outbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        self.write(executor, events).await?;
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+
+    /// The database's insert, with the writer's trace context in the events (`otel`), then
+    /// the wake-up.
+    async fn write<'e, E>(&self, executor: E, events: &[NewEvent]) -> Result<(), Error>
+    where
+        E: Executor<'e>,
+        E::Database: Backend,
+    {
         #[cfg(feature = "otel")]
         let traced = crate::otel::with_current_context(events);
         #[cfg(feature = "otel")]
         let events = traced.as_deref().unwrap_or(events);
-        <E::Database as Backend>::insert(self, executor, events).await?;
+        <E::Database as Backend>::insert(&self.table, executor, events).await?;
         self.woke();
-        Ok(events.iter().map(|e| e.id).collect())
+        Ok(())
     }
-}
-
-/// The PostgreSQL insert: one row, or many through `unnest` in one statement.
-#[cfg(feature = "postgres")]
-pub(crate) async fn insert_pg<'e, E: sqlx::PgExecutor<'e>>(
-    outbox: &Outbox,
-    executor: E,
-    events: &[NewEvent],
-) -> Result<(), Error> {
-    if let [event] = events {
-        sqlx::query(&outbox.insert_one)
-            .bind(event.id)
-            .bind(&event.aggregate_type)
-            .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(&event.payload)
-            .bind(sqlx::types::Json(&event.headers))
-            .execute(executor)
-            .await
-            .map_err(|e| db_error(&outbox.table, e))?;
-        return Ok(());
-    }
-    let n = events.len();
-    let (mut ids, mut at, mut ai, mut et, mut pl, mut hd) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for e in events {
-        ids.push(e.id);
-        at.push(e.aggregate_type.as_str());
-        ai.push(e.aggregate_id.as_str());
-        et.push(e.event_type.as_str());
-        pl.push(sqlx::types::Json(&e.payload));
-        hd.push(sqlx::types::Json(&e.headers));
-    }
-    sqlx::query(&outbox.insert_many)
-        .bind(&ids)
-        .bind(&at)
-        .bind(&ai)
-        .bind(&et)
-        .bind(&pl)
-        .bind(&hd)
-        .execute(executor)
-        .await
-        .map_err(|e| db_error(&outbox.table, e))?;
-    Ok(())
 }

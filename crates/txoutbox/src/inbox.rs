@@ -4,7 +4,7 @@ use sqlx::Executor;
 use uuid::Uuid;
 
 use crate::backend::Backend;
-use crate::error::{db_error, Error};
+use crate::error::Error;
 use crate::OutboxTable;
 
 /// Records processed event ids in `processed_events` (created by the migrations in the outbox's
@@ -31,10 +31,6 @@ impl Inbox {
         Self { table }
     }
 
-    pub(crate) fn table(&self) -> &OutboxTable {
-        &self.table
-    }
-
     /// Create `processed_events` if it does not exist (for consumers that do not run the
     /// outbox migrations).
     pub async fn create_table<'e, E>(&self, executor: E) -> Result<(), Error>
@@ -42,7 +38,7 @@ impl Inbox {
         E: Executor<'e>,
         E::Database: Backend,
     {
-        <E::Database as Backend>::create_inbox(self, executor).await
+        <E::Database as Backend>::create_inbox(&self.table, executor).await
     }
 
     /// Record `event_id` as processed. `true`: it is new, process the event. `false`: it was
@@ -53,38 +49,6 @@ impl Inbox {
         E: Executor<'e>,
         E::Database: Backend,
     {
-        <E::Database as Backend>::mark_processed(self, executor, event_id).await
+        <E::Database as Backend>::mark_processed(&self.table, executor, event_id).await
     }
-}
-
-#[cfg(feature = "postgres")]
-pub(crate) async fn create_pg<'e, E: sqlx::PgExecutor<'e>>(
-    inbox: &Inbox,
-    executor: E,
-) -> Result<(), Error> {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
-        inbox.table.processed_events()
-    ))
-    .execute(executor)
-    .await
-    .map_err(Error::Database)?;
-    Ok(())
-}
-
-#[cfg(feature = "postgres")]
-pub(crate) async fn mark_pg<'e, E: sqlx::PgExecutor<'e>>(
-    inbox: &Inbox,
-    executor: E,
-    event_id: Uuid,
-) -> Result<bool, Error> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
-        inbox.table.processed_events()
-    ))
-    .bind(event_id)
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(&inbox.table, e))?;
-    Ok(done.rows_affected() == 1)
 }

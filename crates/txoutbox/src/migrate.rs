@@ -1,36 +1,143 @@
-//! Embedded, numbered migrations, applied in order in one transaction and recorded in
-//! `<schema>.txoutbox_migrations`. Running them again is a no-op.
+//! Embedded, numbered migrations per database (`migrations/<database>/*.sql`), applied in
+//! order and recorded in a `txoutbox_migrations` table. Running them again is a no-op. The
+//! runner and the placeholder filling are here, once; each database (`store::<db>::schema`)
+//! says how to lock, run and record.
 
-use sqlx::{PgPool, Pool, Row};
+use sqlx::Pool;
 
 use crate::backend::Backend;
-
-use crate::error::{db_error, Error};
+use crate::error::Error;
 use crate::OutboxTable;
 
-struct Migration {
-    version: i32,
-    name: &'static str,
-    sql: &'static str,
+/// One numbered migration: its SQL with `{{...}}` placeholders for validated names.
+pub(crate) struct Migration {
+    pub(crate) version: i32,
+    pub(crate) name: &'static str,
+    pub(crate) sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("../migrations/postgres/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "ordering",
-        sql: include_str!("../migrations/postgres/0002_ordering.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "fencing",
-        sql: include_str!("../migrations/postgres/0003_fencing.sql"),
-    },
-];
+/// The migrations of one database, from its folder under `migrations/`: every database has
+/// the same versions, under the same names.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+macro_rules! migrations {
+    ($db:literal) => {
+        &[
+            $crate::migrate::Migration {
+                version: 1,
+                name: "init",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0001_init.sql"
+                )),
+            },
+            $crate::migrate::Migration {
+                version: 2,
+                name: "ordering",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0002_ordering.sql"
+                )),
+            },
+            $crate::migrate::Migration {
+                version: 3,
+                name: "fencing",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0003_fencing.sql"
+                )),
+            },
+        ]
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) use migrations;
+
+/// What one database does for [`run`], inside whatever serialises its migrators (a
+/// transaction with an advisory lock, `BEGIN IMMEDIATE`, a named lock).
+#[allow(async_fn_in_trait)]
+pub(crate) trait Migrator {
+    /// The highest version recorded for the table (0: none), creating the record if missing.
+    async fn current(&mut self) -> Result<i32, Error>;
+    /// Run one migration's rendered SQL.
+    async fn apply(&mut self, sql: &str) -> Result<(), Error>;
+    /// Record `m` as applied.
+    async fn record(&mut self, m: &Migration) -> Result<(), Error>;
+}
+
+/// Apply the migrations the table does not have yet, in order; refuse a schema newer than
+/// this build.
+pub(crate) async fn run(
+    db: &mut impl Migrator,
+    table: &OutboxTable,
+    migrations: &[Migration],
+    render: impl Fn(&str) -> String,
+) -> Result<MigrateReport, Error> {
+    let current = db.current().await?;
+    if current > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            table: table.display(),
+            found: current,
+            expected: SCHEMA_VERSION,
+        });
+    }
+    let mut applied = Vec::new();
+    for m in migrations.iter().filter(|m| m.version > current) {
+        db.apply(&render(m.sql)).await?;
+        db.record(m).await?;
+        applied.push(m.version);
+    }
+    Ok(MigrateReport {
+        applied,
+        version: SCHEMA_VERSION,
+    })
+}
+
+/// A name a placeholder tag makes of its argument (`{{name:relays}}` -> the relays table).
+pub(crate) type Namer<'a> = &'a dyn Fn(&str) -> String;
+
+/// Fill every `{{tag:arg}}` of `sql` with the name its tag's [`Namer`] makes of `arg`.
+pub(crate) fn fill_names(mut sql: String, tags: &[(&str, Namer<'_>)]) -> String {
+    for (tag, namer) in tags {
+        while let Some(start) = sql.find(tag) {
+            let Some(len) = sql[start..].find("}}") else {
+                break;
+            };
+            let arg = sql[start + tag.len()..start + len].to_string();
+            sql.replace_range(start..start + len + 2, &namer(&arg));
+        }
+    }
+    sql
+}
+
+/// Every placeholder filled, and each migration names the outbox's own objects: the check
+/// each database's schema tests make of its rendered migrations.
+#[cfg(test)]
+pub(crate) fn assert_rendered(
+    migrations: &[Migration],
+    render: impl Fn(&str) -> String,
+    names: &str,
+) {
+    assert_eq!(migrations.len() as i32, SCHEMA_VERSION);
+    for m in migrations {
+        let sql = render(m.sql);
+        assert!(
+            !sql.contains("{{"),
+            "unfilled placeholder in {}:\n{sql}",
+            m.name
+        );
+        assert!(
+            sql.contains(names),
+            "{} names none of the outbox's objects ({names}):\n{sql}",
+            m.name
+        );
+    }
+}
 
 /// The schema version this build needs.
 pub const SCHEMA_VERSION: i32 = 3;
@@ -42,30 +149,6 @@ pub struct MigrateReport {
     pub applied: Vec<i32>,
     /// The version now in force.
     pub version: i32,
-}
-
-/// Fill the placeholders of a migration with the validated names of `t`.
-fn render(sql: &str, t: &OutboxTable) -> String {
-    let mut out = sql
-        .replace("{{schema}}", &t.schema().quoted())
-        .replace("{{table}}", &t.qualified())
-        .replace("{{channel}}", &t.channel());
-    // {{name:suffix}} -> qualified derived name; {{index:suffix}} -> unqualified one.
-    for (tag, qualified) in [("{{name:", true), ("{{index:", false)] {
-        while let Some(start) = out.find(tag) {
-            let Some(len) = out[start..].find("}}") else {
-                break;
-            };
-            let suffix = out[start + tag.len()..start + len].to_string();
-            let name = if qualified {
-                t.derived(&suffix)
-            } else {
-                t.derived_unqualified(&suffix)
-            };
-            out.replace_range(start..start + len + 2, &name);
-        }
-    }
-    out
 }
 
 /// Create or upgrade the outbox schema for `table` on any supported database. Safe to run
@@ -82,81 +165,6 @@ pub async fn migrate<DB: Backend>(
 /// `txoutbox migrate` when it does not.
 pub async fn check_schema<DB: Backend>(pool: &Pool<DB>, table: &OutboxTable) -> Result<(), Error> {
     DB::check_schema(pool, table).await
-}
-
-pub(crate) async fn migrate_pg(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport, Error> {
-    let mut tx = pool.begin().await.map_err(Error::Database)?;
-    // One migrator at a time, across processes.
-    sqlx::query("SELECT pg_advisory_xact_lock(7365838120958127469)")
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
-    let schema = table.schema().quoted();
-    sqlx::raw_sql(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.txoutbox_migrations (
-             table_name text NOT NULL,
-             version    integer NOT NULL,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now(),
-             PRIMARY KEY (table_name, version)
-         );"
-    ))
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::Database)?;
-    let current: i32 = sqlx::query(&format!(
-        "SELECT coalesce(max(version), 0) FROM {schema}.txoutbox_migrations WHERE table_name = $1"
-    ))
-    .bind(table.table().as_str())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(Error::Database)?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    if current > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            table: table.display(),
-            found: current,
-            expected: SCHEMA_VERSION,
-        });
-    }
-    let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(&render(m.sql, table))
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Database)?;
-        sqlx::query(&format!(
-            "INSERT INTO {schema}.txoutbox_migrations (table_name, version, name) VALUES ($1, $2, $3)"
-        ))
-        .bind(table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
-        applied.push(m.version);
-    }
-    tx.commit().await.map_err(Error::Database)?;
-    Ok(MigrateReport {
-        applied,
-        version: SCHEMA_VERSION,
-    })
-}
-
-pub(crate) async fn check_schema_pg(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
-    let found: Option<i32> = sqlx::query(&format!(
-        "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
-        table.schema().quoted()
-    ))
-    .bind(table.table().as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(table, e))?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    version_check(table, found)
 }
 
 /// The schema version found against the one this build needs.
@@ -176,24 +184,5 @@ pub(crate) fn version_check(table: &OutboxTable, found: Option<i32>) -> Result<(
             expected: SCHEMA_VERSION,
         }),
         Some(_) => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn render_fills_every_placeholder() {
-        let t = OutboxTable::new("app", "events").unwrap();
-        for m in MIGRATIONS {
-            let sql = render(m.sql, &t);
-            assert!(
-                !sql.contains("{{"),
-                "unfilled placeholder in {}:\n{sql}",
-                m.name
-            );
-            assert!(sql.contains("\"app\".\"events\""));
-        }
     }
 }

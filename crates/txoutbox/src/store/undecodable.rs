@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
@@ -78,6 +79,7 @@ where
 
     /// The column's value through `f`, which says what is wrong with it; `None` if it does
     /// not decode.
+    #[cfg(feature = "postgres")]
     pub fn with<T>(
         &mut self,
         col: &'static str,
@@ -116,6 +118,7 @@ where
     }
 
     /// Integer milliseconds since the Unix epoch (SQLite, MySQL) as a time.
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub fn millis(&mut self, col: &'static str) -> Result<Option<DateTime<Utc>>, Error>
     where
         i64: Decode<'r, R::Database> + Type<R::Database>,
@@ -125,6 +128,7 @@ where
     }
 
     /// A nullable [`Self::millis`]; `None` if it does not decode.
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub fn opt_millis(&mut self, col: &'static str) -> Result<Option<Option<DateTime<Utc>>>, Error>
     where
         i64: Decode<'r, R::Database> + Type<R::Database>,
@@ -137,6 +141,7 @@ where
     }
 
     /// JSON stored as text (SQLite, MySQL): the value, and the text when it is not JSON.
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub fn json_text(
         &mut self,
         col: &'static str,
@@ -174,6 +179,7 @@ where
 }
 
 /// An id stored as text that is not a UUID: the problem, quoting (the start of) it.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn parse_id(text: &str) -> Result<uuid::Uuid, String> {
     uuid::Uuid::parse_str(text).map_err(|_| {
         let shown: String = text.chars().take(64).collect::<String>();
@@ -183,6 +189,7 @@ pub(crate) fn parse_id(text: &str) -> Result<uuid::Uuid, String> {
 }
 
 /// Integer milliseconds since the Unix epoch (SQLite, MySQL) as a time.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn millis_time(col: &str, ms: i64) -> Result<DateTime<Utc>, String> {
     DateTime::from_timestamp_millis(ms).ok_or_else(|| format!("{col} {ms} ms is out of range"))
 }
@@ -244,6 +251,7 @@ pub(crate) fn count_dead(bad: &[Decoded]) {
 
 /// A row of a store that keeps ids and JSON as text and times as integer milliseconds
 /// (SQLite, MySQL), decoded column by column.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn decode_text_row<'r, R: Row>(r: &'r R) -> Result<Decoded, Error>
 where
     &'static str: ColumnIndex<R>,

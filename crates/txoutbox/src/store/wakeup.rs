@@ -15,6 +15,7 @@ impl Wakeup {
         self.0.notify_one();
     }
 
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     pub(crate) async fn wait(&self) {
         self.0.notified().await;
     }

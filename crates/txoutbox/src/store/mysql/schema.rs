@@ -3,7 +3,7 @@
 use sqlx::{Acquire, MySqlPool, Row};
 
 use crate::error::{db_error, Error};
-use crate::migrate::{version_check, MigrateReport, SCHEMA_VERSION};
+use crate::migrate::{self, fill_names, version_check, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the
@@ -13,29 +13,7 @@ pub(crate) const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
 /// How many partitions the aggregate-hash space has (as on PostgreSQL).
 const PARTITIONS: i32 = 64;
 
-struct Migration {
-    version: i32,
-    name: &'static str,
-    sql: &'static str,
-}
-
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("../../../migrations/mysql/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "ordering",
-        sql: include_str!("../../../migrations/mysql/0002_ordering.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "fencing",
-        sql: include_str!("../../../migrations/mysql/0003_fencing.sql"),
-    },
-];
+const MIGRATIONS: &[Migration] = migrate::migrations!("mysql");
 
 /// The schema is a MySQL database; the default (`public`) means the connection's own.
 fn prefix(t: &OutboxTable) -> String {
@@ -62,25 +40,18 @@ pub(crate) fn plain(t: &OutboxTable, name: &str) -> String {
 
 fn render(sql: &str, t: &OutboxTable) -> String {
     let rows: Vec<String> = (0..PARTITIONS).map(|p| format!("({p})")).collect();
-    let mut out = sql
+    let sql = sql
         .replace("{{table}}", &table(t))
         .replace("{{now_ms}}", NOW_MS)
         .replace("{{partition_rows}}", &rows.join(", "));
-    for tag in ["{{name:", "{{index:", "{{name_plain:"] {
-        while let Some(start) = out.find(tag) {
-            let Some(len) = out[start..].find("}}") else {
-                break;
-            };
-            let arg = out[start + tag.len()..start + len].to_string();
-            let name = match tag {
-                "{{name:" => derived(t, &arg),
-                "{{index:" => format!("`{}`", t.derived_name(&arg)),
-                _ => plain(t, &arg),
-            };
-            out.replace_range(start..start + len + 2, &name);
-        }
-    }
-    out
+    fill_names(
+        sql,
+        &[
+            ("{{name:", &|s: &str| derived(t, s)),
+            ("{{index:", &|s: &str| format!("`{}`", t.derived_name(s))),
+            ("{{name_plain:", &|s: &str| plain(t, s)),
+        ],
+    )
 }
 
 /// The statements of one migration (separated by `;;` lines; comments dropped).
@@ -96,9 +67,82 @@ fn statements(sql: &str) -> Vec<String> {
         .collect()
 }
 
-/// Apply what is missing. MySQL commits DDL at once, so there is no transaction around a
-/// migration: a named lock (`GET_LOCK`) serialises migrators instead, and each version is
-/// recorded right after it is applied.
+/// MySQL commits DDL at once, so there is no transaction around a migration: a named lock
+/// (`GET_LOCK`) serialises migrators instead, and each version is recorded right after it is
+/// applied.
+struct My<'a> {
+    conn: &'a mut sqlx::MySqlConnection,
+    table: &'a OutboxTable,
+}
+
+impl My<'_> {
+    fn record_table(&self) -> String {
+        plain(self.table, "txoutbox_migrations")
+    }
+}
+
+impl Migrator for My<'_> {
+    async fn current(&mut self) -> Result<i32, Error> {
+        let t = self.table;
+        if t.schema().as_str() != "public" {
+            sqlx::query(&format!(
+                "CREATE DATABASE IF NOT EXISTS `{}`",
+                t.schema().as_str()
+            ))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(Error::Database)?;
+        }
+        let record = self.record_table();
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {record} (
+                table_name VARCHAR(64) NOT NULL,
+                version    INT         NOT NULL,
+                name       VARCHAR(64) NOT NULL,
+                applied_at BIGINT      NOT NULL,
+                PRIMARY KEY (table_name, version)
+             ) ENGINE = InnoDB"
+        ))
+        .execute(&mut *self.conn)
+        .await
+        .map_err(Error::Database)?;
+        let current = sqlx::query(&format!(
+            "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {record} WHERE table_name = ?"
+        ))
+        .bind(t.table().as_str())
+        .fetch_one(&mut *self.conn)
+        .await
+        .map_err(Error::Database)?
+        .try_get::<i64, _>(0)
+        .map_err(Error::Database)?;
+        Ok(i32::try_from(current).unwrap_or(i32::MAX))
+    }
+
+    async fn apply(&mut self, sql: &str) -> Result<(), Error> {
+        for stmt in statements(sql) {
+            sqlx::raw_sql(&stmt)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(Error::Database)?;
+        }
+        Ok(())
+    }
+
+    async fn record(&mut self, m: &Migration) -> Result<(), Error> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (table_name, version, name, applied_at) VALUES (?, ?, ?, {NOW_MS})",
+            self.record_table()
+        ))
+        .bind(self.table.table().as_str())
+        .bind(m.version)
+        .bind(m.name)
+        .execute(&mut *self.conn)
+        .await
+        .map_err(Error::Database)?;
+        Ok(())
+    }
+}
+
 pub(crate) async fn migrate(pool: &MySqlPool, t: &OutboxTable) -> Result<MigrateReport, Error> {
     let mut conn = pool.acquire().await.map_err(Error::Database)?;
     let conn = conn.acquire().await.map_err(Error::Database)?;
@@ -111,69 +155,15 @@ pub(crate) async fn migrate(pool: &MySqlPool, t: &OutboxTable) -> Result<Migrate
             "another `txoutbox migrate` held the migration lock for 60s; try again".into(),
         ));
     }
-    let result = async {
-        if t.schema().as_str() != "public" {
-            sqlx::query(&format!(
-                "CREATE DATABASE IF NOT EXISTS `{}`",
-                t.schema().as_str()
-            ))
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::Database)?;
-        }
-        let record = plain(t, "txoutbox_migrations");
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {record} (
-                table_name VARCHAR(64) NOT NULL,
-                version    INT         NOT NULL,
-                name       VARCHAR(64) NOT NULL,
-                applied_at BIGINT      NOT NULL,
-                PRIMARY KEY (table_name, version)
-             ) ENGINE = InnoDB"
-        ))
-        .execute(&mut *conn)
-        .await
-        .map_err(Error::Database)?;
-        let current: i32 = sqlx::query(&format!(
-            "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {record} WHERE table_name = ?"
-        ))
-        .bind(t.table().as_str())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(Error::Database)?
-        .try_get::<i64, _>(0)
-        .map_err(Error::Database)? as i32;
-        if current > SCHEMA_VERSION {
-            return Err(Error::SchemaTooNew {
-                table: t.display(),
-                found: current,
-                expected: SCHEMA_VERSION,
-            });
-        }
-        let mut applied = Vec::new();
-        for m in MIGRATIONS.iter().filter(|m| m.version > current) {
-            for stmt in statements(&render(m.sql, t)) {
-                sqlx::raw_sql(&stmt)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(Error::Database)?;
-            }
-            sqlx::query(&format!(
-                "INSERT INTO {record} (table_name, version, name, applied_at) VALUES (?, ?, ?, {NOW_MS})"
-            ))
-            .bind(t.table().as_str())
-            .bind(m.version)
-            .bind(m.name)
-            .execute(&mut *conn)
-            .await
-            .map_err(Error::Database)?;
-            applied.push(m.version);
-        }
-        Ok(MigrateReport {
-            applied,
-            version: SCHEMA_VERSION,
-        })
-    }
+    let result = migrate::run(
+        &mut My {
+            conn: &mut *conn,
+            table: t,
+        },
+        t,
+        MIGRATIONS,
+        |sql| render(sql, t),
+    )
     .await;
     let _ = sqlx::query("SELECT RELEASE_LOCK('txoutbox_migrate')")
         .execute(&mut *conn)
@@ -202,15 +192,9 @@ mod tests {
     #[test]
     fn render_fills_every_placeholder() {
         let t = OutboxTable::new("app", "events").unwrap();
+        migrate::assert_rendered(MIGRATIONS, |sql| render(sql, &t), "`app`.");
         for m in MIGRATIONS {
-            let sql = render(m.sql, &t);
-            assert!(
-                !sql.contains("{{"),
-                "unfilled placeholder in {}:\n{sql}",
-                m.name
-            );
-            assert!(sql.contains("`app`."));
-            assert!(!statements(&sql).is_empty());
+            assert!(!statements(&render(m.sql, &t)).is_empty());
         }
     }
 }

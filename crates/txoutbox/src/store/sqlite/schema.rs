@@ -3,7 +3,7 @@
 use sqlx::{Row, SqlitePool};
 
 use crate::error::{db_error, Error};
-use crate::migrate::{version_check, MigrateReport, SCHEMA_VERSION};
+use crate::migrate::{self, fill_names, version_check, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL. One time source
@@ -16,29 +16,7 @@ const UUID_SQL: &str = "lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) ||
      substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || \
      substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))";
 
-struct Migration {
-    version: i32,
-    name: &'static str,
-    sql: &'static str,
-}
-
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("../../../migrations/sqlite/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "ordering",
-        sql: include_str!("../../../migrations/sqlite/0002_ordering.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "fencing",
-        sql: include_str!("../../../migrations/sqlite/0003_fencing.sql"),
-    },
-];
+const MIGRATIONS: &[Migration] = migrate::migrations!("sqlite");
 
 /// SQLite has no schemas: an outbox lives in the database file the URL names. The default
 /// schema (`public`) and `main` mean that file; anything else is refused with a clear error.
@@ -63,19 +41,11 @@ pub(crate) fn derived(t: &OutboxTable, suffix: &str) -> String {
 }
 
 fn render(sql: &str, t: &OutboxTable) -> String {
-    let mut out = sql
+    let sql = sql
         .replace("{{table}}", &table(t))
         .replace("{{now_ms}}", NOW_MS)
         .replace("{{uuid}}", UUID_SQL);
-    let tag = "{{name:";
-    while let Some(start) = out.find(tag) {
-        let Some(len) = out[start..].find("}}") else {
-            break;
-        };
-        let suffix = out[start + tag.len()..start + len].to_string();
-        out.replace_range(start..start + len + 2, &derived(t, &suffix));
-    }
-    out
+    fill_names(sql, &[("{{name:", &|s: &str| derived(t, s))])
 }
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS txoutbox_migrations (
@@ -86,57 +56,71 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS txoutbox_migrations (
     PRIMARY KEY (table_name, version)
 )";
 
-/// Apply what is missing in one write transaction (`BEGIN IMMEDIATE`: a second migrator
-/// waits for the first, then finds nothing to do).
+/// One write transaction (`BEGIN IMMEDIATE`: a second migrator waits for the first, then
+/// finds nothing to do).
+struct Lite<'a, 'c> {
+    tx: &'a mut sqlx::Transaction<'c, sqlx::Sqlite>,
+    table: &'a OutboxTable,
+}
+
+impl Migrator for Lite<'_, '_> {
+    async fn current(&mut self) -> Result<i32, Error> {
+        sqlx::query(MIGRATIONS_TABLE)
+            .execute(&mut **self.tx)
+            .await
+            .map_err(Error::Database)?;
+        sqlx::query(
+            "SELECT coalesce(max(version), 0) FROM txoutbox_migrations WHERE table_name = ?1",
+        )
+        .bind(self.table.table().as_str())
+        .fetch_one(&mut **self.tx)
+        .await
+        .map_err(Error::Database)?
+        .try_get(0)
+        .map_err(Error::Database)
+    }
+
+    async fn apply(&mut self, sql: &str) -> Result<(), Error> {
+        sqlx::raw_sql(sql)
+            .execute(&mut **self.tx)
+            .await
+            .map_err(Error::Database)?;
+        Ok(())
+    }
+
+    async fn record(&mut self, m: &Migration) -> Result<(), Error> {
+        sqlx::query(&format!(
+            "INSERT INTO txoutbox_migrations (table_name, version, name, applied_at) \
+             VALUES (?1, ?2, ?3, {NOW_MS})"
+        ))
+        .bind(self.table.table().as_str())
+        .bind(m.version)
+        .bind(m.name)
+        .execute(&mut **self.tx)
+        .await
+        .map_err(Error::Database)?;
+        Ok(())
+    }
+}
+
 pub(crate) async fn migrate(pool: &SqlitePool, t: &OutboxTable) -> Result<MigrateReport, Error> {
     check_names(t)?;
     let mut tx = pool
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(Error::Database)?;
-    sqlx::query(MIGRATIONS_TABLE)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
-    let current: i32 = sqlx::query(
-        "SELECT coalesce(max(version), 0) FROM txoutbox_migrations WHERE table_name = ?1",
+    let report = migrate::run(
+        &mut Lite {
+            tx: &mut tx,
+            table: t,
+        },
+        t,
+        MIGRATIONS,
+        |sql| render(sql, t),
     )
-    .bind(t.table().as_str())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(Error::Database)?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    if current > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            table: t.display(),
-            found: current,
-            expected: SCHEMA_VERSION,
-        });
-    }
-    let mut applied = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(&render(m.sql, t))
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Database)?;
-        sqlx::query(&format!(
-            "INSERT INTO txoutbox_migrations (table_name, version, name, applied_at) \
-             VALUES (?1, ?2, ?3, {NOW_MS})"
-        ))
-        .bind(t.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(Error::Database)?;
-        applied.push(m.version);
-    }
+    .await?;
     tx.commit().await.map_err(Error::Database)?;
-    Ok(MigrateReport {
-        applied,
-        version: SCHEMA_VERSION,
-    })
+    Ok(report)
 }
 
 pub(crate) async fn check_schema(pool: &SqlitePool, t: &OutboxTable) -> Result<(), Error> {
@@ -159,21 +143,9 @@ mod tests {
     #[test]
     fn render_fills_every_placeholder() {
         let t = OutboxTable::new("main", "events").unwrap();
-        for m in MIGRATIONS {
-            let sql = render(m.sql, &t);
-            assert!(
-                !sql.contains("{{"),
-                "unfilled placeholder in {}:\n{sql}",
-                m.name
-            );
-            // Every migration works on the outbox's own objects (the table or those named
-            // after it), whatever the table is called.
-            assert!(
-                sql.contains("\"events\"") || sql.contains("\"events_"),
-                "{} names none of the outbox's objects:\n{sql}",
-                m.name
-            );
-        }
+        // Every migration works on the outbox's own objects (the table or those named after
+        // it), whatever the table is called.
+        migrate::assert_rendered(MIGRATIONS, |sql| render(sql, &t), "\"events");
         assert!(check_names(&OutboxTable::new("app", "events").unwrap()).is_err());
     }
 }

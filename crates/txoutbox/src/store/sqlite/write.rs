@@ -61,7 +61,7 @@ where
     Ok(())
 }
 
-pub(crate) async fn create_inbox<'e, E>(executor: E) -> Result<(), Error>
+pub(crate) async fn create_inbox<'e, E>(_t: &OutboxTable, executor: E) -> Result<(), Error>
 where
     E: Executor<'e, Database = Sqlite>,
 {

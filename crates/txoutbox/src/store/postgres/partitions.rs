@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 
-use super::{Membership, RebalanceParams, RelayInfo};
 use crate::error::{db_error, Error};
+use crate::store::{Membership, RebalanceParams, RelayInfo};
 use crate::OutboxTable;
 
 fn ms(d: Duration) -> f64 {

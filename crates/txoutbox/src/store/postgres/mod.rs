@@ -8,6 +8,10 @@ use sqlx::{Row, ValueRef};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
+mod partitions;
+pub(crate) mod schema;
+pub(crate) mod write;
+
 use super::undecodable::{self, Decoded, Reader};
 use super::{
     Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Fence, Membership, Ordering,
@@ -435,7 +439,7 @@ impl PgStore {
 
     /// The relays registered on this table, with the partitions each owns.
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        super::partitions::relays(&self.pool, &self.table).await
+        partitions::relays(&self.pool, &self.table).await
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -950,7 +954,7 @@ impl Store for PgStore {
     }
 
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        super::partitions::rebalance(&self.pool, &self.table, p).await
+        partitions::rebalance(&self.pool, &self.table, p).await
     }
 
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {

@@ -1,0 +1,121 @@
+//! Migrations and the schema check on PostgreSQL.
+
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use crate::error::{db_error, Error};
+use crate::migrate::{self, fill_names, version_check, MigrateReport, Migration, Migrator};
+use crate::OutboxTable;
+
+const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");
+
+/// Fill the placeholders of a migration with the validated names of `t`.
+fn render(sql: &str, t: &OutboxTable) -> String {
+    let sql = sql
+        .replace("{{schema}}", &t.schema().quoted())
+        .replace("{{table}}", &t.qualified())
+        .replace("{{channel}}", &t.channel());
+    // {{name:suffix}} -> qualified derived name; {{index:suffix}} -> unqualified one.
+    fill_names(
+        sql,
+        &[
+            ("{{name:", &|s: &str| t.derived(s)),
+            ("{{index:", &|s: &str| t.derived_unqualified(s)),
+        ],
+    )
+}
+
+/// One transaction, serialised across processes by an advisory lock.
+struct Pg<'a, 'c> {
+    tx: &'a mut Transaction<'c, Postgres>,
+    table: &'a OutboxTable,
+}
+
+impl Migrator for Pg<'_, '_> {
+    async fn current(&mut self) -> Result<i32, Error> {
+        let schema = self.table.schema().quoted();
+        sqlx::raw_sql(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema};
+             CREATE TABLE IF NOT EXISTS {schema}.txoutbox_migrations (
+                 table_name text NOT NULL,
+                 version    integer NOT NULL,
+                 name       text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (table_name, version)
+             );"
+        ))
+        .execute(&mut **self.tx)
+        .await
+        .map_err(Error::Database)?;
+        sqlx::query(&format!(
+            "SELECT coalesce(max(version), 0) FROM {schema}.txoutbox_migrations WHERE table_name = $1"
+        ))
+        .bind(self.table.table().as_str())
+        .fetch_one(&mut **self.tx)
+        .await
+        .map_err(Error::Database)?
+        .try_get(0)
+        .map_err(Error::Database)
+    }
+
+    async fn apply(&mut self, sql: &str) -> Result<(), Error> {
+        sqlx::raw_sql(sql)
+            .execute(&mut **self.tx)
+            .await
+            .map_err(Error::Database)?;
+        Ok(())
+    }
+
+    async fn record(&mut self, m: &Migration) -> Result<(), Error> {
+        sqlx::query(&format!(
+            "INSERT INTO {}.txoutbox_migrations (table_name, version, name) VALUES ($1, $2, $3)",
+            self.table.schema().quoted()
+        ))
+        .bind(self.table.table().as_str())
+        .bind(m.version)
+        .bind(m.name)
+        .execute(&mut **self.tx)
+        .await
+        .map_err(Error::Database)?;
+        Ok(())
+    }
+}
+
+pub(crate) async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport, Error> {
+    let mut tx = pool.begin().await.map_err(Error::Database)?;
+    // One migrator at a time, across processes.
+    sqlx::query("SELECT pg_advisory_xact_lock(7365838120958127469)")
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Database)?;
+    let report = migrate::run(&mut Pg { tx: &mut tx, table }, table, MIGRATIONS, |sql| {
+        render(sql, table)
+    })
+    .await?;
+    tx.commit().await.map_err(Error::Database)?;
+    Ok(report)
+}
+
+pub(crate) async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
+    let found: Option<i32> = sqlx::query(&format!(
+        "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
+        table.schema().quoted()
+    ))
+    .bind(table.table().as_str())
+    .fetch_one(pool)
+    .await
+    .map_err(|e| db_error(table, e))?
+    .try_get(0)
+    .map_err(Error::Database)?;
+    version_check(table, found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_fills_every_placeholder() {
+        let t = OutboxTable::new("app", "events").unwrap();
+        migrate::assert_rendered(MIGRATIONS, |sql| render(sql, &t), "\"app\".\"events\"");
+    }
+}
