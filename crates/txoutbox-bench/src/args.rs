@@ -1,0 +1,116 @@
+//! `txoutbox-bench` options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use txoutbox::relay::{parse_duration, Mode};
+
+/// Measure the outbox on this PostgreSQL: drain rate, commit-to-ack latency, write-path cost
+/// and scaling with relays. Every run gets a fresh schema (txo_bench_<pid>_<n>), migrated,
+/// and dropped afterwards; relays run as child processes (`txoutbox relay`).
+#[derive(Debug, Parser)]
+#[command(name = "txoutbox-bench", version, max_term_width = 100)]
+pub struct BenchArgs {
+    /// publish: each publisher alone, no database (messages/s: the broker's ceiling through
+    /// txoutbox's client); drain: N pre-inserted events drained by one relay (events/s, peak
+    /// RSS); latency: writers commit at a fixed rate while a relay runs (commit-to-ack
+    /// p50/p90/p99/max); write: commits/s of a business transaction with and without the
+    /// outbox; scale: drain rate with 1, 2, 4 relays, ordered and unordered; all: the five in
+    /// turn
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// The PostgreSQL to measure on (postgres://user@127.0.0.1:5432/app): each run makes its
+    /// own schema in it
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// The `txoutbox` binary that runs the relays [default: the one next to this binary,
+    /// else `txoutbox` on PATH]
+    #[arg(long, env = "TXOUTBOX_BIN", value_name = "PATH")]
+    pub txoutbox_bin: Option<PathBuf>,
+    /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
+    /// and scale use the first). null: acknowledges at once: the database side alone
+    #[arg(
+        long = "publisher",
+        value_name = "URL",
+        env = "TXOUTBOX_BENCH_PUBLISHER",
+        default_value = "null:",
+        hide_env_values = true
+    )]
+    pub publishers: Vec<String>,
+    /// drain, scale: events pre-inserted per run (publish: messages sent)
+    #[arg(long, env = "TXOUTBOX_BENCH_EVENTS", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub events: u64,
+    /// drain, scale: distinct aggregates the events are spread over
+    #[arg(long, env = "TXOUTBOX_BENCH_AGGREGATES", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub aggregates: u64,
+    /// latency: total commit rates to test, events/s (comma-separated or repeated)
+    #[arg(long = "rate", value_name = "N", env = "TXOUTBOX_BENCH_RATE", value_delimiter = ',', default_values_t = [500u32, 5000], value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub rates: Vec<u32>,
+    /// latency, write: how long writers run per run
+    #[arg(long, env = "TXOUTBOX_BENCH_DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// latency: after writers stop, how long the relay may take to catch up and still count
+    /// as keeping up (events that arrive later still count as delivered)
+    #[arg(long, env = "TXOUTBOX_BENCH_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// latency, write: concurrent writer connections
+    #[arg(long, env = "TXOUTBOX_BENCH_WRITERS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub writers: u32,
+    /// scale: relay counts to compare (comma-separated or repeated)
+    #[arg(long = "relays", value_name = "N", env = "TXOUTBOX_BENCH_RELAYS", value_delimiter = ',', default_values_t = [1u32, 2, 4], value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub relays: Vec<u32>,
+    /// Relay mode(s): drain, latency and write use the first (default ordered); scale compares
+    /// all given (default ordered,unordered)
+    #[arg(
+        long = "mode",
+        value_name = "MODE",
+        env = "TXOUTBOX_BENCH_MODE",
+        value_delimiter = ',',
+        value_enum
+    )]
+    pub modes: Vec<Mode>,
+    /// Runs per configuration; configurations are interleaved (A B C A B C ...) and the
+    /// median, min and max are reported
+    #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
+    /// Extra option for every relay child, e.g. --relay-arg=--retention-period=0 or
+    /// --relay-arg=--batch-size=1000 (repeatable)
+    #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub relay_args: Vec<String>,
+    /// Print one JSON document on stdout instead of the table (no progress bar)
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON document to this file (the table still goes to stdout)
+    #[arg(long, value_name = "PATH")]
+    pub json_file: Option<PathBuf>,
+    /// Also write an SVG chart of throughput and latency percentiles to this file
+    #[arg(long, value_name = "PATH")]
+    pub chart: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    Publish,
+    Drain,
+    Latency,
+    Write,
+    Scale,
+    All,
+}
+
+impl BenchArgs {
+    /// The mode for scenarios that run one.
+    pub fn mode(&self) -> Mode {
+        self.modes.first().copied().unwrap_or(Mode::Ordered)
+    }
+
+    /// The modes `scale` compares.
+    pub fn scale_modes(&self) -> Vec<Mode> {
+        if self.modes.is_empty() {
+            vec![Mode::Ordered, Mode::Unordered]
+        } else {
+            self.modes.clone()
+        }
+    }
+}

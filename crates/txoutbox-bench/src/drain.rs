@@ -1,0 +1,102 @@
+//! `drain` and `scale`: N events inserted set-based, then relays (`txoutbox relay --drain`
+//! child processes) publish them all; timed from the relays' start to the last one's exit.
+
+use std::time::Instant;
+
+use super::child::{RelayChild, RelaySpec};
+use super::report::{col, Column, RunResult};
+use super::schema::BenchDb;
+use super::Env;
+use txoutbox::relay::Mode;
+
+pub const COLUMNS: &[Column] = &[
+    col("events_per_s", "events/s", ""),
+    col("seconds", "time", "s"),
+    col("peak_rss_mib", "peak RSS", "MiB"),
+];
+
+pub fn measures(events: u64, aggregates: u64) -> String {
+    format!(
+        "{events} events over {aggregates} aggregates (~200-byte JSON payloads) inserted set-based \
+         and VACUUM ANALYZEd, then `txoutbox relay --drain` child process(es) publish them all. \
+         events/s = events / wall-clock from the relays' start to the last relay's exit \
+         (process start-up, migration check and connection set-up included). Peak RSS = \
+         largest VmHWM of one relay (sampled every 20 ms). A run fails unless every event was \
+         published (processed_at set after the broker's ack)."
+    )
+}
+
+#[derive(Debug, Clone)]
+pub struct DrainConfig {
+    pub publisher: String,
+    pub relays: u32,
+    pub mode: Mode,
+}
+
+impl DrainConfig {
+    pub fn name(&self) -> String {
+        format!(
+            "{} relay{} {} -> {}",
+            self.relays,
+            if self.relays == 1 { "" } else { "s" },
+            self.mode.as_str(),
+            super::short_url(&self.publisher)
+        )
+    }
+
+    pub fn params(&self) -> serde_json::Value {
+        serde_json::json!({
+            "publisher": txoutbox::publish::redact_url(&self.publisher),
+            "relays": self.relays,
+            "mode": self.mode.as_str(),
+        })
+    }
+}
+
+pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
+    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let result = measure(env, &db, cfg).await;
+    let dropped = db.drop().await;
+    let r = result?;
+    dropped?;
+    Ok(r)
+}
+
+async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
+    env.status(&format!("{}: inserting {} events", cfg.name(), env.events));
+    db.insert_events(env.events, env.aggregates).await?;
+    super::checkpoint(env).await;
+    env.status(&format!("{}: draining", cfg.name()));
+    let spec = RelaySpec {
+        txoutbox: &env.txoutbox,
+        database_url: &env.database_url,
+        schema: db.schema(),
+        publisher: &cfg.publisher,
+        mode: cfg.mode,
+        drain: true,
+        extra: &env.relay_args,
+    };
+    let start = Instant::now();
+    let mut relays = (0..cfg.relays)
+        .map(|_| RelayChild::spawn(&spec))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let outcomes = futures::future::join_all(relays.iter_mut().map(RelayChild::wait)).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    for o in outcomes {
+        o?;
+    }
+    let left = db.unpublished().await?;
+    if left > 0 {
+        let dead = db.dead().await?;
+        anyhow::bail!(
+            "{left} of {} events were not published after the relays exited \
+             ({dead} dead letters)",
+            env.events
+        );
+    }
+    let peak = relays.iter().map(RelayChild::peak_kib).max().unwrap_or(0);
+    Ok(RunResult::default()
+        .value("events_per_s", env.events as f64 / elapsed)
+        .value("seconds", elapsed)
+        .value("peak_rss_mib", peak as f64 / 1024.0))
+}

@@ -1,0 +1,234 @@
+//! `latency`: writers commit events at a fixed total rate while one relay runs; the latency of
+//! an event is from its writer's COMMIT returning to the relay settling it after the broker's
+//! acknowledgement (`processed_at`, set by the database clock).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use txoutbox::{NewEvent, Outbox};
+use uuid::Uuid;
+
+use super::child::{RelayChild, RelaySpec};
+use super::report::{col, quantile, Column, RunResult};
+use super::schema::BenchDb;
+use super::{published_within, wait_published, Env};
+use txoutbox::relay::Mode;
+
+pub const COLUMNS: &[Column] = &[
+    col("p50_ms", "p50", "ms"),
+    col("p90_ms", "p90", "ms"),
+    col("p99_ms", "p99", "ms"),
+    col("max_ms", "max", "ms"),
+    col("achieved_per_s", "achieved", "events/s"),
+    col("catch_up_s", "caught up after", "s"),
+];
+
+pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
+    format!(
+        "{writers} writer connections commit one event per transaction (Outbox::enqueue as one \
+         autocommit INSERT) on a fixed schedule at the target rate for {}s while one `txoutbox relay` child runs. \
+         Latency = processed_at (database clock, set when the relay settles after the broker's \
+         ack: commit-to-ack plus the settle's own delay, an upper bound) - the writer's \
+         wall-clock right after COMMIT returned, corrected by the measured database clock \
+         offset. kept_up: the writers achieved >= 95% of the target rate and \
+         every event was published within {}s after they stopped. A run fails if any event is \
+         never published.",
+        duration.as_secs_f64(),
+        grace.as_secs_f64()
+    )
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyConfig {
+    pub rate: u32,
+    pub publisher: String,
+    pub mode: Mode,
+}
+
+impl LatencyConfig {
+    pub fn name(&self) -> String {
+        format!(
+            "{}/s {} -> {}",
+            self.rate,
+            self.mode.as_str(),
+            super::short_url(&self.publisher)
+        )
+    }
+    pub fn params(&self) -> serde_json::Value {
+        serde_json::json!({
+            "rate": self.rate,
+            "publisher": txoutbox::publish::redact_url(&self.publisher),
+            "mode": self.mode.as_str(),
+        })
+    }
+}
+
+pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
+    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let spec = RelaySpec {
+        txoutbox: &env.txoutbox,
+        database_url: &env.database_url,
+        schema: db.schema(),
+        publisher: &cfg.publisher,
+        mode: cfg.mode,
+        drain: false,
+        extra: &env.relay_args,
+    };
+    let result = match RelayChild::spawn(&spec) {
+        Ok(mut relay) => {
+            let r = relay.sample_while(measure(env, &db, cfg)).await;
+            let stopped = relay.stop().await;
+            r.and_then(|r| stopped.map(|_| r))
+        }
+        Err(e) => Err(e),
+    };
+    let dropped = db.drop().await;
+    let r = result?;
+    dropped?;
+    Ok(r)
+}
+
+async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
+    let outbox = Outbox::new(db.table.clone());
+    // Warm-up: the relay is up and publishing once one event went through.
+    env.status(&format!("{}: waiting for the relay", cfg.name()));
+    let warm = event(0)?;
+    outbox
+        .enqueue(&env.pool, &warm)
+        .await
+        .context("writing the warm-up event")?;
+    wait_published(db, Duration::from_secs(60), "the warm-up event").await?;
+    let offset = clock_offset(env).await?;
+    super::checkpoint(env).await;
+
+    env.status(&format!("{}: writing for {:?}", cfg.name(), env.duration));
+    let total = (f64::from(cfg.rate) * env.duration.as_secs_f64())
+        .round()
+        .max(1.0) as u64;
+    let writers = u64::from(env.writers).min(total);
+    let t0 = Instant::now() + Duration::from_millis(50);
+    let interval = 1.0 / f64::from(cfg.rate);
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..writers {
+        let pool = env.pool.clone();
+        let outbox = outbox.clone();
+        tasks.spawn(async move {
+            let mut out = Vec::with_capacity((total / writers + 1) as usize);
+            let mut i = k;
+            while i < total {
+                tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 * interval)).await;
+                let e = event(i + 1)?;
+                // One autocommit INSERT: a transaction of its own, in one round trip (the
+                // writers share the machine with the relay and the database; `write` measures
+                // what a longer business transaction costs).
+                let id = outbox.enqueue(&pool, &e).await?;
+                out.push((id, Utc::now(), Instant::now()));
+                i += writers;
+            }
+            anyhow::Ok(out)
+        });
+    }
+    let mut committed: Vec<(Uuid, DateTime<Utc>)> = Vec::with_capacity(total as usize);
+    let mut last = t0;
+    while let Some(r) = tasks.join_next().await {
+        for (id, at, instant) in r
+            .context("a writer task panicked")?
+            .context("a writer failed")?
+        {
+            committed.push((id, at));
+            last = last.max(instant);
+        }
+    }
+    let writing = last.saturating_duration_since(t0).as_secs_f64();
+    let achieved = if writing > 0.0 {
+        // `total` commits in the span from the first scheduled slot to the last commit.
+        total as f64 / (writing + interval).max(interval)
+    } else {
+        f64::NAN
+    };
+
+    env.status(&format!(
+        "{}: waiting for the relay to catch up",
+        cfg.name()
+    ));
+    let stopped = Instant::now();
+    let caught_up = published_within(db, env.grace).await?;
+    if !caught_up {
+        wait_published(db, Duration::from_secs(60), "the latency events").await?;
+    }
+    let catch_up_s = stopped.elapsed().as_secs_f64();
+
+    let ids: Vec<Uuid> = committed.iter().map(|(id, _)| *id).collect();
+    let rows: Vec<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
+        "SELECT id, processed_at FROM {} WHERE id = ANY($1)",
+        db.qualified()
+    ))
+    .bind(&ids)
+    .fetch_all(&env.pool)
+    .await
+    .context("reading processed_at")?;
+    let processed: HashMap<Uuid, Option<DateTime<Utc>>> = rows.into_iter().collect();
+    let mut lat = Vec::with_capacity(committed.len());
+    for (id, at) in &committed {
+        match processed.get(id) {
+            Some(Some(p)) => {
+                let ms = (*p - *at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+                lat.push(ms - offset * 1000.0);
+            }
+            Some(None) => anyhow::bail!("event {id} was committed but not published"),
+            None => anyhow::bail!(
+                "event {id} is gone from the table: latency needs processed_at, so run it \
+                 without delete-on-settle retention (--retention-period 0)"
+            ),
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let kept_up = caught_up && achieved >= 0.95 * f64::from(cfg.rate);
+    Ok(RunResult::default()
+        .value("p50_ms", quantile(&lat, 0.50))
+        .value("p90_ms", quantile(&lat, 0.90))
+        .value("p99_ms", quantile(&lat, 0.99))
+        .value("max_ms", quantile(&lat, 1.0))
+        .value("achieved_per_s", achieved)
+        .value("catch_up_s", catch_up_s)
+        .value("events", lat.len() as f64)
+        .value("clock_offset_ms", offset * 1000.0)
+        .flag("kept_up", kept_up))
+}
+
+fn event(i: u64) -> anyhow::Result<NewEvent> {
+    let payload = serde_json::json!({
+        "order_id": i, "customer_id": format!("c-{}", i % 97), "total": i as f64 * 1.5,
+        "note": "x".repeat(100),
+    });
+    Ok(NewEvent::new(
+        "order",
+        (i % 1000).to_string(),
+        "order.created",
+        &payload,
+    )?)
+}
+
+/// The database clock minus this process's clock, in seconds, from the query with the
+/// shortest round trip (on one machine both read the same clock: the offset is ~0).
+async fn clock_offset(env: &Env) -> anyhow::Result<f64> {
+    let mut best: Option<(Duration, f64)> = None;
+    for _ in 0..7 {
+        let before = Utc::now();
+        let started = std::time::Instant::now();
+        let db: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&env.pool)
+            .await
+            .context("reading the database clock")?;
+        let rtt = started.elapsed();
+        let mid = before + chrono::Duration::from_std(rtt / 2).unwrap_or_default();
+        let off = (db - mid).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        if best.is_none_or(|(r, _)| rtt < r) {
+            best = Some((rtt, off));
+        }
+    }
+    Ok(best.map_or(0.0, |(_, o)| o))
+}

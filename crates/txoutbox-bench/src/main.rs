@@ -1,0 +1,478 @@
+//! `txoutbox-bench`: drain rate, commit-to-ack latency, write-path cost and scaling, measured
+//! on the PostgreSQL of --database-url with the relay as a real child process (`txoutbox
+//! relay`, found with [`child::find_txoutbox`]).
+//!
+//! ```text
+//! cargo build --release -p txoutbox-cli -p txoutbox-bench
+//! target/release/txoutbox-bench drain --database-url postgres://postgres@127.0.0.1:5432/test
+//! ```
+
+mod args;
+mod chart;
+mod child;
+mod drain;
+mod latency;
+mod publish;
+mod report;
+mod schema;
+mod write;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use txoutbox::publish::{redact_secrets, redact_url, ConnectError, Publisher};
+use txoutbox::relay::Mode;
+
+use args::{BenchArgs, Scenario};
+use drain::DrainConfig;
+use latency::LatencyConfig;
+use report::{Report, Row, RunResult, Section};
+use schema::{BenchDb, Registry};
+
+/// A bad flag or URL: one line, exit code 2 (as clap's own usage errors).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn main() -> ExitCode {
+    let args = BenchArgs::parse(); // usage errors exit 2, --help/--version 0
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            // Whatever an error quotes (a URL, a client library's echo of its settings), no
+            // secret reaches the terminal.
+            eprintln!("error: {}", redact_secrets(&format!("{e:#}")));
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// What every run needs.
+pub struct Env {
+    pub pool: PgPool,
+    /// The `txoutbox` binary that runs the relays.
+    pub txoutbox: PathBuf,
+    pub database_url: String,
+    pub registry: Registry,
+    pub publishers: Vec<String>,
+    pub events: u64,
+    pub aggregates: u64,
+    pub duration: Duration,
+    pub grace: Duration,
+    pub writers: u32,
+    pub mode: Mode,
+    pub relay_args: Vec<String>,
+    bar: ProgressBar,
+}
+
+impl Env {
+    /// What is running now, beside the progress bar.
+    pub fn status(&self, msg: &str) {
+        self.bar.set_message(msg.to_string());
+    }
+}
+
+async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let url = a.database_url.clone();
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(UsageError(
+            "txoutbox-bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
+             use scripts/drain-db.sh"
+                .into(),
+        )
+        .into());
+    }
+    // Malformed publisher URLs are usage errors, before anything is created.
+    for p in &a.publishers {
+        let publisher = open_publisher(p).await?;
+        let _ = publisher.close().await;
+    }
+    let txoutbox = child::find_txoutbox(a.txoutbox_bin.as_deref())?;
+    let (pool, postgres) = bench_pool(&url, a.writers + 4).await?;
+    let bar = if a.json {
+        ProgressBar::hidden()
+    } else {
+        // indicatif draws nothing when stderr is not a terminal.
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} runs  {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let env = Env {
+        pool: pool.clone(),
+        txoutbox,
+        database_url: url,
+        registry: Registry::default(),
+        publishers: a.publishers.clone(),
+        events: a.events,
+        aggregates: a.aggregates,
+        duration: a.duration,
+        grace: a.grace,
+        writers: a.writers,
+        mode: a.mode(),
+        relay_args: a.relay_args.clone(),
+        bar: bar.clone(),
+    };
+    let started_at = chrono::Utc::now();
+    let outcome = tokio::select! {
+        r = scenarios(&env, &a) => r.map(Some),
+        _ = interrupted() => Ok(None),
+    };
+    bar.finish_and_clear();
+    // Relay children were killed on drop; now their schemas go too.
+    let left = env.registry.drop_all(&pool).await;
+    if !left.is_empty() {
+        eprintln!(
+            "warning: could not drop the bench schema(s) {}",
+            left.join(", ")
+        );
+    }
+    let Some(sections) = outcome? else {
+        eprintln!("interrupted: bench schemas dropped");
+        return Ok(ExitCode::from(130));
+    };
+    let report = Report {
+        txoutbox_version: env!("CARGO_PKG_VERSION"),
+        started_at,
+        postgres: format!("PostgreSQL {postgres}"),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        repeats: a.repeats,
+        sections,
+    };
+    if a.json {
+        println!("{}", report.json()?);
+    } else {
+        print!("{}", report.table());
+    }
+    if let Some(path) = &a.json_file {
+        std::fs::write(path, report.json()? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &a.chart {
+        chart::write(&report, path)?;
+        if !a.json {
+            println!("\nchart: {}", path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A publisher URL for a table row: redacted, without its query string (the JSON has it all).
+pub fn short_url(url: &str) -> String {
+    let u = txoutbox::publish::redact_url(url);
+    match u.split_once('?') {
+        Some((base, _)) => base.to_string(),
+        None => u,
+    }
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// A pool with the relay's connection settings, but without sqlx's "slow statement"
+/// warnings (the bench's bulk inserts are slow on purpose), and the server's version. One
+/// direct connection first, which asks for the version: a pool would report only "timed
+/// out", not why it cannot connect.
+async fn bench_pool(url: &str, max_connections: u32) -> anyhow::Result<(PgPool, String)> {
+    let opts = PgConnectOptions::from_str(url)
+        .map_err(|e| UsageError(format!("invalid database URL {}: {e}", redact_url(url))))?
+        .disable_statement_logging();
+    let opts = txoutbox::store::postgres::relay_connect_options(opts);
+    let unreachable = || format!("cannot connect to PostgreSQL at {}", redact_url(url));
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), opts.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10s"))
+        .with_context(unreachable)?
+        .with_context(unreachable)?;
+    let version: String = sqlx::query_scalar("SELECT current_setting('server_version')")
+        .fetch_one(&mut conn)
+        .await
+        .context("asking PostgreSQL for its version")?;
+    let _ = conn.close().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_lazy_with(opts);
+    Ok((pool, version))
+}
+
+/// Open a publisher; a malformed URL is a usage error (exit 2), an unreachable broker not.
+async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
+    txoutbox::publish::connect(url).await.map_err(|e| match e {
+        ConnectError::Config(e) => UsageError(format!("--publisher: {e}")).into(),
+        ConnectError::Publish(e) => anyhow::anyhow!(
+            "cannot reach the broker at {}: {}",
+            redact_url(url),
+            e.chain()
+        ),
+    })
+}
+
+async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
+    let wanted = |s: Scenario| a.scenario == s || a.scenario == Scenario::All;
+    let drains: Vec<DrainConfig> = a
+        .publishers
+        .iter()
+        .map(|p| DrainConfig {
+            publisher: p.clone(),
+            relays: 1,
+            mode: a.mode(),
+        })
+        .collect();
+    let latencies: Vec<LatencyConfig> = a
+        .rates
+        .iter()
+        .map(|r| LatencyConfig {
+            rate: *r,
+            publisher: a.publishers[0].clone(),
+            mode: a.mode(),
+        })
+        .collect();
+    let scales: Vec<DrainConfig> = a
+        .scale_modes()
+        .into_iter()
+        .flat_map(|mode| {
+            a.relays.iter().map(move |r| DrainConfig {
+                publisher: a.publishers[0].clone(),
+                relays: *r,
+                mode,
+            })
+        })
+        .collect();
+    let mut runs = 0;
+    for (s, n) in [
+        (Scenario::Publish, a.publishers.len()),
+        (Scenario::Drain, drains.len()),
+        (Scenario::Latency, latencies.len()),
+        (Scenario::Write, write::ALL.len()),
+        (Scenario::Scale, scales.len()),
+    ] {
+        if wanted(s) {
+            runs += n as u64 * u64::from(a.repeats);
+        }
+    }
+    env.bar.set_length(runs);
+
+    let mut sections = Vec::new();
+    if wanted(Scenario::Publish) {
+        let rows = interleave(
+            env,
+            a.repeats,
+            &a.publishers,
+            |p| short_url(p),
+            |p| serde_json::json!({ "publisher": txoutbox::publish::redact_url(p) }),
+            |p| publish::run_once(env, p),
+        )
+        .await?;
+        sections.push(Section {
+            scenario: "publish",
+            measures: publish::measures(env.events, env.aggregates),
+            columns: publish::COLUMNS.to_vec(),
+            rows,
+        });
+    }
+    if wanted(Scenario::Drain) {
+        let rows = interleave(
+            env,
+            a.repeats,
+            &drains,
+            |c| c.name(),
+            |c| c.params(),
+            |c| drain::run_once(env, c),
+        )
+        .await?;
+        sections.push(Section {
+            scenario: "drain",
+            measures: drain::measures(env.events, env.aggregates),
+            columns: drain::COLUMNS.to_vec(),
+            rows,
+        });
+    }
+    if wanted(Scenario::Latency) {
+        let rows = interleave(
+            env,
+            a.repeats,
+            &latencies,
+            |c| c.name(),
+            |c| c.params(),
+            |c| latency::run_once(env, c),
+        )
+        .await?;
+        sections.push(Section {
+            scenario: "latency",
+            measures: latency::measures(env.duration, env.writers, env.grace),
+            columns: latency::COLUMNS.to_vec(),
+            rows,
+        });
+    }
+    if wanted(Scenario::Write) {
+        let mut rows = interleave(
+            env,
+            a.repeats,
+            &write::ALL,
+            |c| c.name().to_string(),
+            |c| c.params(),
+            |c| write::run_once(env, *c),
+        )
+        .await?;
+        write::add_ratios(&mut rows);
+        sections.push(Section {
+            scenario: "write",
+            measures: write::measures(env.duration, env.writers),
+            columns: write::COLUMNS.to_vec(),
+            rows,
+        });
+    }
+    if wanted(Scenario::Scale) {
+        let rows = interleave(
+            env,
+            a.repeats,
+            &scales,
+            |c| c.name(),
+            |c| c.params(),
+            |c| drain::run_once(env, c),
+        )
+        .await?;
+        sections.push(Section {
+            scenario: "scale",
+            measures: drain::measures(env.events, env.aggregates),
+            columns: drain::COLUMNS.to_vec(),
+            rows,
+        });
+    }
+    Ok(sections)
+}
+
+/// Run every configuration `repeats` times, interleaved (A B C A B C ...), so that drift of the
+/// machine (other load, caches, autovacuum) spreads over all of them alike.
+async fn interleave<'a, C, F, Fut>(
+    env: &Env,
+    repeats: u32,
+    configs: &'a [C],
+    name: impl Fn(&C) -> String,
+    params: impl Fn(&C) -> serde_json::Value,
+    run: F,
+) -> anyhow::Result<Vec<Row>>
+where
+    F: Fn(&'a C) -> Fut,
+    Fut: Future<Output = anyhow::Result<RunResult>>,
+{
+    let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); configs.len()];
+    for round in 0..repeats {
+        for (i, c) in configs.iter().enumerate() {
+            env.status(&format!("{} (run {} of {repeats})", name(c), round + 1));
+            let r = run(c)
+                .await
+                .with_context(|| format!("{} (run {})", name(c), round + 1))?;
+            results[i].push(r);
+            env.bar.inc(1);
+        }
+    }
+    Ok(configs
+        .iter()
+        .zip(results)
+        .map(|(c, runs)| Row::new(name(c), params(c), &runs))
+        .collect())
+}
+
+/// `CHECKPOINT` before a measured phase, as the reference scripts do: a checkpoint that a
+/// previous run's WAL started (a drain writes hundreds of MB) would otherwise run during this
+/// one, and the full-page writes after it make commits slower, so the interleaved runs would
+/// not be alike. Needs superuser or `pg_checkpoint`; without them the bench says so once and
+/// goes on.
+pub async fn checkpoint(env: &Env) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(&env.pool).await {
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: CHECKPOINT before each measured run failed ({e}); runs may include \
+                 a checkpoint started by the previous one"
+            )
+        });
+    }
+}
+
+/// Wait until no event of `db` is unpublished; fail after `stall` without progress (the
+/// deadline moves on while events keep getting published, so slowness alone never fails).
+pub async fn wait_published(db: &BenchDb, stall: Duration, what: &str) -> anyhow::Result<()> {
+    let mut deadline = tokio::time::Instant::now() + stall;
+    let mut last = i64::MAX;
+    loop {
+        let left = db.unpublished().await?;
+        if left == 0 {
+            return Ok(());
+        }
+        let now = tokio::time::Instant::now();
+        if left < last {
+            deadline = now + stall;
+            last = left;
+        }
+        if now >= deadline {
+            let dead = db.dead().await?;
+            anyhow::bail!(
+                "{left} event(s) not published after {}s without progress ({dead} dead \
+                 letters): {what}",
+                stall.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether every event of `db` is published within `limit`.
+pub async fn published_within(db: &BenchDb, limit: Duration) -> anyhow::Result<bool> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if db.unpublished().await? == 0 {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

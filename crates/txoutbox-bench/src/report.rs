@@ -1,0 +1,301 @@
+//! Results: per configuration, every run's figures and their median, min and max; printed as a
+//! table or one JSON document.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// What one run measured, in column order.
+#[derive(Debug, Default, Clone)]
+pub struct RunResult {
+    pub values: Vec<(&'static str, f64)>,
+    pub flags: Vec<(&'static str, bool)>,
+}
+
+impl RunResult {
+    pub fn value(mut self, key: &'static str, v: f64) -> Self {
+        self.values.push((key, v));
+        self
+    }
+    pub fn flag(mut self, key: &'static str, v: bool) -> Self {
+        self.flags.push((key, v));
+        self
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub runs: Vec<f64>,
+}
+
+impl Stat {
+    pub fn of(runs: Vec<f64>) -> Self {
+        let mut s = runs.clone();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let median = match n {
+            0 => f64::NAN,
+            _ if n % 2 == 1 => s[n / 2],
+            _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+        };
+        Self {
+            median,
+            min: s.first().copied().unwrap_or(f64::NAN),
+            max: s.last().copied().unwrap_or(f64::NAN),
+            runs,
+        }
+    }
+}
+
+/// A column of a section's table.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Column {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub unit: &'static str,
+}
+
+pub const fn col(key: &'static str, label: &'static str, unit: &'static str) -> Column {
+    Column { key, label, unit }
+}
+
+/// One configuration's runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub config: String,
+    pub params: serde_json::Value,
+    /// key -> statistics, in column order.
+    pub metrics: Vec<(String, Stat)>,
+    /// key -> the value of each run (e.g. whether it kept up).
+    pub flags: Vec<(String, Vec<bool>)>,
+}
+
+impl Row {
+    pub fn new(config: String, params: serde_json::Value, runs: &[RunResult]) -> Self {
+        let mut metrics: Vec<(String, Vec<f64>)> = Vec::new();
+        let mut flags: Vec<(String, Vec<bool>)> = Vec::new();
+        for r in runs {
+            for (k, v) in &r.values {
+                match metrics.iter_mut().find(|(key, _)| key == k) {
+                    Some((_, vs)) => vs.push(*v),
+                    None => metrics.push((k.to_string(), vec![*v])),
+                }
+            }
+            for (k, v) in &r.flags {
+                match flags.iter_mut().find(|(key, _)| key == k) {
+                    Some((_, vs)) => vs.push(*v),
+                    None => flags.push((k.to_string(), vec![*v])),
+                }
+            }
+        }
+        Self {
+            config,
+            params,
+            metrics: metrics.into_iter().map(|(k, v)| (k, Stat::of(v))).collect(),
+            flags,
+        }
+    }
+
+    pub fn stat(&self, key: &str) -> Option<&Stat> {
+        self.metrics.iter().find(|(k, _)| k == key).map(|(_, s)| s)
+    }
+
+    pub fn add_metric(&mut self, key: &str, runs: Vec<f64>) {
+        self.metrics.push((key.to_string(), Stat::of(runs)));
+    }
+}
+
+/// One scenario's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Section {
+    pub scenario: &'static str,
+    /// What is measured and how, for the reader of the table.
+    pub measures: String,
+    pub columns: Vec<Column>,
+    pub rows: Vec<Row>,
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub txoutbox_version: &'static str,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub postgres: String,
+    pub cpus: usize,
+    pub repeats: u32,
+    pub sections: Vec<Section>,
+}
+
+impl Report {
+    pub fn json(&self) -> anyhow::Result<String> {
+        // Metrics as objects keyed by name (serde would make them pairs).
+        let mut v = serde_json::to_value(self)?;
+        if let Some(sections) = v.get_mut("sections").and_then(|s| s.as_array_mut()) {
+            for s in sections {
+                if let Some(rows) = s.get_mut("rows").and_then(|r| r.as_array_mut()) {
+                    for r in rows {
+                        for field in ["metrics", "flags"] {
+                            if let Some(pairs) = r.get(field).and_then(|m| m.as_array()) {
+                                let obj: serde_json::Map<String, serde_json::Value> = pairs
+                                    .iter()
+                                    .filter_map(|p| {
+                                        let k = p.get(0)?.as_str()?.to_string();
+                                        Some((k, p.get(1)?.clone()))
+                                    })
+                                    .collect();
+                                r[field] = serde_json::Value::Object(obj);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(serde_json::to_string_pretty(&v)?)
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "txoutbox {} bench, {}, {} CPUs, {} run(s) per configuration, interleaved; \
+             figures: median (min-max)",
+            self.txoutbox_version, self.postgres, self.cpus, self.repeats
+        );
+        for s in &self.sections {
+            let _ = writeln!(out, "\n== {} ==\n{}", s.scenario, s.measures);
+            let mut header = vec!["configuration".to_string()];
+            header.extend(s.columns.iter().map(|c| {
+                if c.unit.is_empty() {
+                    c.label.to_string()
+                } else {
+                    format!("{} ({})", c.label, c.unit)
+                }
+            }));
+            let flag_keys: Vec<&String> = s
+                .rows
+                .first()
+                .map(|r| r.flags.iter().map(|(k, _)| k).collect())
+                .unwrap_or_default();
+            header.extend(flag_keys.iter().map(|k| k.to_string()));
+            let mut lines = vec![header];
+            for r in &s.rows {
+                let mut line = vec![r.config.clone()];
+                for c in &s.columns {
+                    line.push(match r.stat(c.key) {
+                        Some(st) => fmt_stat(st),
+                        None => "-".into(),
+                    });
+                }
+                for (_, vs) in &r.flags {
+                    let yes = vs.iter().filter(|b| **b).count();
+                    line.push(format!("{yes}/{} yes", vs.len()));
+                }
+                lines.push(line);
+            }
+            let widths: Vec<usize> = (0..lines[0].len())
+                .map(|i| {
+                    lines
+                        .iter()
+                        .map(|l| l.get(i).map_or(0, |c| c.chars().count()))
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            for (n, l) in lines.iter().enumerate() {
+                let cells: Vec<String> = l
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+                    .collect();
+                let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+                if n == 0 {
+                    let total = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+                    let _ = writeln!(out, "{}", "-".repeat(total));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn fmt_stat(s: &Stat) -> String {
+    if s.runs.len() == 1 {
+        fmt_num(s.median)
+    } else {
+        format!(
+            "{} ({}-{})",
+            fmt_num(s.median),
+            fmt_num(s.min),
+            fmt_num(s.max)
+        )
+    }
+}
+
+/// 3 significant digits for small numbers, thousands separators for large ones.
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        let n = v.round() as i64;
+        let digits = n.unsigned_abs().to_string();
+        let mut s = String::new();
+        for (i, ch) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                s.push(',');
+            }
+            s.push(ch);
+        }
+        if n < 0 {
+            s.insert(0, '-');
+        }
+        s
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The `p`-quantile (0..=1) of sorted values, nearest rank.
+pub fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_min_max() {
+        let s = Stat::of(vec![3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Stat::of(vec![4.0, 1.0]).median, 2.5);
+    }
+
+    #[test]
+    fn quantiles_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v, 1.0), 100.0);
+        assert_eq!(quantile(&[7.0], 0.9), 7.0);
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(fmt_num(123_456.7), "123,457");
+        assert_eq!(fmt_num(12.345), "12.3");
+        assert_eq!(fmt_num(0.5), "0.50");
+    }
+}

@@ -1,0 +1,329 @@
+//! `txoutbox-bench` for a second or two per scenario, tiny sizes, against the real PostgreSQL:
+//! it runs, every event arrives (the bench checks that itself and fails otherwise), --json
+//! parses, and its schemas are gone afterwards. Nothing here asserts a speed.
+//!
+//! The relays are the `txoutbox` binary beside the bench's, which cargo builds there for
+//! `cargo test --workspace`; alone, build it first: `cargo build -p txoutbox-cli
+//! --all-features && cargo test -p txoutbox-bench`.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+use txoutbox::testing::postgres::database_url;
+
+fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The daemon the bench runs as its relays.
+fn txoutbox() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_txoutbox-bench")).with_file_name("txoutbox");
+    assert!(
+        path.is_file(),
+        "no {} to run the relays: `cargo build -p txoutbox-cli --all-features` first",
+        path.display()
+    );
+    path
+}
+
+/// Run `txoutbox-bench ARGS`; returns its output and its pid (the bench's schemas are
+/// named txo_bench_<pid>_<n>).
+async fn bench(args: &[&str]) -> (Output, u32) {
+    let child = Command::new(env!("CARGO_BIN_EXE_txoutbox-bench"))
+        .args(args)
+        .env("DATABASE_URL", database_url())
+        .env("TXOUTBOX_BIN", txoutbox())
+        .env("TXOUTBOX_LOG", "warn")
+        .env_remove("TXOUTBOX_PUBLISHER")
+        .env_remove("TXOUTBOX_CONFIG")
+        .env_remove("TXOUTBOX_SCHEMA")
+        .env_remove("TXOUTBOX_TABLE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run txoutbox-bench");
+    let pid = child.id().unwrap();
+    // Generous: a loaded CI machine must not fail this on slowness.
+    let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
+        .await
+        .expect("bench timed out")
+        .expect("bench output");
+    (out, pid)
+}
+
+/// Exit 0, JSON on stdout, and no schema of this bench process left behind.
+async fn ok_json(args: &[&str]) -> Value {
+    let (out, pid) = bench(args).await;
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed: {}\n{}",
+        stderr(&out),
+        stdout(&out)
+    );
+    assert_no_schemas_left(pid).await;
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("--json output does not parse: {e}\n{}", stdout(&out)))
+}
+
+async fn assert_no_schemas_left(pid: u32) {
+    let pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname LIKE $1")
+        .bind(format!("txo\\_bench\\_{pid}\\_%"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(left, 0, "the bench left {left} schema(s) behind");
+}
+
+fn section<'a>(report: &'a Value, scenario: &str) -> &'a Vec<Value> {
+    let s = report["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["scenario"] == scenario)
+        .unwrap_or_else(|| panic!("no {scenario} section in {report}"));
+    s["rows"].as_array().unwrap()
+}
+
+fn median(row: &Value, metric: &str) -> f64 {
+    row["metrics"][metric]["median"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {metric} in {row}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_publishes_every_event_and_writes_a_chart() {
+    let chart = std::env::temp_dir().join(format!("{}.svg", unique("txo_bench_chart")));
+    let chart_arg = chart.to_str().unwrap().to_string();
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "2000",
+        "--repeats",
+        "2",
+        "--json",
+        "--chart",
+        &chart_arg,
+    ])
+    .await;
+    let rows = section(&report, "drain");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["params"]["publisher"], "null:");
+    let runs = rows[0]["metrics"]["events_per_s"]["runs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(runs.len(), 2, "--repeats 2 makes two runs");
+    assert!(median(&rows[0], "events_per_s") > 0.0);
+    assert!(
+        median(&rows[0], "peak_rss_mib") > 1.0,
+        "the relay's RSS was not measured"
+    );
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("Drain rate"),
+        "not the chart: {svg:.200}"
+    );
+    let _ = std::fs::remove_file(&chart);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_measures_every_committed_event() {
+    let report = ok_json(&[
+        "latency",
+        "--rate",
+        "200",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "latency");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        median(&rows[0], "events"),
+        200.0,
+        "every committed event has a latency"
+    );
+    let (p50, p99, max) = (
+        median(&rows[0], "p50_ms"),
+        median(&rows[0], "p99_ms"),
+        median(&rows[0], "max_ms"),
+    );
+    assert!(
+        p50 <= p99 && p99 <= max,
+        "percentiles out of order: {p50} {p99} {max}"
+    );
+    assert!(rows[0]["flags"]["kept_up"].as_array().unwrap()[0].is_boolean());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn write_compares_every_configuration_to_no_outbox() {
+    let report = ok_json(&[
+        "write",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "write");
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert_eq!(rows[0]["config"], "no outbox");
+    assert_eq!(median(&rows[0], "ratio"), 1.0);
+    for r in rows {
+        assert!(median(r, "commits_per_s") > 0.0, "{r}");
+        assert!(median(r, "ratio") > 0.0, "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_runs_one_and_two_relays_in_both_modes() {
+    let report = ok_json(&[
+        "scale",
+        "--events",
+        "2000",
+        "--relays",
+        "1,2",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "scale");
+    let configs: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["params"]["relays"].as_u64().unwrap(),
+                r["params"]["mode"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        configs,
+        [
+            (1, "ordered"),
+            (2, "ordered"),
+            (1, "unordered"),
+            (2, "unordered")
+        ]
+    );
+    for r in rows {
+        assert!(median(r, "events_per_s") > 0.0, "{r}");
+    }
+}
+
+/// The bench's own check can fail: when every publish fails and each event is dead-lettered
+/// at its first failure, the relays exit with nothing published and the bench says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_fails_when_events_do_not_arrive() {
+    let (out, pid) = bench(&[
+        "drain",
+        "--events",
+        "300",
+        "--repeats",
+        "1",
+        "--relay-arg=--inject-faults=1",
+        "--relay-arg=--max-attempts=1",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("300 of 300 events were not published"),
+        "{err}"
+    );
+    assert!(err.contains("300 dead letters"), "{err}");
+    assert_no_schemas_left(pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_publisher_is_a_usage_error() {
+    let (out, _) = bench(&["drain", "--publisher", "carrier-pigeon://coop"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: --publisher"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_database_is_a_usage_error_not_a_postgres_connection_error() {
+    let (out, _) = bench(&["drain", "--database-url", "sqlite:///tmp/txo-bench.db"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("PostgreSQL only"), "{err}");
+    assert!(!std::path::Path::new("/tmp/txo-bench.db").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_measures_each_broker_alone() {
+    let stream = unique("TXO_BENCH_PUB").to_uppercase();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let report = ok_json(&[
+        "publish",
+        "--events",
+        "3000",
+        "--publisher",
+        "null:",
+        "--publisher",
+        &nats,
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "publish");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in rows {
+        assert!(median(r, "messages_per_s") > 0.0, "{r}");
+    }
+    // Every message reached the stream (JetStream acknowledged each one).
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 3000);
+    js.delete_stream(&stream).await.unwrap();
+}
+
+/// A --txoutbox-bin that is not there is named before anything is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_txoutbox_binary_is_named() {
+    let (out, pid) = bench(&["drain", "--txoutbox-bin", "/nonexistent/txoutbox"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("/nonexistent/txoutbox"), "{err}");
+    assert_no_schemas_left(pid).await;
+}
