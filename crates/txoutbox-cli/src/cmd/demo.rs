@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::FutureExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
 use txoutbox::relay::Relay;
 use txoutbox::store::Retention;
@@ -56,7 +55,7 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
     .spawn();
 
     let outbox = db.outbox(&ctx.table);
-    let bar = bar_for(a.orders as u64, "writing orders (every 5th is rolled back)");
+    let mut bar = Progress::new(a.orders as u64, "writing orders (every 5th is rolled back)");
     let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
     for i in 1..=a.orders {
         let (event_id, commit) = create_order(&db, &outbox, &orders, i).await?;
@@ -65,11 +64,11 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         } else {
             rolled_back.push(event_id);
         }
-        bar.inc(1);
+        bar.set_position(bar.pos + 1);
     }
     bar.finish();
 
-    let bar = bar_for(committed.len() as u64, "waiting for the relay to deliver");
+    let mut bar = Progress::new(committed.len() as u64, "waiting for the relay to deliver");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let done = {
@@ -226,23 +225,53 @@ fn demo_tuning() -> RelayTuning {
         shutdown_timeout: Duration::from_secs(5),
         retention_period: std::time::Duration::from_secs(7 * 24 * 3600),
         relay_id: None,
-        mode: crate::cli::ModeArg::Ordered,
-        on_dead_letter: crate::cli::OnDeadArg::Skip,
+        mode: txoutbox::relay::Mode::Ordered,
+        on_dead_letter: txoutbox::relay::OnDeadLetter::Skip,
         partition_lease: Duration::from_secs(10),
         pipeline: 2,
         inject_faults: 0.0,
     }
 }
 
-fn bar_for(len: u64, msg: &'static str) -> ProgressBar {
-    let b = ProgressBar::new(len);
-    b.set_style(
-        ProgressStyle::with_template("{msg:42} [{bar:30}] {pos}/{len}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    b.set_message(msg);
-    b
+/// A count on one line of stderr, redrawn in place; nothing when stderr is not a terminal
+/// (a pipe or a log gets no control characters).
+struct Progress {
+    msg: &'static str,
+    len: u64,
+    pos: u64,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(len: u64, msg: &'static str) -> Self {
+        let p = Self {
+            msg,
+            len,
+            pos: 0,
+            terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        };
+        p.draw();
+        p
+    }
+
+    fn set_position(&mut self, pos: u64) {
+        if pos != self.pos {
+            self.pos = pos;
+            self.draw();
+        }
+    }
+
+    fn draw(&self) {
+        if self.terminal {
+            eprint!("\r{:42} {}/{}", self.msg, self.pos, self.len);
+        }
+    }
+
+    fn finish(&self) {
+        if self.terminal {
+            eprintln!();
+        }
+    }
 }
 
 /// Passes messages to the real publisher and remembers which ones the broker acknowledged.
