@@ -137,7 +137,7 @@ pub fn format_duration(d: Duration) -> String {
         ("m", 60_000),
         ("s", 1000),
     ] {
-        if ms % len == 0 {
+        if ms.is_multiple_of(len) {
             return format!("{}{unit}", ms / len);
         }
     }
