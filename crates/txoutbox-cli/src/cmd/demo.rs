@@ -9,13 +9,13 @@ use std::time::Duration;
 use anyhow::Context;
 use futures::FutureExt;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
-use txoutbox::relay::Relay;
+use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::Retention;
 use txoutbox::{NewEvent, Outbox};
 use uuid::Uuid;
 
-use super::{open_publisher, relay_config};
-use crate::cli::{DemoArgs, RelayTuning};
+use super::open_publisher;
+use crate::cli::DemoArgs;
 use crate::ctx::{Ctx, Db};
 
 /// The demo's SQLite file when no database URL is given.
@@ -46,11 +46,10 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         inner: Arc::from(open_publisher(&a.publisher).await?),
         delivered: delivered.clone(),
     };
-    let tuning = demo_tuning();
     let relay = Relay::new(
         db.store(&ctx.table, Retention::Mark),
         Box::new(publisher),
-        relay_config(&tuning, false)?,
+        demo_config(),
     )
     .spawn();
 
@@ -213,24 +212,17 @@ async fn create_order(
     Ok((event.id(), commit))
 }
 
-fn demo_tuning() -> RelayTuning {
-    RelayTuning {
-        batch_size: 100,
-        max_in_flight: 100,
-        poll_interval: Duration::from_millis(500),
-        lease: Duration::from_secs(30),
-        max_attempts: 10,
-        backoff_base: Duration::from_millis(200),
-        backoff_max: Duration::from_secs(5),
-        shutdown_timeout: Duration::from_secs(5),
-        retention_period: std::time::Duration::from_secs(7 * 24 * 3600),
-        relay_id: None,
-        mode: txoutbox::relay::Mode::Ordered,
-        on_dead_letter: txoutbox::relay::OnDeadLetter::Skip,
-        partition_lease: Duration::from_secs(10),
-        pipeline: 2,
-        inject_faults: 0.0,
-    }
+/// The library's defaults, quicker: small batches, a short poll and short retries, so the
+/// demo's few events go through in well under a second.
+fn demo_config() -> RelayConfig {
+    let mut c = RelayConfig::default();
+    c.batch_size = 100;
+    c.max_in_flight = 100;
+    c.poll_interval = Duration::from_millis(500);
+    c.backoff.base = Duration::from_millis(200);
+    c.backoff.max = Duration::from_secs(5);
+    c.shutdown_timeout = Duration::from_secs(5);
+    c
 }
 
 /// A count on one line of stderr, redrawn in place; nothing when stderr is not a terminal
