@@ -432,16 +432,24 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// `txoutbox relay ARGS`, without the environment's TXOUTBOX_* values (which would win
+    /// over the defaults).
+    fn relay(args: &[&str]) -> RelayArgs {
+        let cmd = Cli::command().mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)));
+        let m = cmd
+            .try_get_matches_from(["txoutbox", "relay"].iter().chain(args))
+            .unwrap();
+        let Command::Relay(r) = Cli::from_arg_matches(&m).unwrap().command else {
+            panic!("not the relay command")
+        };
+        r
+    }
+
     /// Every setting a flag has comes out of a flagless command line as the library's
     /// default (the relay id aside: each process makes its own).
     #[test]
     fn flag_defaults_are_the_library_defaults() {
-        // Without the environment's TXOUTBOX_* values, which would win over the defaults.
-        let cmd = Cli::command().mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)));
-        let m = cmd.try_get_matches_from(["txoutbox", "relay"]).unwrap();
-        let Command::Relay(r) = Cli::from_arg_matches(&m).unwrap().command else {
-            panic!("not the relay command")
-        };
+        let r = relay(&[]);
         let mut got = crate::cmd::relay_config(&r.tuning, false).unwrap();
         let want = RelayConfig::default();
         got.relay_id.clone_from(&want.relay_id);
@@ -461,5 +469,37 @@ mod tests {
             table,
             "--schema/--table"
         );
+    }
+
+    /// What the library refuses, the daemon refuses, in its flags' words.
+    #[test]
+    fn library_refusals_name_the_flags() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--batch-size", "0"],
+                "--batch-size must be from 1 to 100000",
+            ),
+            (&["--batch-size", "100001"], "--batch-size must be"),
+            (&["--pipeline", "65"], "--pipeline must be from 1 to 64"),
+            (&["--max-in-flight", "0"], "--max-in-flight must be"),
+            (&["--max-attempts", "0"], "--max-attempts must be"),
+            (&["--lease", "500ms"], "--lease must be at least 1s"),
+            (&["--relay-id", ""], "--relay-id must not be empty"),
+            (
+                &["--backoff-base", "2m"],
+                "--backoff-base must not exceed --backoff-max",
+            ),
+            (
+                &["--mode", "unordered", "--on-dead-letter", "hold"],
+                "--on-dead-letter hold needs --mode ordered",
+            ),
+        ];
+        for (args, want) in cases {
+            let e = crate::cmd::relay_config(&relay(args).tuning, false).unwrap_err();
+            assert!(e.to_string().starts_with(want), "{args:?}: {e}");
+        }
+        let held = relay(&["--on-dead-letter", "hold"]);
+        let c = crate::cmd::relay_config(&held.tuning, false).unwrap();
+        assert_eq!(c.ordering, txoutbox::store::Ordering::OrderedHold);
     }
 }
