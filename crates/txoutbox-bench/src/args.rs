@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use txoutbox::relay::{parse_duration, Mode};
+use txoutbox::relay::{parse_duration, Mode, RelayConfig};
 
 /// Measure the outbox on this PostgreSQL: drain rate, commit-to-ack latency, write-path cost
 /// and scaling with relays. Every run gets a fresh schema (txo_bench_<pid>_<n>), migrated,
@@ -60,8 +60,8 @@ pub struct BenchArgs {
     /// scale: relay counts to compare (comma-separated or repeated)
     #[arg(long = "relays", value_name = "N", env = "TXOUTBOX_BENCH_RELAYS", value_delimiter = ',', default_values_t = [1u32, 2, 4], value_parser = clap::value_parser!(u32).range(1..=64))]
     pub relays: Vec<u32>,
-    /// Relay mode(s): drain, latency and write use the first (default ordered); scale compares
-    /// all given (default ordered,unordered)
+    /// Relay mode(s): drain, latency and write use the first (default: the relay's, ordered);
+    /// scale compares all given (default ordered,unordered)
     #[arg(
         long = "mode",
         value_name = "MODE",
@@ -100,9 +100,12 @@ pub enum Scenario {
 }
 
 impl BenchArgs {
-    /// The mode for scenarios that run one.
+    /// The mode for scenarios that run one (default: the relay's).
     pub fn mode(&self) -> Mode {
-        self.modes.first().copied().unwrap_or(Mode::Ordered)
+        self.modes
+            .first()
+            .copied()
+            .unwrap_or_else(|| RelayConfig::default().mode())
     }
 
     /// The modes `scale` compares.

@@ -9,10 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use txoutbox::relay::Mode;
 
 use crate::UsageError;
-
-use txoutbox::relay::Mode;
 
 /// How often /proc/PID/status is read for VmHWM (the kernel's own high-water mark of the
 /// resident set: a sample misses only growth in the last interval before exit).
