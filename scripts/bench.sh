@@ -6,8 +6,10 @@
 # Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table).
 #   scripts/bench.sh                  # everything (about 10 minutes on 2 cores)
 #   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
-#   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to every bench
+#   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to txoutbox-bench
 # Needs the services of scripts/services.sh (PostgreSQL; NATS for the broker reference).
+# The bench is its own binary (crates/txoutbox-bench; `txoutbox-bench --help`); its relays are
+# `txoutbox relay` child processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
@@ -17,11 +19,17 @@ events=${EVENTS:-100000}
 duration=${DURATION:-10s}
 repeats=${REPEATS:-3}
 writers=${WRITERS:-16}
-# BIN=path/to/txoutbox uses that binary instead of building one.
-bin=${BIN:-target/release/txoutbox}
-if [ -z "${BIN:-}" ]; then cargo build --release -p txoutbox-cli --bin txoutbox; fi
+# BIN=path/to/txoutbox runs the relays with that binary instead of building one (the bench
+# itself is built either way).
+release="${CARGO_TARGET_DIR:-target}/release"
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -p txoutbox-cli --bin txoutbox -p txoutbox-bench
+else
+  cargo build --release -p txoutbox-bench
+fi
+export TXOUTBOX_BIN=${BIN:-$release/txoutbox}
 mkdir -p docs
-"$bin" bench all \
+"$release/txoutbox-bench" all \
   --events "$events" --duration "$duration" --repeats "$repeats" --writers "$writers" \
   --publisher null: \
   --publisher "$nats?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}" \

@@ -1,8 +1,49 @@
 //! Command-line interface: every option also comes from the environment and the TOML file.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use txoutbox::relay::{format_duration, parse_duration, Mode, OnDeadLetter, RelayConfig};
+use txoutbox::retention::Purger;
+use txoutbox::OutboxTable;
+
+/// The library's defaults, which the flags start from and `--help` shows: defined once, in
+/// `RelayConfig::default()`, `Purger::default()` and `OutboxTable::default()`.
+struct Defaults {
+    relay: RelayConfig,
+    purger: Purger,
+    schema: String,
+    table: String,
+    poll_interval: String,
+    lease: String,
+    backoff_base: String,
+    backoff_max: String,
+    shutdown_timeout: String,
+    partition_lease: String,
+    retention_period: String,
+    retention_interval: String,
+}
+
+static DEFAULTS: LazyLock<Defaults> = LazyLock::new(|| {
+    let relay = RelayConfig::default();
+    let purger = Purger::default();
+    let table = OutboxTable::default();
+    Defaults {
+        schema: table.schema().as_str().to_string(),
+        table: table.table().as_str().to_string(),
+        poll_interval: format_duration(relay.poll_interval),
+        lease: format_duration(relay.lease),
+        backoff_base: format_duration(relay.backoff.base),
+        backoff_max: format_duration(relay.backoff.max),
+        shutdown_timeout: format_duration(relay.shutdown_timeout),
+        partition_lease: format_duration(relay.partition_lease),
+        retention_period: format_duration(purger.keep),
+        retention_interval: format_duration(purger.every),
+        relay,
+        purger,
+    }
+});
 
 /// txoutbox: a transactional outbox for PostgreSQL, MySQL/MariaDB and SQLite.
 ///
@@ -46,7 +87,7 @@ pub struct Global {
         long,
         env = "TXOUTBOX_SCHEMA",
         global = true,
-        default_value = "public",
+        default_value = DEFAULTS.schema.as_str(),
         hide_env_values = true
     )]
     pub schema: String,
@@ -55,7 +96,7 @@ pub struct Global {
         long,
         env = "TXOUTBOX_TABLE",
         global = true,
-        default_value = "outbox_events",
+        default_value = DEFAULTS.table.as_str(),
         hide_env_values = true
     )]
     pub table: String,
@@ -103,9 +144,6 @@ pub enum Command {
     /// rolled back), the relay, and a check that exactly the committed events were delivered.
     /// Without --database-url it runs on an SQLite file in the temporary directory
     Demo(DemoArgs),
-    /// Measure drain rate, commit-to-ack latency, write-path cost and scaling with relays, on
-    /// fresh schemas of the given database (dropped afterwards)
-    Bench(crate::cmd::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -181,10 +219,10 @@ pub struct OpsArgs {
     #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period
-    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = parse_duration)]
     pub retention_interval: Duration,
     /// Rows deleted per purge statement
-    #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = 5000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = DEFAULTS.purger.batch, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub retention_batch: i64,
 }
 
@@ -192,74 +230,61 @@ pub struct OpsArgs {
 #[derive(Debug, Args, Clone)]
 pub struct RelayTuning {
     /// Events claimed per batch
-    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub batch_size: u32,
+    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size)]
+    pub batch_size: usize,
     /// Messages awaiting broker acknowledgement at once, at most
-    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub max_in_flight: u32,
+    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight)]
+    pub max_in_flight: usize,
     /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s)
-    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = parse_duration)]
     pub poll_interval: Duration,
     /// How long a claim holds its events; a dead relay's events return after this
-    #[arg(long, env = "TXOUTBOX_LEASE", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = parse_duration)]
     pub lease: Duration,
     /// Failed attempts before an event is dead-lettered
-    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts)]
     pub max_attempts: u32,
     /// First retry delay (doubles per attempt, with jitter)
-    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = parse_duration)]
     pub backoff_base: Duration,
     /// Longest retry delay
-    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = parse_duration)]
     pub backoff_max: Duration,
     /// On shutdown, how long to wait for in-flight acknowledgements
-    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
     /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
     /// 0 deletes each event as soon as it is published. Dead letters are always kept
-    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", default_value = "7d", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", default_value = DEFAULTS.retention_period.as_str(), value_parser = parse_duration)]
     pub retention_period: Duration,
     /// This relay's name in locked_by (default host:pid:random)
     #[arg(long, env = "TXOUTBOX_RELAY_ID")]
     pub relay_id: Option<String>,
-    /// ordered: each aggregate's events reach the broker in seq order, also with many relays
-    /// (they share the aggregate-hash partitions); unordered: any relay takes any event,
-    /// faster, no order. All relays of one table must use the same mode
-    #[arg(long, env = "TXOUTBOX_MODE", value_enum, default_value = "ordered")]
-    pub mode: ModeArg,
-    /// Ordered mode: when an aggregate's event is dead-lettered, `skip` goes on with its later
-    /// events; `hold` keeps them back until an operator retries or discards the dead letter
+    /// Whether each aggregate's events keep their order, also with many relays (they share the
+    /// aggregate-hash partitions). All relays of one table must use the same mode
+    #[arg(long, env = "TXOUTBOX_MODE", value_enum, default_value_t = DEFAULTS.relay.mode())]
+    pub mode: Mode,
+    /// Ordered mode: what becomes of an aggregate's later events when one of its events is
+    /// dead-lettered
     #[arg(
         long,
         env = "TXOUTBOX_ON_DEAD_LETTER",
         value_enum,
-        default_value = "skip"
+        default_value_t = DEFAULTS.relay.on_dead_letter()
     )]
-    pub on_dead_letter: OnDeadArg,
+    pub on_dead_letter: OnDeadLetter,
     /// How long a relay's partitions last without its heartbeat: a dead relay's share is
     /// taken over after this
-    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = parse_duration)]
     pub partition_lease: Duration,
     /// Batches in flight at once: the next batch is claimed while earlier ones are being
     /// published and settled (per-aggregate order is kept either way)
-    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub pipeline: u32,
+    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline)]
+    pub pipeline: usize,
     /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
     /// transiently, half before sending, half by losing the broker's acknowledgement
     #[arg(long, env = "TXOUTBOX_INJECT_FAULTS", default_value_t = 0.0, value_parser = parse_fraction)]
     pub inject_faults: f64,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum ModeArg {
-    Ordered,
-    Unordered,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum OnDeadArg {
-    Skip,
-    Hold,
 }
 
 #[derive(Debug, Args)]
@@ -397,34 +422,84 @@ pub fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `500ms`, `5s`, `1m30s`, `7d`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration like 500ms, 5s or 1m ({e})"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, FromArgMatches};
 
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
     }
 
+    /// `txoutbox relay ARGS`, without the environment's TXOUTBOX_* values (which would win
+    /// over the defaults).
+    fn relay(args: &[&str]) -> RelayArgs {
+        let cmd = Cli::command().mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)));
+        let m = cmd
+            .try_get_matches_from(["txoutbox", "relay"].iter().chain(args))
+            .unwrap();
+        let Command::Relay(r) = Cli::from_arg_matches(&m).unwrap().command else {
+            panic!("not the relay command")
+        };
+        r
+    }
+
+    /// Every setting a flag has comes out of a flagless command line as the library's
+    /// default (the relay id aside: each process makes its own).
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
-        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("-1").is_err());
+    fn flag_defaults_are_the_library_defaults() {
+        let r = relay(&[]);
+        let mut got = crate::cmd::relay_config(&r.tuning, false).unwrap();
+        let want = RelayConfig::default();
+        got.relay_id.clone_from(&want.relay_id);
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+        let purger = Purger::default();
+        assert_eq!(r.tuning.retention_period, purger.keep);
+        assert_eq!(r.ops.retention_interval, purger.every);
+        assert_eq!(r.ops.retention_batch, purger.batch);
+        let table = OutboxTable::default();
+        let m = Cli::command()
+            .mut_args(|a| a.env(None))
+            .try_get_matches_from(["txoutbox", "status"])
+            .unwrap();
+        let g = Cli::from_arg_matches(&m).unwrap().global;
+        assert_eq!(
+            OutboxTable::new(&g.schema, &g.table).unwrap(),
+            table,
+            "--schema/--table"
+        );
+    }
+
+    /// What the library refuses, the daemon refuses, in its flags' words.
+    #[test]
+    fn library_refusals_name_the_flags() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--batch-size", "0"],
+                "--batch-size must be from 1 to 100000",
+            ),
+            (&["--batch-size", "100001"], "--batch-size must be"),
+            (&["--pipeline", "65"], "--pipeline must be from 1 to 64"),
+            (&["--max-in-flight", "0"], "--max-in-flight must be"),
+            (&["--max-attempts", "0"], "--max-attempts must be"),
+            (&["--lease", "500ms"], "--lease must be at least 1s"),
+            (&["--relay-id", ""], "--relay-id must not be empty"),
+            (
+                &["--backoff-base", "2m"],
+                "--backoff-base must not exceed --backoff-max",
+            ),
+            (
+                &["--mode", "unordered", "--on-dead-letter", "hold"],
+                "--on-dead-letter hold needs --mode ordered",
+            ),
+        ];
+        for (args, want) in cases {
+            let e = crate::cmd::relay_config(&relay(args).tuning, false).unwrap_err();
+            assert!(e.to_string().starts_with(want), "{args:?}: {e}");
+        }
+        let held = relay(&["--on-dead-letter", "hold"]);
+        let c = crate::cmd::relay_config(&held.tuning, false).unwrap();
+        assert_eq!(c.ordering, txoutbox::store::Ordering::OrderedHold);
     }
 }

@@ -91,7 +91,6 @@ async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dlq(a) => cmd::dlq::run(&ctx, a).await,
         Command::Events(a) => cmd::events::run(&ctx, a).await,
         Command::Demo(a) => cmd::demo::run(&ctx, a).await,
-        Command::Bench(a) => cmd::bench::run(&ctx, a).await,
     }
 }
 

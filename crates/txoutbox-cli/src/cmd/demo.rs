@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::FutureExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
-use txoutbox::relay::Relay;
+use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::Retention;
 use txoutbox::{NewEvent, Outbox};
 use uuid::Uuid;
 
-use super::{open_publisher, relay_config};
-use crate::cli::{DemoArgs, RelayTuning};
+use super::open_publisher;
+use crate::cli::DemoArgs;
 use crate::ctx::{Ctx, Db};
 
 /// The demo's SQLite file when no database URL is given.
@@ -47,16 +46,15 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         inner: Arc::from(open_publisher(&a.publisher).await?),
         delivered: delivered.clone(),
     };
-    let tuning = demo_tuning();
     let relay = Relay::new(
         db.store(&ctx.table, Retention::Mark),
         Box::new(publisher),
-        relay_config(&tuning, false)?,
+        demo_config(),
     )
     .spawn();
 
     let outbox = db.outbox(&ctx.table);
-    let bar = bar_for(a.orders as u64, "writing orders (every 5th is rolled back)");
+    let mut bar = Progress::new(a.orders as u64, "writing orders (every 5th is rolled back)");
     let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
     for i in 1..=a.orders {
         let (event_id, commit) = create_order(&db, &outbox, &orders, i).await?;
@@ -65,11 +63,11 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         } else {
             rolled_back.push(event_id);
         }
-        bar.inc(1);
+        bar.set_position(bar.pos + 1);
     }
     bar.finish();
 
-    let bar = bar_for(committed.len() as u64, "waiting for the relay to deliver");
+    let mut bar = Progress::new(committed.len() as u64, "waiting for the relay to deliver");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let done = {
@@ -214,35 +212,58 @@ async fn create_order(
     Ok((event.id(), commit))
 }
 
-fn demo_tuning() -> RelayTuning {
-    RelayTuning {
-        batch_size: 100,
-        max_in_flight: 100,
-        poll_interval: Duration::from_millis(500),
-        lease: Duration::from_secs(30),
-        max_attempts: 10,
-        backoff_base: Duration::from_millis(200),
-        backoff_max: Duration::from_secs(5),
-        shutdown_timeout: Duration::from_secs(5),
-        retention_period: std::time::Duration::from_secs(7 * 24 * 3600),
-        relay_id: None,
-        mode: crate::cli::ModeArg::Ordered,
-        on_dead_letter: crate::cli::OnDeadArg::Skip,
-        partition_lease: Duration::from_secs(10),
-        pipeline: 2,
-        inject_faults: 0.0,
-    }
+/// The library's defaults, quicker: small batches, a short poll and short retries, so the
+/// demo's few events go through in well under a second.
+fn demo_config() -> RelayConfig {
+    let mut c = RelayConfig::default();
+    c.batch_size = 100;
+    c.max_in_flight = 100;
+    c.poll_interval = Duration::from_millis(500);
+    c.backoff.base = Duration::from_millis(200);
+    c.backoff.max = Duration::from_secs(5);
+    c.shutdown_timeout = Duration::from_secs(5);
+    c
 }
 
-fn bar_for(len: u64, msg: &'static str) -> ProgressBar {
-    let b = ProgressBar::new(len);
-    b.set_style(
-        ProgressStyle::with_template("{msg:42} [{bar:30}] {pos}/{len}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    b.set_message(msg);
-    b
+/// A count on one line of stderr, redrawn in place; nothing when stderr is not a terminal
+/// (a pipe or a log gets no control characters).
+struct Progress {
+    msg: &'static str,
+    len: u64,
+    pos: u64,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(len: u64, msg: &'static str) -> Self {
+        let p = Self {
+            msg,
+            len,
+            pos: 0,
+            terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        };
+        p.draw();
+        p
+    }
+
+    fn set_position(&mut self, pos: u64) {
+        if pos != self.pos {
+            self.pos = pos;
+            self.draw();
+        }
+    }
+
+    fn draw(&self) {
+        if self.terminal {
+            eprint!("\r{:42} {}/{}", self.msg, self.pos, self.len);
+        }
+    }
+
+    fn finish(&self) {
+        if self.terminal {
+            eprintln!();
+        }
+    }
 }
 
 /// Passes messages to the real publisher and remembers which ones the broker acknowledged.

@@ -1,6 +1,5 @@
 //! One file per subcommand.
 
-pub mod bench;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
@@ -9,20 +8,22 @@ pub mod migrate;
 pub mod relay;
 pub mod status;
 
+use clap::{Args, Command};
 use txoutbox::publish::{self, ConnectError, Publisher};
-use txoutbox::relay::{default_relay_id, RelayConfig};
+use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig};
 use txoutbox::retry::Backoff;
-use txoutbox::store::{Ordering, Retention};
+use txoutbox::store::Retention;
 
-use crate::cli::{ModeArg, OnDeadArg, RelayTuning};
+use crate::cli::RelayTuning;
 use crate::ctx::UsageError;
 
-/// Relay settings from the command line, checked.
+/// Relay settings from the command line, checked by the library (so the daemon refuses what
+/// the library does) and reported in the flags' words.
 pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig> {
     let mut c = RelayConfig::default();
     c.relay_id = t.relay_id.clone().unwrap_or_else(default_relay_id);
-    c.batch_size = t.batch_size as usize;
-    c.max_in_flight = t.max_in_flight as usize;
+    c.batch_size = t.batch_size;
+    c.max_in_flight = t.max_in_flight;
     c.poll_interval = t.poll_interval;
     c.lease = t.lease;
     c.max_attempts = t.max_attempts;
@@ -33,28 +34,32 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
     };
     c.shutdown_timeout = t.shutdown_timeout;
     c.exit_when_drained = drain;
-    c.ordering = match (t.mode, t.on_dead_letter) {
-        (ModeArg::Unordered, OnDeadArg::Hold) => return Err(UsageError(
-            "--on-dead-letter hold needs --mode ordered (unordered mode keeps no order to hold)"
-                .into(),
-        )
-        .into()),
-        (ModeArg::Unordered, _) => Ordering::Unordered,
-        (ModeArg::Ordered, OnDeadArg::Skip) => Ordering::Ordered,
-        (ModeArg::Ordered, OnDeadArg::Hold) => Ordering::OrderedHold,
-    };
     c.partition_lease = t.partition_lease;
-    c.pipeline = t.pipeline as usize;
-    // The library's own check, in the flags' words: the CLI refuses what the library does.
-    c.validate().map_err(|e| {
-        let flag = |f: &str| format!("--{}", f.replace('_', "-"));
-        UsageError(format!(
-            "{} {}",
-            flag(e.field),
-            e.rule.replace("backoff_max", "--backoff-max")
-        ))
-    })?;
+    c.pipeline = t.pipeline;
+    c.set_ordering(t.mode, t.on_dead_letter)
+        .and_then(|()| c.validate())
+        .map_err(|e| in_flags(&e))?;
     Ok(c)
+}
+
+/// `batch_size must be ...` as `--batch-size must be ...`: the setting, and any other the
+/// rule names, become the flags that set them.
+fn in_flags(e: &InvalidSetting) -> UsageError {
+    let flags = RelayTuning::augment_args(Command::new("relay"));
+    let flag = |word: &str| {
+        flags
+            .get_arguments()
+            .find(|a| a.get_id() == word)
+            .and_then(|a| a.get_long())
+            .map(|long| format!("--{long}"))
+    };
+    let rule: Vec<String> = e
+        .rule
+        .split(' ')
+        .map(|w| flag(w).unwrap_or_else(|| w.to_string()))
+        .collect();
+    let field = flag(e.field).unwrap_or_else(|| e.field.to_string());
+    UsageError(format!("{field} {}", rule.join(" ")))
 }
 
 /// `--retention-period 0`: delete on settle; otherwise mark, and the purge task deletes later.

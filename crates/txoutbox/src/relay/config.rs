@@ -69,6 +69,81 @@ pub fn default_relay_id() -> String {
     format!("{host}:{}:{rand}", std::process::id())
 }
 
+/// Whether a relay keeps each aggregate's order: the daemon's `--mode`, one half of
+/// [`Ordering`] (the other is [`OnDeadLetter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Mode {
+    /// Each aggregate's events reach the broker in `seq` order, also with many relays.
+    Ordered,
+    /// Any relay takes any event: faster, no order.
+    Unordered,
+}
+
+impl Mode {
+    /// The name the daemon's `--mode` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Ordered => "ordered",
+            Mode::Unordered => "unordered",
+        }
+    }
+}
+
+/// In ordered mode, what happens to an aggregate's later events when one is dead-lettered:
+/// the daemon's `--on-dead-letter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum OnDeadLetter {
+    /// Go on with the later events.
+    Skip,
+    /// Keep them back until an operator retries or discards the dead letter.
+    Hold,
+}
+
+/// A duration that is not one, for [`parse_duration`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{input:?} is not a duration like 500ms, 5s or 1m ({reason})")]
+pub struct InvalidDuration {
+    input: String,
+    reason: String,
+}
+
+/// A duration setting as the daemon and its config file take it: `500ms`, `5s`, `1m30s`,
+/// `7d`; a bare number is seconds (`0.5` too). The inverse of [`format_duration`].
+pub fn parse_duration(s: &str) -> Result<Duration, InvalidDuration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(s).map_err(|e| InvalidDuration {
+        input: s.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// A duration in the largest unit that holds it whole (`7d`, `1m`, `30s`, `500ms`), as
+/// [`parse_duration`] reads it back; sub-millisecond parts are dropped.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    for (unit, len) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms.is_multiple_of(len) {
+            return format!("{}{unit}", ms / len);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// A [`RelayConfig`] setting out of range: which one (the field's name, which is also the
 /// daemon's flag with `-` for `_`) and what it must be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,17 +158,18 @@ pub struct InvalidSetting {
 
 impl RelayConfig {
     /// Check the settings, naming the first bad one. [`Relay::run`](super::Relay::run)
-    /// refuses a config that fails this, and the daemon checks its flags with it.
+    /// refuses a config that fails this, and the daemon checks its flags with it (so the
+    /// two refuse the same things).
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         let bad = |field, rule| Err(InvalidSetting { field, rule });
-        if self.batch_size == 0 {
-            return bad("batch_size", "must be at least 1");
+        if !(1..=100_000).contains(&self.batch_size) {
+            return bad("batch_size", "must be from 1 to 100000");
         }
-        if self.pipeline == 0 {
-            return bad("pipeline", "must be at least 1 batch");
+        if !(1..=64).contains(&self.pipeline) {
+            return bad("pipeline", "must be from 1 to 64 batches");
         }
-        if self.max_in_flight == 0 {
-            return bad("max_in_flight", "must be at least 1");
+        if !(1..=1_000_000).contains(&self.max_in_flight) {
+            return bad("max_in_flight", "must be from 1 to 1000000");
         }
         if self.lease < Duration::from_secs(1) {
             return bad("lease", "must be at least 1s");
@@ -101,8 +177,8 @@ impl RelayConfig {
         if self.poll_interval.is_zero() {
             return bad("poll_interval", "must be more than 0");
         }
-        if self.max_attempts == 0 {
-            return bad("max_attempts", "must be at least 1");
+        if !(1..=1_000_000).contains(&self.max_attempts) {
+            return bad("max_attempts", "must be from 1 to 1000000");
         }
         if self.partition_lease < Duration::from_secs(2) {
             return bad("partition_lease", "must be at least 2s");
@@ -113,6 +189,43 @@ impl RelayConfig {
         if self.backoff.base > self.backoff.max {
             return bad("backoff_base", "must not exceed backoff_max");
         }
+        Ok(())
+    }
+
+    /// The [`Mode`] of [`ordering`](Self::ordering).
+    pub fn mode(&self) -> Mode {
+        match self.ordering {
+            Ordering::Unordered => Mode::Unordered,
+            Ordering::Ordered | Ordering::OrderedHold => Mode::Ordered,
+        }
+    }
+
+    /// What [`ordering`](Self::ordering) does with an aggregate behind a dead letter.
+    pub fn on_dead_letter(&self) -> OnDeadLetter {
+        match self.ordering {
+            Ordering::OrderedHold => OnDeadLetter::Hold,
+            Ordering::Ordered | Ordering::Unordered => OnDeadLetter::Skip,
+        }
+    }
+
+    /// Set [`ordering`](Self::ordering) from the daemon's two settings (`--mode`,
+    /// `--on-dead-letter`); `hold` without order is refused.
+    pub fn set_ordering(
+        &mut self,
+        mode: Mode,
+        on_dead_letter: OnDeadLetter,
+    ) -> Result<(), InvalidSetting> {
+        self.ordering = match (mode, on_dead_letter) {
+            (Mode::Unordered, OnDeadLetter::Hold) => {
+                return Err(InvalidSetting {
+                    field: "on_dead_letter",
+                    rule: "hold needs mode ordered (without order there is nothing to hold)",
+                })
+            }
+            (Mode::Unordered, OnDeadLetter::Skip) => Ordering::Unordered,
+            (Mode::Ordered, OnDeadLetter::Skip) => Ordering::Ordered,
+            (Mode::Ordered, OnDeadLetter::Hold) => Ordering::OrderedHold,
+        };
         Ok(())
     }
 
@@ -141,5 +254,54 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.validate().unwrap_err().field, "batch_size");
+        let c = RelayConfig {
+            pipeline: 65,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().unwrap_err().field, "pipeline");
+    }
+
+    #[test]
+    fn ordering_from_mode_and_on_dead_letter() {
+        let mut c = RelayConfig::default();
+        assert_eq!(
+            (c.mode(), c.on_dead_letter()),
+            (Mode::Ordered, OnDeadLetter::Skip)
+        );
+        c.set_ordering(Mode::Ordered, OnDeadLetter::Hold).unwrap();
+        assert_eq!(c.ordering, Ordering::OrderedHold);
+        assert_eq!(c.on_dead_letter(), OnDeadLetter::Hold);
+        c.set_ordering(Mode::Unordered, OnDeadLetter::Skip).unwrap();
+        assert_eq!(c.mode(), Mode::Unordered);
+        let e = c
+            .set_ordering(Mode::Unordered, OnDeadLetter::Hold)
+            .unwrap_err();
+        assert_eq!(e.field, "on_dead_letter");
+    }
+
+    #[test]
+    fn durations_parse_and_format_back() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1").is_err());
+        for d in [
+            0,
+            1,
+            500,
+            1000,
+            30_000,
+            60_000,
+            90_000,
+            3_600_000,
+            7 * 86_400_000,
+        ] {
+            let d = Duration::from_millis(d);
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d, "{d:?}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(7 * 86_400)), "7d");
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
     }
 }

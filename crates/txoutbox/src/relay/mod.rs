@@ -13,7 +13,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 pub use batch::BatchReport;
-pub use config::{default_relay_id, InvalidSetting, RelayConfig};
+pub use config::{
+    default_relay_id, format_duration, parse_duration, InvalidDuration, InvalidSetting, Mode,
+    OnDeadLetter, RelayConfig,
+};
 
 use crate::error::Error;
 use crate::publish::Publisher;

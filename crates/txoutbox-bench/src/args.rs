@@ -1,17 +1,16 @@
-//! `txoutbox bench` options.
+//! `txoutbox-bench` options.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-
-use crate::cli::{parse_duration, ModeArg};
+use clap::{Parser, ValueEnum};
+use txoutbox::relay::{parse_duration, Mode, RelayConfig};
 
 /// Measure the outbox on this PostgreSQL: drain rate, commit-to-ack latency, write-path cost
 /// and scaling with relays. Every run gets a fresh schema (txo_bench_<pid>_<n>), migrated,
-/// and dropped afterwards (--schema and --table are not used); relays run as child
-/// processes of this same binary (`txoutbox relay`).
-#[derive(Debug, Args)]
+/// and dropped afterwards; relays run as child processes (`txoutbox relay`).
+#[derive(Debug, Parser)]
+#[command(name = "txoutbox-bench", version, max_term_width = 100)]
 pub struct BenchArgs {
     /// publish: each publisher alone, no database (messages/s: the broker's ceiling through
     /// txoutbox's client); drain: N pre-inserted events drained by one relay (events/s, peak
@@ -21,6 +20,14 @@ pub struct BenchArgs {
     /// turn
     #[arg(value_enum)]
     pub scenario: Scenario,
+    /// The PostgreSQL to measure on (postgres://user@127.0.0.1:5432/app): each run makes its
+    /// own schema in it
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// The `txoutbox` binary that runs the relays [default: the one next to this binary,
+    /// else `txoutbox` on PATH]
+    #[arg(long, env = "TXOUTBOX_BIN", value_name = "PATH")]
+    pub txoutbox_bin: Option<PathBuf>,
     /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
     /// and scale use the first). null: acknowledges at once: the database side alone
     #[arg(
@@ -53,8 +60,8 @@ pub struct BenchArgs {
     /// scale: relay counts to compare (comma-separated or repeated)
     #[arg(long = "relays", value_name = "N", env = "TXOUTBOX_BENCH_RELAYS", value_delimiter = ',', default_values_t = [1u32, 2, 4], value_parser = clap::value_parser!(u32).range(1..=64))]
     pub relays: Vec<u32>,
-    /// Relay mode(s): drain, latency and write use the first (default ordered); scale compares
-    /// all given (default ordered,unordered)
+    /// Relay mode(s): drain, latency and write use the first (default: the relay's, ordered);
+    /// scale compares all given (default ordered,unordered)
     #[arg(
         long = "mode",
         value_name = "MODE",
@@ -62,7 +69,7 @@ pub struct BenchArgs {
         value_delimiter = ',',
         value_enum
     )]
-    pub modes: Vec<ModeArg>,
+    pub modes: Vec<Mode>,
     /// Runs per configuration; configurations are interleaved (A B C A B C ...) and the
     /// median, min and max are reported
     #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -93,24 +100,20 @@ pub enum Scenario {
 }
 
 impl BenchArgs {
-    /// The mode for scenarios that run one.
-    pub fn mode(&self) -> ModeArg {
-        self.modes.first().copied().unwrap_or(ModeArg::Ordered)
+    /// The mode for scenarios that run one (default: the relay's).
+    pub fn mode(&self) -> Mode {
+        self.modes
+            .first()
+            .copied()
+            .unwrap_or_else(|| RelayConfig::default().mode())
     }
 
     /// The modes `scale` compares.
-    pub fn scale_modes(&self) -> Vec<ModeArg> {
+    pub fn scale_modes(&self) -> Vec<Mode> {
         if self.modes.is_empty() {
-            vec![ModeArg::Ordered, ModeArg::Unordered]
+            vec![Mode::Ordered, Mode::Unordered]
         } else {
             self.modes.clone()
         }
-    }
-}
-
-pub fn mode_name(m: ModeArg) -> &'static str {
-    match m {
-        ModeArg::Ordered => "ordered",
-        ModeArg::Unordered => "unordered",
     }
 }

@@ -268,8 +268,8 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::report::{Row, RunResult, Section};
     use super::*;
+    use crate::report::{Row, RunResult, Section};
 
     fn row(name: &str, values: &[(&'static str, f64)]) -> Row {
         let runs: Vec<RunResult> = [1.0, 0.9, 1.1]

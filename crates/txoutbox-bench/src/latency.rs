@@ -11,12 +11,11 @@ use tokio::time::Instant;
 use txoutbox::{NewEvent, Outbox};
 use uuid::Uuid;
 
-use super::args::mode_name;
 use super::child::{RelayChild, RelaySpec};
 use super::report::{col, quantile, Column, RunResult};
 use super::schema::BenchDb;
 use super::{published_within, wait_published, Env};
-use crate::cli::ModeArg;
+use txoutbox::relay::Mode;
 
 pub const COLUMNS: &[Column] = &[
     col("p50_ms", "p50", "ms"),
@@ -46,7 +45,7 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
 pub struct LatencyConfig {
     pub rate: u32,
     pub publisher: String,
-    pub mode: ModeArg,
+    pub mode: Mode,
 }
 
 impl LatencyConfig {
@@ -54,7 +53,7 @@ impl LatencyConfig {
         format!(
             "{}/s {} -> {}",
             self.rate,
-            mode_name(self.mode),
+            self.mode.as_str(),
             super::short_url(&self.publisher)
         )
     }
@@ -62,7 +61,7 @@ impl LatencyConfig {
         serde_json::json!({
             "rate": self.rate,
             "publisher": txoutbox::publish::redact_url(&self.publisher),
-            "mode": mode_name(self.mode),
+            "mode": self.mode.as_str(),
         })
     }
 }
@@ -70,6 +69,7 @@ impl LatencyConfig {
 pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
     let db = BenchDb::create(&env.pool, &env.registry).await?;
     let spec = RelaySpec {
+        txoutbox: &env.txoutbox,
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &cfg.publisher,

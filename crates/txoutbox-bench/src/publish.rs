@@ -1,6 +1,7 @@
 //! `publish`: each publisher alone, without the database: the same messages a drain sends,
-//! through txoutbox's own publisher, with up to `WINDOW` acknowledgements outstanding. The
-//! broker's ceiling through our client, the denominator of a drain's ratio.
+//! through txoutbox's own publisher, with as many acknowledgements outstanding as the relay's
+//! default `--max-in-flight`. The broker's ceiling through our client, the denominator of a
+//! drain's ratio.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -10,11 +11,13 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use txoutbox::publish::Message;
 use uuid::Uuid;
 
-use super::report::{col, Column, RunResult};
-use super::Env;
+use crate::report::{col, Column, RunResult};
+use crate::Env;
 
 /// Acknowledgements outstanding at once: the relay's default `--max-in-flight`.
-const WINDOW: usize = 1000;
+fn window() -> usize {
+    txoutbox::relay::RelayConfig::default().max_in_flight
+}
 
 pub const COLUMNS: &[Column] = &[
     col("messages_per_s", "messages/s", ""),
@@ -25,16 +28,17 @@ pub fn measures(events: u64, aggregates: u64) -> String {
     format!(
         "{events} messages shaped like the drain's events ({aggregates} aggregates, ~200-byte JSON \
          body, the outbox-* headers) sent through txoutbox's publisher for the URL, no \
-         database, up to {WINDOW} acknowledgements outstanding (the relay's default \
+         database, up to {} acknowledgements outstanding (the relay's default \
          --max-in-flight), in this process. messages/s = messages / wall-clock from the first \
          send to the last acknowledgement (the connection is opened before). A run fails if any \
-         message is not acknowledged. The ceiling a drain to the same broker is compared with."
+         message is not acknowledged. The ceiling a drain to the same broker is compared with.",
+        window()
     )
 }
 
 pub async fn run_once(env: &Env, url: &str) -> anyhow::Result<RunResult> {
     env.status(&format!("publishing to {}", super::short_url(url)));
-    let publisher = crate::cmd::open_publisher(url).await?;
+    let publisher = crate::open_publisher(url).await?;
     let now = chrono::Utc::now();
     let messages: Vec<Message> = (1..=env.events)
         .map(|g| Message {
@@ -53,12 +57,13 @@ pub async fn run_once(env: &Env, url: &str) -> anyhow::Result<RunResult> {
             attempt: 1,
         })
         .collect();
+    let window = window();
     let start = Instant::now();
     let mut in_flight = FuturesUnordered::new();
     let mut failed = 0u64;
     let mut first_error = None;
     for m in &messages {
-        while in_flight.len() >= WINDOW {
+        while in_flight.len() >= window {
             if let Some(Err(e)) = in_flight.next().await {
                 failed += 1;
                 first_error.get_or_insert(e);

@@ -3,12 +3,11 @@
 
 use std::time::Instant;
 
-use super::args::mode_name;
 use super::child::{RelayChild, RelaySpec};
 use super::report::{col, Column, RunResult};
 use super::schema::BenchDb;
 use super::Env;
-use crate::cli::ModeArg;
+use txoutbox::relay::Mode;
 
 pub const COLUMNS: &[Column] = &[
     col("events_per_s", "events/s", ""),
@@ -31,7 +30,7 @@ pub fn measures(events: u64, aggregates: u64) -> String {
 pub struct DrainConfig {
     pub publisher: String,
     pub relays: u32,
-    pub mode: ModeArg,
+    pub mode: Mode,
 }
 
 impl DrainConfig {
@@ -40,7 +39,7 @@ impl DrainConfig {
             "{} relay{} {} -> {}",
             self.relays,
             if self.relays == 1 { "" } else { "s" },
-            mode_name(self.mode),
+            self.mode.as_str(),
             super::short_url(&self.publisher)
         )
     }
@@ -49,7 +48,7 @@ impl DrainConfig {
         serde_json::json!({
             "publisher": txoutbox::publish::redact_url(&self.publisher),
             "relays": self.relays,
-            "mode": mode_name(self.mode),
+            "mode": self.mode.as_str(),
         })
     }
 }
@@ -69,6 +68,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
     super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
     let spec = RelaySpec {
+        txoutbox: &env.txoutbox,
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &cfg.publisher,

@@ -1,6 +1,7 @@
-//! A relay as a child process (`txoutbox relay` of this same binary), with its peak RSS.
+//! A relay as a child process (`txoutbox relay`), with its peak RSS.
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,19 +9,21 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use txoutbox::relay::Mode;
 
-use super::args::mode_name;
-use crate::cli::ModeArg;
+use crate::UsageError;
 
 /// How often /proc/PID/status is read for VmHWM (the kernel's own high-water mark of the
 /// resident set: a sample misses only growth in the last interval before exit).
 const RSS_POLL: Duration = Duration::from_millis(20);
 
 pub struct RelaySpec<'a> {
+    /// The `txoutbox` binary.
+    pub txoutbox: &'a Path,
     pub database_url: &'a str,
     pub schema: &'a str,
     pub publisher: &'a str,
-    pub mode: ModeArg,
+    pub mode: Mode,
     pub drain: bool,
     pub extra: &'a [String],
 }
@@ -34,13 +37,12 @@ pub struct RelayChild {
 
 impl RelayChild {
     pub fn spawn(spec: &RelaySpec<'_>) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("locating the txoutbox binary")?;
-        let mut cmd = Command::new(exe);
+        let mut cmd = Command::new(spec.txoutbox);
         cmd.arg("relay")
             .arg("--publisher")
             .arg(spec.publisher)
             .arg("--mode")
-            .arg(mode_name(spec.mode))
+            .arg(spec.mode.as_str())
             .arg("--admin-addr")
             .arg("off");
         if spec.drain {
@@ -173,6 +175,33 @@ impl RelayChild {
             self.pid
         )
     }
+}
+
+/// The `txoutbox` binary that runs the relays: the one given, else the one beside this
+/// binary (as cargo builds both into one directory), else `txoutbox` on PATH.
+pub fn find_txoutbox(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given.filter(|p| !p.is_file()) {
+        return Err(UsageError(format!("--txoutbox-bin {}: no such file", p.display())).into());
+    }
+    let beside = std::env::current_exe()
+        .map(|me| me.with_file_name("txoutbox"))
+        .ok()
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("txoutbox"))
+                .find(|p| p.is_file())
+        })
+    };
+    given
+        .map(Path::to_path_buf)
+        .or(beside)
+        .or_else(on_path)
+        .context(
+            "no txoutbox binary beside this one or on PATH: build it (`cargo build -p \
+             txoutbox-cli`) or pass --txoutbox-bin",
+        )
 }
 
 /// VmHWM of a process from /proc (Linux); None elsewhere or once it has exited.

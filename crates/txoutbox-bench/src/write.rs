@@ -128,6 +128,7 @@ async fn setup_and_measure(env: &Env, db: &BenchDb, cfg: WriteConfig) -> anyhow:
         return measure(env, db, cfg).await;
     }
     let spec = RelaySpec {
+        txoutbox: &env.txoutbox,
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &env.publishers[0],

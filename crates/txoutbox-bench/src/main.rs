@@ -1,5 +1,11 @@
-//! `txoutbox bench`: drain rate, commit-to-ack latency, write-path cost and scaling, measured
-//! on the PostgreSQL of --database-url with the relay as a real child process.
+//! `txoutbox-bench`: drain rate, commit-to-ack latency, write-path cost and scaling, measured
+//! on the PostgreSQL of --database-url with the relay as a real child process (`txoutbox
+//! relay`, found with [`child::find_txoutbox`]).
+//!
+//! ```text
+//! cargo build --release -p txoutbox-cli -p txoutbox-bench
+//! target/release/txoutbox-bench drain --database-url postgres://postgres@127.0.0.1:5432/test
+//! ```
 
 mod args;
 mod chart;
@@ -12,28 +18,69 @@ mod schema;
 mod write;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use txoutbox::publish::{redact_secrets, redact_url, ConnectError, Publisher};
+use txoutbox::relay::Mode;
 
-pub use args::BenchArgs;
-use args::Scenario;
+use args::{BenchArgs, Scenario};
 use drain::DrainConfig;
 use latency::LatencyConfig;
 use report::{Report, Row, RunResult, Section};
 use schema::{BenchDb, Registry};
 
-use crate::cli::ModeArg;
-use crate::ctx::{connect, Ctx};
+/// A bad flag or URL: one line, exit code 2 (as clap's own usage errors).
+#[derive(Debug)]
+struct UsageError(String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn main() -> ExitCode {
+    let args = BenchArgs::parse(); // usage errors exit 2, --help/--version 0
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            // Whatever an error quotes (a URL, a client library's echo of its settings), no
+            // secret reaches the terminal.
+            eprintln!("error: {}", redact_secrets(&format!("{e:#}")));
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
 
 /// What every run needs.
 pub struct Env {
     pub pool: PgPool,
+    /// The `txoutbox` binary that runs the relays.
+    pub txoutbox: PathBuf,
     pub database_url: String,
     pub registry: Registry,
     pub publishers: Vec<String>,
@@ -42,7 +89,7 @@ pub struct Env {
     pub duration: Duration,
     pub grace: Duration,
     pub writers: u32,
-    pub mode: ModeArg,
+    pub mode: Mode,
     pub relay_args: Vec<String>,
     bar: ProgressBar,
 }
@@ -54,11 +101,11 @@ impl Env {
     }
 }
 
-pub async fn run(ctx: &Ctx, a: BenchArgs) -> anyhow::Result<ExitCode> {
-    let url = ctx.require_url()?.to_string();
+async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let url = a.database_url.clone();
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(crate::ctx::UsageError(
-            "txoutbox bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
+        return Err(UsageError(
+            "txoutbox-bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
              use scripts/drain-db.sh"
                 .into(),
         )
@@ -66,14 +113,11 @@ pub async fn run(ctx: &Ctx, a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     // Malformed publisher URLs are usage errors, before anything is created.
     for p in &a.publishers {
-        let publisher = super::open_publisher(p).await?;
+        let publisher = open_publisher(p).await?;
         let _ = publisher.close().await;
     }
-    let pool = bench_pool(&url, a.writers + 4).await?;
-    let postgres: String = sqlx::query_scalar("SELECT current_setting('server_version')")
-        .fetch_one(&pool)
-        .await
-        .context("asking PostgreSQL for its version")?;
+    let txoutbox = child::find_txoutbox(a.txoutbox_bin.as_deref())?;
+    let (pool, postgres) = bench_pool(&url, a.writers + 4).await?;
     let bar = if a.json {
         ProgressBar::hidden()
     } else {
@@ -87,6 +131,7 @@ pub async fn run(ctx: &Ctx, a: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     let env = Env {
         pool: pool.clone(),
+        txoutbox,
         database_url: url,
         registry: Registry::default(),
         publishers: a.publishers.clone(),
@@ -168,20 +213,43 @@ async fn interrupted() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// A pool like every command's, but without sqlx's "slow statement" warnings: the bench's
-/// bulk inserts are slow on purpose.
-async fn bench_pool(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    // For its clear errors (bad URL: exit 2; unreachable: names the redacted URL).
-    connect(url, 1).await?.close().await;
-    let opts = txoutbox::store::postgres::relay_connect_options(
-        PgConnectOptions::from_str(url)
-            .context("invalid database URL")?
-            .disable_statement_logging(),
-    );
-    Ok(PgPoolOptions::new()
+/// A pool with the relay's connection settings, but without sqlx's "slow statement"
+/// warnings (the bench's bulk inserts are slow on purpose), and the server's version. One
+/// direct connection first, which asks for the version: a pool would report only "timed
+/// out", not why it cannot connect.
+async fn bench_pool(url: &str, max_connections: u32) -> anyhow::Result<(PgPool, String)> {
+    let opts = PgConnectOptions::from_str(url)
+        .map_err(|e| UsageError(format!("invalid database URL {}: {e}", redact_url(url))))?
+        .disable_statement_logging();
+    let opts = txoutbox::store::postgres::relay_connect_options(opts);
+    let unreachable = || format!("cannot connect to PostgreSQL at {}", redact_url(url));
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), opts.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10s"))
+        .with_context(unreachable)?
+        .with_context(unreachable)?;
+    let version: String = sqlx::query_scalar("SELECT current_setting('server_version')")
+        .fetch_one(&mut conn)
+        .await
+        .context("asking PostgreSQL for its version")?;
+    let _ = conn.close().await;
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(30))
-        .connect_lazy_with(opts))
+        .connect_lazy_with(opts);
+    Ok((pool, version))
+}
+
+/// Open a publisher; a malformed URL is a usage error (exit 2), an unreachable broker not.
+async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
+    txoutbox::publish::connect(url).await.map_err(|e| match e {
+        ConnectError::Config(e) => UsageError(format!("--publisher: {e}")).into(),
+        ConnectError::Publish(e) => anyhow::anyhow!(
+            "cannot reach the broker at {}: {}",
+            redact_url(url),
+            e.chain()
+        ),
+    })
 }
 
 async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {

@@ -1,24 +1,57 @@
-//! `txoutbox bench` for a second or two per scenario, tiny sizes, against the real PostgreSQL:
+//! `txoutbox-bench` for a second or two per scenario, tiny sizes, against the real PostgreSQL:
 //! it runs, every event arrives (the bench checks that itself and fails otherwise), --json
 //! parses, and its schemas are gone afterwards. Nothing here asserts a speed.
+//!
+//! The relays are the `txoutbox` binary beside the bench's, which cargo builds there for
+//! `cargo test --workspace`; alone, build it first: `cargo build -p txoutbox-cli
+//! --all-features && cargo test -p txoutbox-bench`.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
+use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::*;
 use serde_json::Value;
 use tokio::process::Command;
+use txoutbox::testing::postgres::database_url;
 
-/// Run `txoutbox bench ARGS`; returns its output and its pid (the bench's schemas are
+fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The daemon the bench runs as its relays.
+fn txoutbox() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_txoutbox-bench")).with_file_name("txoutbox");
+    assert!(
+        path.is_file(),
+        "no {} to run the relays: `cargo build -p txoutbox-cli --all-features` first",
+        path.display()
+    );
+    path
+}
+
+/// Run `txoutbox-bench ARGS`; returns its output and its pid (the bench's schemas are
 /// named txo_bench_<pid>_<n>).
 async fn bench(args: &[&str]) -> (Output, u32) {
-    let child = Command::new(env!("CARGO_BIN_EXE_txoutbox"))
-        .arg("bench")
+    let child = Command::new(env!("CARGO_BIN_EXE_txoutbox-bench"))
         .args(args)
         .env("DATABASE_URL", database_url())
+        .env("TXOUTBOX_BIN", txoutbox())
         .env("TXOUTBOX_LOG", "warn")
         .env_remove("TXOUTBOX_PUBLISHER")
         .env_remove("TXOUTBOX_CONFIG")
@@ -29,7 +62,7 @@ async fn bench(args: &[&str]) -> (Output, u32) {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("run txoutbox bench");
+        .expect("run txoutbox-bench");
     let pid = child.id().unwrap();
     // Generous: a loaded CI machine must not fail this on slowness.
     let out = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
@@ -283,4 +316,14 @@ async fn publish_measures_each_broker_alone() {
     let mut s = js.get_stream(&stream).await.unwrap();
     assert_eq!(s.info().await.unwrap().state.messages, 3000);
     js.delete_stream(&stream).await.unwrap();
+}
+
+/// A --txoutbox-bin that is not there is named before anything is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_txoutbox_binary_is_named() {
+    let (out, pid) = bench(&["drain", "--txoutbox-bin", "/nonexistent/txoutbox"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("/nonexistent/txoutbox"), "{err}");
+    assert_no_schemas_left(pid).await;
 }
