@@ -303,7 +303,7 @@ impl Queries {
 /// planner's cost estimate of the ordered claim on a large backlog passes `jit_above_cost`, and
 /// JIT-compiling it each time cost PostgreSQL about as much CPU as running it: in a 200k-event
 /// drain, half of the server's CPU was in LLVM, and turning JIT off took the drain from about
-/// 21.7k to 37–40k events/s (`txoutbox bench drain`, same session). The CLI's pools use this;
+/// 21.7k to 37–40k events/s (`txoutbox-bench drain`, same session). The CLI's pools use this;
 /// build the pool you give [`PgStore::new`] with it too:
 ///
 /// ```no_run
