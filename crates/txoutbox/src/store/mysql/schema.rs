@@ -3,7 +3,9 @@
 use sqlx::{Acquire, MySqlPool, Row};
 
 use crate::error::{db_error, Error};
-use crate::migrate::{self, fill_names, version_check, MigrateReport, Migration, Migrator};
+use crate::store::migrations::{
+    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
+};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the

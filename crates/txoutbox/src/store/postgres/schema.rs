@@ -3,7 +3,9 @@
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
 use crate::error::{db_error, Error};
-use crate::migrate::{self, fill_names, version_check, MigrateReport, Migration, Migrator};
+use crate::store::migrations::{
+    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
+};
 use crate::OutboxTable;
 
 const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");
