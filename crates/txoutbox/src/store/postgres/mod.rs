@@ -9,6 +9,7 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 mod partitions;
+mod queries;
 pub(crate) mod schema;
 pub(crate) mod write;
 
@@ -20,6 +21,7 @@ use super::{
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
+use queries::Queries;
 
 pub(crate) const COLUMNS: &str =
     "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, attempts_unavailable, \
@@ -33,11 +35,6 @@ const CLAIM_MARGIN_MS: u64 = 1000;
 /// of `seq` past the last event in flight (see `claim_ordered`).
 const CLAIM_AHEAD_WINDOW: usize = 4;
 
-/// The predicate of the `blocking` index (migration 2), repeated so the planner uses it:
-/// rows that may hold their aggregate back.
-const BLOCKING: &str = "b.processed_at IS NULL \
-     AND (b.locked_until IS NOT NULL OR b.attempts > 0 OR b.dead_at IS NOT NULL)";
-
 /// How long after going to sleep the relay looks for work once more (see `wait_for_work`).
 const SECOND_LOOK: Duration = Duration::from_millis(50);
 
@@ -45,256 +42,6 @@ const SECOND_LOOK: Duration = Duration::from_millis(50);
 /// index from the start (for events committed late with a lower `seq`, and for released or
 /// retried ones).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(1);
-
-/// A settle's failures, unnested: $2 ids, $3 errors, $4 delays (ms), $6 dead, $7 unavailable.
-const FAILURES: &str = "unnest($2::uuid[], $3::text[], $4::bigint[], $6::bool[], $7::bool[]) \
-     AS f(id, err, delay_ms, dead, unavailable)";
-
-/// What a failed attempt does to its row (`e`), from [`FAILURES`] (`f`).
-const FAILED: &str = "attempts = e.attempts + 1, \
-     attempts_unavailable = e.attempts_unavailable + f.unavailable::int, \
-     last_error = f.err, \
-     available_at = now() + f.delay_ms * interval '1 millisecond', \
-     dead_at = CASE WHEN f.dead THEN now() END";
-
-/// "Not yet published and not dead": the rows the partial index covers.
-const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
-
-/// SQL for one outbox table, built once from validated names.
-#[derive(Debug)]
-struct Queries {
-    claim: String,
-    claim_ordered: String,
-    has_unfinished_hold: String,
-    partition_count: String,
-    settle: String,
-    settle_ordered: String,
-    release: String,
-    has_unfinished: String,
-    wait_prepare: String,
-    due_now: String,
-    wait_clear: String,
-    deregister: String,
-    counts: String,
-}
-
-impl Queries {
-    fn new(t: &OutboxTable, retention: Retention) -> Self {
-        let q = t.qualified();
-        let waiters = t.derived("waiters");
-        let partitions = t.derived("partitions");
-        let relays = t.derived("relays");
-        let published = match retention {
-            Retention::Mark => format!(
-                "UPDATE {q} SET processed_at = now(), locked_until = NULL, locked_by = NULL, \
-                 lock_token = NULL, last_error = NULL \
-                 WHERE id = ANY($1) AND lock_token = $5 RETURNING 1"
-            ),
-            Retention::Delete => {
-                format!("DELETE FROM {q} WHERE id = ANY($1) AND lock_token = $5 RETURNING 1")
-            }
-        };
-        let mine = "partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine))";
-        let published_ordered = match retention {
-            Retention::Mark => format!(
-                "UPDATE {q} SET processed_at = now(), last_error = NULL \
-                 WHERE id = ANY($1) AND processed_at IS NULL AND {mine} RETURNING 1"
-            ),
-            Retention::Delete => {
-                format!("DELETE FROM {q} WHERE id = ANY($1) AND {mine} RETURNING 1")
-            }
-        };
-        // Seconds until the earliest event this relay can take is due ($1: relay id, $2:
-        // ordered, $3: hold). Unordered: any unfinished event. Ordered: only events in the
-        // partitions it owns, one probe of the partition index each (an idle relay beside
-        // another relay's backlog reads nothing), and only those that no earlier event of
-        // their aggregate holds back (backing off or leased: that one's own due time counts;
-        // dead, with `hold`: it waits for an operator, whose retry wakes the relay). Rows it
-        // could never claim (other relays' partitions, events behind a held one) would make
-        // an idle relay's wait return "ready" at once, over and over. As a difference of
-        // epochs: a row written with `available_at = 'infinity'` makes it Infinity, where
-        // subtracting timestamps fails ("cannot subtract infinite timestamps") and would stop
-        // the relay.
-        let due = format!(
-            "SELECT (extract(epoch FROM min(t)) - extract(epoch FROM now()))::float8 FROM (
-               SELECT greatest(e.available_at, coalesce(e.locked_until, e.available_at)) AS t
-               FROM {q} e WHERE NOT $2 AND e.processed_at IS NULL AND e.dead_at IS NULL
-               UNION ALL
-               SELECT d.t FROM {partitions} p CROSS JOIN LATERAL (
-                 SELECT greatest(e.available_at, coalesce(e.locked_until, e.available_at)) AS t
-                 FROM {q} e
-                 WHERE (e.partition_key & 63) = p.partition
-                   AND e.processed_at IS NULL AND e.dead_at IS NULL
-                   AND NOT EXISTS (
-                     SELECT 1 FROM {q} b
-                     WHERE b.partition_key = e.partition_key AND b.seq < e.seq
-                       AND {BLOCKING}
-                       AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                       AND (b.dead_at IS NULL OR $3)
-                     OFFSET 0)
-               ) d
-               WHERE $2 AND p.owner = $1 AND p.lease_until > now()
-             ) due"
-        );
-        Self {
-            // One autocommit statement: pick available rows in seq order, skip rows another
-            // relay holds, and lease them. No transaction stays open while publishing.
-            claim: format!(
-                "WITH c AS (
-                    SELECT id FROM {q}
-                    WHERE {UNFINISHED} AND available_at <= now()
-                      AND (locked_until IS NULL OR locked_until <= now())
-                      AND seq > $5
-                    ORDER BY seq
-                    LIMIT $1
-                    FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {q} AS e
-                 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
-                 FROM c WHERE e.id = c.id
-                 RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
-                   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
-                   e.locked_by, e.locked_until, e.last_error"
-            ),
-            // Ordered: only partitions this relay owns under a live lease (with a margin, so a
-            // claim never overlaps a takeover), only events of aggregates this relay has no
-            // event of in flight ($5: their partition keys, looked up in a hashed subplan: a
-            // plain `<> ALL ($5)` compared each candidate with every key, up to a thousand),
-            // at most $6 (while batches are in flight, a few batches past the last event in
-            // flight: when every aggregate is in flight, a claim ahead would otherwise read the
-            // whole backlog to find nothing), and only events with no earlier
-            // event of their aggregate backing off, leased (by an unordered relay of old) or
-            // (with $4, `hold`) dead. Together with one owner per partition, this keeps each
-            // aggregate's events in seq order. It writes nothing: the partition lease is the
-            // claim, and the settle is fenced by partition ownership and epoch. `lease_left` is
-            // how long the shortest of the partition leases still runs. The walk of the pending
-            // index runs only if one of the owned partitions has an event available at all
-            // (an InitPlan, one probe of the partition index per partition): the empty claim
-            // of an idle relay beside another relay's backlog costs next to nothing.
-            claim_ordered: format!(
-                "WITH owned AS (
-                    SELECT partition, lease_until, epoch FROM {partitions}
-                    WHERE owner = $2 AND lease_until > now() + interval '{CLAIM_MARGIN_MS} milliseconds'
-                 )
-                 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
-                   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
-                   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
-                   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
-                   (SELECT array_agg(partition ORDER BY partition) FROM owned) AS fence_partitions,
-                   (SELECT array_agg(epoch ORDER BY partition) FROM owned) AS fence_epochs
-                 FROM {q} e
-                 WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
-                   AND (e.locked_until IS NULL OR e.locked_until <= now())
-                   AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
-                   AND e.seq <= $6
-                   AND e.partition_key NOT IN (SELECT unnest($5::int[]))
-                   AND EXISTS (SELECT 1 FROM owned o WHERE EXISTS (
-                     SELECT 1 FROM {q} x
-                     WHERE (x.partition_key & 63) = o.partition
-                       AND x.processed_at IS NULL AND x.dead_at IS NULL AND x.available_at <= now()
-                       AND (x.locked_until IS NULL OR x.locked_until <= now())))
-                   AND NOT EXISTS (
-                     SELECT 1 FROM {q} b
-                     WHERE b.partition_key = e.partition_key AND b.seq < e.seq
-                       AND {BLOCKING}
-                       AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                       AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
-                            OR (b.dead_at IS NOT NULL AND $4))
-                     OFFSET 0
-                   )
-                 ORDER BY e.seq
-                 LIMIT $1"
-            ),
-            has_unfinished_hold: format!(
-                "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM {q} b WHERE b.partition_key = e.partition_key
-                     AND b.seq < e.seq AND {BLOCKING} AND b.dead_at IS NOT NULL
-                     AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                     OFFSET 0))"
-            ),
-            partition_count: format!("SELECT count(*) FROM {partitions}"),
-            // The whole batch in one statement: successes and failures, both fenced by the
-            // claim token, so a relay that lost its lease changes nothing.
-            settle: format!(
-                "WITH ok AS ({published}),
-                 bad AS (
-                    UPDATE {q} AS e
-                    SET {FAILED}, locked_until = NULL, locked_by = NULL, lock_token = NULL
-                    FROM {FAILURES}
-                    WHERE e.id = f.id AND e.lock_token = $5
-                    RETURNING 1
-                 )
-                 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
-            ),
-            // The settle of an ordered claim: fenced by partition ownership at the epochs the
-            // claim saw ($5: relay id, $9/$10: partitions and their epochs), not by a row lease.
-            // A relay that lost a partition changes nothing in it, and neither does one whose
-            // partition went to another relay and came back (its epoch moved on meanwhile).
-            settle_ordered: format!(
-                "WITH mine AS (
-                    SELECT p.partition FROM {partitions} p
-                    JOIN unnest($9::int[], $10::bigint[]) AS c(partition, epoch)
-                      ON c.partition = p.partition AND c.epoch = p.epoch
-                    WHERE p.owner = $5
-                 ),
-                 ok AS ({published_ordered}),
-                 bad AS (
-                    UPDATE {q} AS e
-                    SET {FAILED}
-                    FROM {FAILURES}
-                    WHERE e.id = f.id AND e.processed_at IS NULL
-                      AND e.partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine))
-                    RETURNING 1
-                 )
-                 SELECT (SELECT count(*) FROM ok), (SELECT count(*) FROM bad)"
-            ),
-            release: format!(
-                "UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
-                 WHERE id = ANY($1) AND lock_token = $2"
-            ),
-            has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
-            // Say "I am waiting" (writers notify only then) and learn, in the same round trip,
-            // how long until the earliest event this relay can take is due ($4: how long the
-            // flag lasts; the rest as in `due`). An ordered relay waits for its own
-            // partitions only: commits to others' do not notify (see the `wake` trigger).
-            wait_prepare: format!(
-                "WITH w AS (
-                    INSERT INTO {waiters} (relay_id, waiting_until, ordered)
-                    VALUES ($1, now() + $4 * interval '1 millisecond', $2)
-                    ON CONFLICT (relay_id) DO UPDATE
-                      SET waiting_until = EXCLUDED.waiting_until, ordered = EXCLUDED.ordered
-                 )
-                 {due}"
-            ),
-            // The second look of a wait: is anything this relay can take due now?
-            due_now: format!("SELECT coalesce(({due}) <= 0, false)"),
-            wait_clear: format!("DELETE FROM {waiters} WHERE relay_id = $1"),
-            // Only while no other instance holds the relay id ($2: this one's): the exit of a
-            // process that was refused, or found another holding its id, strips nobody.
-            deregister: format!(
-                "WITH me AS (
-                    SELECT $1::text AS relay_id WHERE NOT EXISTS (
-                      SELECT 1 FROM {relays} WHERE relay_id = $1 AND instance IS DISTINCT FROM $2)
-                 ),
-                 w AS (DELETE FROM {waiters} WHERE relay_id IN (SELECT relay_id FROM me)),
-                 p AS (UPDATE {partitions} SET owner = NULL, lease_until = NULL
-                       WHERE owner IN (SELECT relay_id FROM me)),
-                 r AS (DELETE FROM {relays} WHERE relay_id IN (SELECT relay_id FROM me))
-                 UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL
-                 WHERE {UNFINISHED} AND locked_by IN (SELECT relay_id FROM me)"
-            ),
-            counts: format!(
-                "SELECT
-                    count(*) FILTER (WHERE {UNFINISHED} AND (locked_until IS NULL OR locked_until <= now())),
-                    count(*) FILTER (WHERE {UNFINISHED} AND locked_until > now()),
-                    count(*) FILTER (WHERE dead_at IS NOT NULL AND processed_at IS NULL),
-                    count(*) FILTER (WHERE processed_at IS NOT NULL),
-                    extract(epoch FROM now() - min(created_at) FILTER (WHERE {UNFINISHED} AND isfinite(created_at)))::float8
-                 FROM {q}"
-            ),
-        }
-    }
-}
 
 /// Connection options for a relay's pool: `opts` with PostgreSQL's JIT compiler turned off
 /// (`jit = off`), unless its `options` already set `jit`.

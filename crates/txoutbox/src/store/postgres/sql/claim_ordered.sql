@@ -1,0 +1,46 @@
+-- Ordered: only partitions this relay owns under a live lease (with a margin, so a claim never
+-- overlaps a takeover), only events of aggregates this relay has no event of in flight ($5:
+-- their partition keys, looked up in a hashed subplan: a plain `<> ALL ($5)` compared each
+-- candidate with every key, up to a thousand), at most $6 (while batches are in flight, a few
+-- batches past the last event in flight: when every aggregate is in flight, a claim ahead would
+-- otherwise read the whole backlog to find nothing), and only events with no earlier event of
+-- their aggregate backing off, leased (by an unordered relay of old) or (with $4, `hold`) dead.
+-- Together with one owner per partition, this keeps each aggregate's events in seq order. It
+-- writes nothing: the partition lease is the claim, and the settle is fenced by partition
+-- ownership and epoch. `lease_left` is how long the shortest of the partition leases still
+-- runs. The walk of the pending index runs only if one of the owned partitions has an event
+-- available at all (an InitPlan, one probe of the partition index per partition): the empty
+-- claim of an idle relay beside another relay's backlog costs next to nothing.
+-- $1 limit, $2 relay id, $3 partition count.
+WITH owned AS (
+   SELECT partition, lease_until, epoch FROM {{partitions}}
+   WHERE owner = $2 AND lease_until > now() + interval '{{claim_margin_ms}} milliseconds'
+)
+SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+  e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
+  e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
+  extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
+  (SELECT array_agg(partition ORDER BY partition) FROM owned) AS fence_partitions,
+  (SELECT array_agg(epoch ORDER BY partition) FROM owned) AS fence_epochs
+FROM {{table}} e
+WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
+  AND (e.locked_until IS NULL OR e.locked_until <= now())
+  AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
+  AND e.seq <= $6
+  AND e.partition_key NOT IN (SELECT unnest($5::int[]))
+  AND EXISTS (SELECT 1 FROM owned o WHERE EXISTS (
+    SELECT 1 FROM {{table}} x
+    WHERE (x.partition_key & 63) = o.partition
+      AND x.processed_at IS NULL AND x.dead_at IS NULL AND x.available_at <= now()
+      AND (x.locked_until IS NULL OR x.locked_until <= now())))
+  AND NOT EXISTS (
+    SELECT 1 FROM {{table}} b
+    WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+      AND {{blocking}}
+      AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+      AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
+           OR (b.dead_at IS NOT NULL AND $4))
+    OFFSET 0
+  )
+ORDER BY e.seq
+LIMIT $1

@@ -1,0 +1,1 @@
+DELETE FROM {{waiters}} WHERE relay_id = $1
