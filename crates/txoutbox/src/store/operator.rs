@@ -203,8 +203,10 @@ fn non_empty(name: &str, v: &str) -> Result<String, FilterError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Marks {
     /// `$1`, `$2`, ... (PostgreSQL): a number may be used twice.
+    #[cfg(feature = "postgres")]
     Dollar,
     /// `?` (MySQL, SQLite), bound in order.
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
     Question,
 }
 
@@ -248,7 +250,9 @@ impl<'a> Condition<'a> {
     pub fn mark(&mut self, v: FilterValue<'a>) -> String {
         self.values.push(v);
         match self.marks {
+            #[cfg(feature = "postgres")]
             Marks::Dollar => format!("${}", self.values.len()),
+            #[cfg(any(feature = "mysql", feature = "sqlite"))]
             Marks::Question => "?".to_string(),
         }
     }
@@ -404,7 +408,7 @@ macro_rules! text_operator {
                 page: $crate::store::operator::Page,
             ) -> Result<$crate::store::operator::EventPage, $crate::Error> {
                 use $crate::store::operator::{state_sql, EventPage, FilterValue};
-                let state = state_sql(f.state, NOW_MS);
+                let state = state_sql(f.state, TEXT_DIALECT.now);
                 let mut c = f.page_sql(TEXT_DIALECT, &state, page);
                 let limit = c.mark(FilterValue::Int(page.fetch()));
                 let sql = format!(
@@ -554,6 +558,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "postgres")]
     fn filters_become_placeholders_in_each_dialect() {
         let t = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
             .unwrap()
@@ -588,16 +593,19 @@ mod tests {
                 FilterValue::Int(7)
             ]
         );
-        let q = Dialect {
-            marks: Marks::Question,
-            now: "NOW_MS",
-        };
-        let none = EventFilter::default();
-        let c = none.to_sql(q, &state_sql(Some(EventState::Leased), q.now));
-        assert_eq!(c.sql, format!("{UNFINISHED} AND locked_until > NOW_MS"));
-        assert!(c.values.is_empty());
-        let c = f.to_sql(q, "1 = 1");
-        assert_eq!(c.sql.matches('?').count(), 3, "{}", c.sql);
+        #[cfg(any(feature = "mysql", feature = "sqlite"))]
+        {
+            let q = Dialect {
+                marks: Marks::Question,
+                now: "NOW_MS",
+            };
+            let none = EventFilter::default();
+            let c = none.to_sql(q, &state_sql(Some(EventState::Leased), q.now));
+            assert_eq!(c.sql, format!("{UNFINISHED} AND locked_until > NOW_MS"));
+            assert!(c.values.is_empty());
+            let c = f.to_sql(q, "1 = 1");
+            assert_eq!(c.sql.matches('?').count(), 3, "{}", c.sql);
+        }
     }
 
     #[test]
