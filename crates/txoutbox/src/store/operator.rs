@@ -1,11 +1,11 @@
 //! What operators do, on every database: list and show events with filters and keyset
 //! paging, retry or discard a filtered set of dead letters, purge published rows in bounded
 //! batches, and read the relays. One trait, [`Operator`]; each store implements it in its own
-//! `operator` module (PostgreSQL in [`super::admin`]).
+//! `operator` module (PostgreSQL in `store/admin.rs`).
 //!
 //! Filters arrive as strings from HTTP query strings and CLI flags; [`EventFilter::from_params`]
 //! validates them once, and its errors name the filter that is wrong. The SQL condition a
-//! filter stands for is built here once ([`EventFilter::to_sql`]), with each database's
+//! filter stands for is built here once (`EventFilter::to_sql`), with each database's
 //! placeholders and clock, from fixed column names: no filter value is ever pasted into SQL.
 //!
 //! The states, on every database:
