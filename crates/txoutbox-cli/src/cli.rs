@@ -404,14 +404,14 @@ pub struct DemoArgs {
 }
 
 fn parse_time(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    txoutbox::store::admin::parse_time("time", s).map_err(|e| match e {
-        txoutbox::store::admin::FilterError::Invalid { reason, .. } => reason,
+    txoutbox::store::operator::parse_time("time", s).map_err(|e| match e {
+        txoutbox::store::operator::FilterError::Invalid { reason, .. } => reason,
         other => other.to_string(),
     })
 }
 
 fn parse_state(s: &str) -> Result<txoutbox::EventState, String> {
-    txoutbox::store::admin::parse_state(s).map_err(|e| e.to_string())
+    txoutbox::store::operator::parse_state(s).map_err(|e| e.to_string())
 }
 
 /// A number from 0 to 1.

@@ -45,20 +45,6 @@ impl Ctx {
         })
     }
 
-    /// A PostgreSQL pool, for the commands that only PostgreSQL supports (`what` says which,
-    /// in the error for any other database).
-    pub async fn pool(&self, max_connections: u32) -> anyhow::Result<PgPool> {
-        let url = self.require_url()?;
-        match kind_of(url)? {
-            Kind::Postgres => connect(url, max_connections).await,
-            other => Err(UsageError(format!(
-                "this command needs PostgreSQL; the database URL names {}",
-                other.name()
-            ))
-            .into()),
-        }
-    }
-
     /// The database of the URL, whichever it is.
     pub async fn db(&self, max_connections: u32) -> anyhow::Result<Db> {
         Db::open(self.require_url()?, &self.table, max_connections).await
@@ -163,13 +149,39 @@ impl Db {
         }
     }
 
-    pub fn kind(&self) -> Kind {
-        match self {
-            Db::Postgres(_) => Kind::Postgres,
+    /// Another pool of `max_connections` on the same database (the admin listener's, so its
+    /// queries never take the relay's connections), sharing this one's wake-ups: a dead
+    /// letter retried through it wakes this process's relay at once.
+    pub async fn sibling(
+        &self,
+        url: &str,
+        table: &OutboxTable,
+        max_connections: u32,
+    ) -> anyhow::Result<Db> {
+        #[allow(unused_mut)]
+        let mut db = Db::open(url, table, max_connections).await?;
+        match (&mut db, self) {
             #[cfg(feature = "sqlite")]
-            Db::Sqlite { .. } => Kind::Sqlite,
+            (Db::Sqlite { wakeup, .. }, Db::Sqlite { wakeup: mine, .. }) => *wakeup = mine.clone(),
             #[cfg(feature = "mysql")]
-            Db::Mysql { .. } => Kind::Mysql,
+            (Db::Mysql { wakeup, .. }, Db::Mysql { wakeup: mine, .. }) => *wakeup = mine.clone(),
+            _ => {}
+        }
+        Ok(db)
+    }
+
+    /// A pool of one connection for readiness checks, opened beside this one. On PostgreSQL it
+    /// connects on first use and waits at most `acquire_timeout` for its connection.
+    pub async fn probe(
+        &self,
+        url: &str,
+        table: &OutboxTable,
+        acquire_timeout: Duration,
+    ) -> anyhow::Result<Db> {
+        match self {
+            Db::Postgres(_) => Ok(Db::Postgres(connect_lazy(url, 1, acquire_timeout)?)),
+            #[allow(unreachable_patterns)]
+            _ => self.sibling(url, table, 1).await,
         }
     }
 

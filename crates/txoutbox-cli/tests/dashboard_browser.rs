@@ -158,6 +158,44 @@ async fn dashboard_shows_counts_and_retries_a_dead_letter() {
         .await
         .unwrap();
     assert!(row.text().await.unwrap().contains("message too large"));
+    // The relays panel: this relay, its mode, alive, a heartbeat age and its partitions.
+    let relay_row = client
+        .wait()
+        .for_element(Locator::Css("#relays-table tr[data-relay='relay-a']"))
+        .await
+        .unwrap();
+    let relay_text = relay_row.text().await.unwrap();
+    for want in ["relay-a", "ordered", "yes", " s", "0-"] {
+        assert!(relay_text.contains(want), "{want:?} in {relay_text:?}");
+    }
+    // The chart's axes say what they measure, in which unit, with tick labels.
+    assert_eq!(text_of(&client, "axis-rate").await, "published / s");
+    assert_eq!(text_of(&client, "axis-latency").await, "latency (ms)");
+    assert_eq!(
+        text_of(&client, "axis-time").await,
+        "time before the last reading"
+    );
+    let ticks = client.find_all(Locator::Css("#ticks text")).await.unwrap();
+    let mut labels = Vec::new();
+    for t in &ticks {
+        labels.push(t.text().await.unwrap());
+    }
+    assert!(labels.len() >= 10 + 2, "{labels:?}"); // 5 per value axis, 2+ on time
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.ends_with(" s") || l.ends_with(" min")),
+        "time ticks with units: {labels:?}"
+    );
+    let points = client
+        .find(Locator::Id("rate-line"))
+        .await
+        .unwrap()
+        .attr("points")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    assert!(points.split(' ').count() >= 2, "a rate line: {points:?}");
     let shot = client.screenshot().await.unwrap();
     assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -1,6 +1,7 @@
 //! Retention: published events are deleted once they are older than a retention period, by a
 //! background task, in bounded batches of short autocommit statements (no long locks, no
-//! long transactions). Dead letters are never purged: they wait for an operator.
+//! long transactions), through [`Operator::purge_processed`] on any store. Dead letters are
+//! never purged: they wait for an operator.
 //!
 //! ```no_run
 //! # async fn run(store: txoutbox::store::postgres::PgStore) {
@@ -18,44 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::metrics as m;
-
-/// A store that can delete published rows older than some age.
-#[async_trait::async_trait]
-pub trait Purge: Send + Sync {
-    /// Delete up to `batch` published rows older than `older_than`; how many went.
-    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error>;
-}
-
-#[async_trait::async_trait]
-impl<P: Purge + ?Sized> Purge for std::sync::Arc<P> {
-    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        (**self).purge_processed(older_than, batch).await
-    }
-}
-
-#[cfg(feature = "postgres")]
-#[async_trait::async_trait]
-impl Purge for crate::store::postgres::PgStore {
-    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        crate::store::postgres::PgStore::purge_processed(self, older_than, batch).await
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[async_trait::async_trait]
-impl Purge for crate::store::mysql::MySqlStore {
-    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        crate::store::mysql::MySqlStore::purge_processed(self, older_than, batch).await
-    }
-}
-
-#[cfg(feature = "sqlite")]
-#[async_trait::async_trait]
-impl Purge for crate::store::sqlite::SqliteStore {
-    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        crate::store::sqlite::SqliteStore::purge_processed(self, older_than, batch).await
-    }
-}
+use crate::store::Operator;
 
 /// How and how often published rows are purged.
 #[derive(Debug, Clone)]
@@ -84,7 +48,7 @@ impl Default for Purger {
 impl Purger {
     /// Purge every `every` until `cancel` fires. Database errors are logged and retried on
     /// the next round; they never stop the task.
-    pub async fn run<S: Purge + ?Sized>(&self, store: &S, cancel: CancellationToken) {
+    pub async fn run<S: Operator + ?Sized>(&self, store: &S, cancel: CancellationToken) {
         loop {
             match self.round(store, &cancel).await {
                 Ok(0) => {}
@@ -99,7 +63,7 @@ impl Purger {
     }
 
     /// One round: batches until a short one (or `cancel`). Returns how many rows went.
-    pub async fn round<S: Purge + ?Sized>(
+    pub async fn round<S: Operator + ?Sized>(
         &self,
         store: &S,
         cancel: &CancellationToken,

@@ -11,7 +11,7 @@ use common::*;
 use txoutbox::publish::{FaultyPublisher, Message};
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::retry::Backoff;
-use txoutbox::store::{DeadFilter, Ordering, Store};
+use txoutbox::store::{EventFilter, Operator, Ordering, Store};
 use txoutbox::NewEvent;
 use uuid::Uuid;
 
@@ -308,7 +308,7 @@ async fn dead_head(hold: bool) {
         p.clear_failures();
         let store = db.store();
         let n = store
-            .retry_dead(&DeadFilter {
+            .retry_dead(&EventFilter {
                 id: Some(x[0].id()),
                 ..Default::default()
             })

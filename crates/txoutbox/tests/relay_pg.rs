@@ -17,7 +17,8 @@ use txoutbox::relay::{Relay, RelayConfig, RelayHandle, RelayStats};
 use txoutbox::retry::Backoff;
 use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{
-    ClaimParams, Counts, DeadFilter, ReleaseParams, SettleOutcome, SettleParams, Store, Wake,
+    ClaimParams, Counts, EventFilter, Operator, ReleaseParams, SettleOutcome, SettleParams, Store,
+    Wake,
 };
 use txoutbox::NewEvent;
 use uuid::Uuid;
@@ -357,7 +358,7 @@ async fn poison_events_are_dead_lettered_and_others_flow() {
     publisher.fail_id(permanent, Fail::Permanent);
     let admin = db.store();
     let n = admin
-        .retry_dead(&DeadFilter {
+        .retry_dead(&EventFilter {
             event_type: Some("order.flaky".into()),
             ..Default::default()
         })

@@ -16,8 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use txoutbox::store::admin::{EventFilter, EventPage};
-use txoutbox::store::Counts;
+use txoutbox::store::{Counts, EventFilter, EventPage, Page};
 use txoutbox::{EventState, OutboxTable};
 use uuid::Uuid;
 
@@ -66,7 +65,7 @@ pub async fn status(State(s): State<SharedState>) -> Result<Json<Value>, AppErro
         ));
     };
     let mut body = status_body(
-        s.store.table(),
+        &s.table,
         &latest.counts,
         s.relay_id.as_deref(),
         &latest.relays,
@@ -102,7 +101,7 @@ pub async fn healthz() -> &'static str {
 /// busy admin pool does not make the relay look down.
 pub async fn readyz(State(s): State<SharedState>) -> Response {
     let database = async {
-        match tokio::time::timeout(PROBE_TIMEOUT, sqlx::query("SELECT 1").execute(&s.probe)).await {
+        match tokio::time::timeout(PROBE_TIMEOUT, s.probe.ping()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("unreachable: {e}")),
             Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
@@ -139,9 +138,7 @@ fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
         .collect()
 }
 
-fn filter_from_query(
-    q: Option<&str>,
-) -> Result<(EventFilter, txoutbox::store::admin::Page), AppError> {
+fn filter_from_query(q: Option<&str>) -> Result<(EventFilter, Page), AppError> {
     let pairs = parse_query(q);
     Ok(EventFilter::from_params(
         pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
@@ -218,7 +215,7 @@ pub async fn retry_one(
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
     let f = one(&id)?;
-    match s.store.retry_dead_matching(&f).await? {
+    match s.store.retry_dead(&f).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "retried": n }))),
     }
@@ -231,7 +228,7 @@ pub async fn discard_one(
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
     let f = one(&id)?;
-    match s.store.discard_dead_matching(&f).await? {
+    match s.store.discard_dead(&f).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "discarded": n }))),
     }
@@ -299,7 +296,7 @@ pub async fn retry_many(
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
     let f = bulk_filter(&body)?;
-    let n = s.store.retry_dead_matching(&f).await?;
+    let n = s.store.retry_dead(&f).await?;
     tracing::info!(retried = n, "dead letters retried through the admin API");
     Ok(Json(json!({ "retried": n })))
 }
@@ -312,7 +309,7 @@ pub async fn discard_many(
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
     let f = bulk_filter(&body)?;
-    let n = s.store.discard_dead_matching(&f).await?;
+    let n = s.store.discard_dead(&f).await?;
     tracing::info!(
         discarded = n,
         "dead letters discarded through the admin API"

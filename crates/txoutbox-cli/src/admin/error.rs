@@ -27,8 +27,8 @@ impl From<txoutbox::Error> for AppError {
     }
 }
 
-impl From<txoutbox::store::admin::FilterError> for AppError {
-    fn from(e: txoutbox::store::admin::FilterError) -> Self {
+impl From<txoutbox::store::FilterError> for AppError {
+    fn from(e: txoutbox::store::FilterError) -> Self {
         AppError::BadRequest(e.to_string())
     }
 }

@@ -18,16 +18,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
-use txoutbox::store::postgres::PgStore;
+use txoutbox::store::Operator;
+use txoutbox::OutboxTable;
 
 pub use auth::Auth;
 
 /// Everything the handlers need.
 pub struct AdminState {
-    pub store: Arc<PgStore>,
-    /// Readiness's own connection (a pool of one), so `/readyz` answers even while slow
-    /// admin queries hold every connection of the store's pool.
-    pub probe: sqlx::PgPool,
+    /// The operator queries, on a small pool of their own (any database).
+    pub store: Arc<dyn Operator>,
+    /// Readiness's own connection (a store on a pool of one), so `/readyz` answers even while
+    /// slow admin queries hold every connection of the store's pool.
+    pub probe: Arc<dyn Operator>,
+    pub table: OutboxTable,
     pub auth: Auth,
     /// The Prometheus recorder's handle (`None`: `/metrics` answers 404).
     pub metrics: Option<PrometheusHandle>,
@@ -156,5 +159,5 @@ impl Publisher for SharedPublisher {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite", feature = "mysql"))]
 mod tests;

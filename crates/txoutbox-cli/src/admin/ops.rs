@@ -9,11 +9,12 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use txoutbox::publish::Publisher;
 use txoutbox::retention::Purger;
-use txoutbox::store::postgres::PgStore;
+use txoutbox::store::Operator;
+use txoutbox::OutboxTable;
 
 use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth};
 use crate::cli::{OpsArgs, RelayTuning};
-use crate::ctx::{Ctx, UsageError};
+use crate::ctx::{Ctx, Db, UsageError};
 
 /// What `txoutbox relay` runs beside the relay: the admin listener, the gauge refresher and
 /// the retention purge.
@@ -43,8 +44,9 @@ impl Ops {
     /// Check the settings and bind the listener (errors here stop start-up).
     pub async fn start(
         cfg: OpsConfig,
-        store: Arc<PgStore>,
-        probe: sqlx::PgPool,
+        store: Arc<dyn Operator>,
+        probe: Arc<dyn Operator>,
+        table: OutboxTable,
         broker: Arc<dyn Publisher>,
     ) -> anyhow::Result<Self> {
         let cancel = CancellationToken::new();
@@ -70,7 +72,7 @@ impl Ops {
             let (store, cancel) = (store.clone(), cancel.clone());
             tracing::info!(keep = ?purger.keep, every = ?purger.every, batch = purger.batch, "retention purge on");
             tasks.push(tokio::spawn(
-                async move { purger.run(&store, cancel).await },
+                async move { purger.run(&*store, cancel).await },
             ));
         }
         if let Some(addr) = cfg.addr {
@@ -89,6 +91,7 @@ impl Ops {
             let state = Arc::new(AdminState {
                 store,
                 probe,
+                table,
                 auth,
                 metrics,
                 broker: Some(broker),
@@ -172,16 +175,23 @@ fn url_secrets(u: &str) -> Vec<String> {
     out
 }
 
-/// Start the relay's companions on a small pool of their own, so admin calls and purges never
-/// take connections from the relay; readiness has one more connection of its own, so slow
-/// admin queries never hold up `/readyz`.
+/// Start the relay's companions on a small pool of their own beside the relay's `db`, so
+/// admin calls and purges never take connections from the relay; readiness has one more
+/// connection of its own, so slow admin queries never hold up `/readyz`. Any database.
 pub async fn start_for_relay(
     ctx: &Ctx,
+    db: &Db,
     cfg: OpsConfig,
     broker: Arc<dyn Publisher>,
 ) -> anyhow::Result<Ops> {
-    let pool = ctx.pool(3).await?;
-    let probe = crate::ctx::connect_lazy(ctx.require_url()?, 1, super::api::PROBE_TIMEOUT)?;
-    let store = Arc::new(PgStore::new(pool, ctx.table.clone()));
-    Ops::start(cfg, store, probe, broker).await
+    let url = ctx.require_url()?;
+    let retention = txoutbox::store::Retention::Mark;
+    let store: Arc<dyn Operator> = Arc::from(
+        db.sibling(url, &ctx.table, 3)
+            .await?
+            .store(&ctx.table, retention),
+    );
+    let probe = db.probe(url, &ctx.table, super::api::PROBE_TIMEOUT).await?;
+    let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, retention));
+    Ops::start(cfg, store, probe, ctx.table.clone(), broker).await
 }

@@ -10,8 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use txoutbox::metrics as m;
-use txoutbox::store::postgres::PgStore;
-use txoutbox::store::Store;
+use txoutbox::store::Operator;
 
 /// Samples kept for the dashboard's chart (at 5 s: the last 15 minutes).
 const KEEP: usize = 180;
@@ -106,14 +105,14 @@ impl History {
 
 /// Refresh the gauges and the history every `every` until `cancel`.
 pub async fn run(
-    store: Arc<PgStore>,
+    store: Arc<dyn Operator>,
     metrics: Option<PrometheusHandle>,
     history: Arc<History>,
     every: Duration,
     cancel: CancellationToken,
 ) {
     loop {
-        refresh(&store, metrics.as_ref(), &history).await;
+        refresh(&*store, metrics.as_ref(), &history).await;
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
@@ -121,7 +120,7 @@ pub async fn run(
     }
 }
 
-pub async fn refresh(store: &PgStore, metrics: Option<&PrometheusHandle>, history: &History) {
+pub async fn refresh(store: &dyn Operator, metrics: Option<&PrometheusHandle>, history: &History) {
     let at = chrono::Utc::now();
     match store.counts().await {
         Ok(c) => {

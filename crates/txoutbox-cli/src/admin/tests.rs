@@ -1,7 +1,10 @@
-//! The admin router through `oneshot`, against a real PostgreSQL schema per test.
+//! The admin router through `oneshot`, against a real outbox per test on each database
+//! (PostgreSQL, MySQL/MariaDB, SQLite): every check is written once, generic over the
+//! library's test [`Harness`], and instantiated per database by [`per_database!`].
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -9,66 +12,58 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
-use txoutbox::store::postgres::PgStore;
-use txoutbox::OutboxTable;
+use txoutbox::store::{Operator, Retention};
+use txoutbox::testing::Harness;
+use txoutbox::NewEvent;
 
 use super::*;
+use crate::ctx::Db;
 
 const TOKEN: &str = "t0ken-for-tests";
 
-struct Db {
-    pool: sqlx::PgPool,
-    schema: String,
-    table: OutboxTable,
+/// A fresh outbox on one database, and the admin listener's pools on it as
+/// `ops::start_for_relay` makes them: a store on a pool of 3, readiness on a pool of 1.
+struct TestDb<H: Harness> {
+    h: H,
+    admin: Db,
 }
 
-fn db_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// Readiness's own pool, as `ops::start_for_relay` makes it.
-fn probe_pool() -> sqlx::PgPool {
-    crate::ctx::connect_lazy(&db_url(), 1, api::PROBE_TIMEOUT).unwrap()
-}
-
-impl Db {
+impl<H: Harness> TestDb<H> {
     async fn new() -> Self {
-        let url = db_url();
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
+        let h = H::new().await;
+        let admin = Db::open(&h.url(), h.table(), 3).await.unwrap();
+        Self { h, admin }
+    }
+
+    fn store(&self) -> Arc<dyn Operator> {
+        Arc::from(self.admin.store(self.h.table(), Retention::Mark))
+    }
+
+    async fn probe(&self) -> Arc<dyn Operator> {
+        let probe = self
+            .admin
+            .probe(&self.h.url(), self.h.table(), api::PROBE_TIMEOUT)
             .await
             .unwrap();
-        let schema = format!(
-            "txo_admin_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        let table = OutboxTable::new(&schema, "outbox_events").unwrap();
-        txoutbox::migrate(&pool, &table).await.unwrap();
-        Self {
-            pool,
-            schema,
-            table,
-        }
+        Arc::from(probe.store(self.h.table(), Retention::Mark))
     }
 
-    fn state(&self, token: Option<&str>, broker: Option<Arc<dyn Publisher>>) -> SharedState {
-        self.state_on(token, broker, self.pool.clone(), "127.0.0.1:0")
+    async fn state(&self, token: Option<&str>, broker: Option<Arc<dyn Publisher>>) -> SharedState {
+        self.state_on(token, broker, "127.0.0.1:0").await
     }
 
-    /// The state of a listener on `addr`, its store on `pool`.
-    fn state_on(
+    /// The state of a listener on `addr`.
+    async fn state_on(
         &self,
         token: Option<&str>,
         broker: Option<Arc<dyn Publisher>>,
-        pool: sqlx::PgPool,
         addr: &str,
     ) -> SharedState {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         Arc::new(AdminState {
-            store: Arc::new(PgStore::new(pool, self.table.clone())),
-            probe: probe_pool(),
+            store: self.store(),
+            probe: self.probe().await,
+            table: self.h.table().clone(),
             auth: Auth::new(token.map(String::from), addr.parse().unwrap()).unwrap(),
             metrics: Some(recorder.handle()),
             broker,
@@ -78,48 +73,89 @@ impl Db {
         })
     }
 
-    /// `n` events of `event_type`; the first `dead` of them dead-lettered.
-    async fn insert(&self, n: i64, event_type: &str, dead: i64) -> Vec<(uuid::Uuid, i64)> {
-        let t = self.table.qualified();
-        let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&format!(
-            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'order', g::text, $2, jsonb_build_object('n', g) FROM generate_series(1, $1) g
-             RETURNING id, seq"
-        ))
-        .bind(n)
-        .bind(event_type)
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        let ids: Vec<uuid::Uuid> = rows.iter().take(dead as usize).map(|r| r.0).collect();
-        sqlx::query(&format!(
-            "UPDATE {t} SET dead_at = now(), attempts = 10, last_error = 'boom' WHERE id = ANY($1)"
-        ))
-        .bind(&ids)
-        .execute(&self.pool)
-        .await
-        .unwrap();
-        rows
+    /// `n` events of `event_type` (aggregate `order`/1..=n, payload `{"n": i}`), the first
+    /// `dead` of them dead-lettered; their ids and seqs.
+    async fn insert(&self, n: usize, event_type: &str, dead: usize) -> Vec<(uuid::Uuid, i64)> {
+        let events: Vec<NewEvent> = (1..=n)
+            .map(|i| {
+                NewEvent::new(
+                    "order",
+                    i.to_string(),
+                    event_type,
+                    &serde_json::json!({ "n": i }),
+                )
+                .unwrap()
+            })
+            .collect();
+        let ids = self.h.enqueue(&events).await;
+        let store = self.h.store(Retention::Mark).await;
+        txoutbox::testing::store::bury(&self.h, &store, &ids[..dead]).await;
+        let rows = self.h.rows().await;
+        ids.iter()
+            .map(|id| (*id, rows.iter().find(|r| r.id == *id).unwrap().seq))
+            .collect()
     }
 
-    async fn dead_count(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {} WHERE dead_at IS NOT NULL",
-            self.table.qualified()
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
+    async fn dead_count(&self) -> usize {
+        self.h
+            .rows()
+            .await
+            .iter()
+            .filter(|r| r.dead_at.is_some())
+            .count()
+    }
+
+    /// Take every connection of the admin store's pool and keep them until dropped, as slow
+    /// admin queries would.
+    async fn hold_admin_pool(&self) -> Vec<Box<dyn std::any::Any + Send>> {
+        let mut held: Vec<Box<dyn std::any::Any + Send>> = Vec::new();
+        for _ in 0..3 {
+            held.push(match &self.admin {
+                Db::Postgres(pool) => Box::new(pool.acquire().await.unwrap()),
+                Db::Sqlite { pool, .. } => Box::new(pool.acquire().await.unwrap()),
+                Db::Mysql { pool, .. } => Box::new(pool.acquire().await.unwrap()),
+            });
+        }
+        held
     }
 
     async fn cleanup(self) {
-        sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        self.pool.close().await;
+        drop(self.admin);
+        self.h.cleanup().await;
     }
 }
+
+/// Each check once per database: `mod postgres`, `mod mysql`, `mod sqlite`.
+macro_rules! per_database {
+    ($($name:ident),* $(,)?) => {
+        per_database!(@db postgres, txoutbox::testing::postgres::PgHarness, $($name),*);
+        per_database!(@db mysql, txoutbox::testing::mysql::MySqlHarness, $($name),*);
+        per_database!(@db sqlite, txoutbox::testing::sqlite::SqliteHarness, $($name),*);
+    };
+    (@db $db:ident, $harness:ty, $($name:ident),*) => {
+        mod $db {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name::<$harness>().await;
+                }
+            )*
+        }
+    };
+}
+
+per_database!(
+    health_status_and_metrics,
+    readiness_names_the_broker_that_failed_without_secrets,
+    listing_filters_and_pages,
+    changes_need_the_token,
+    bulk_retry_and_discard_by_filter,
+    dashboard_is_self_contained,
+    every_api_call_needs_the_token_off_loopback,
+    status_is_served_from_the_sampler_without_a_query,
+    readiness_answers_while_slow_queries_hold_the_admin_pool,
+    publisher_errors_reach_last_error_and_the_api_redacted,
+);
 
 async fn call(
     state: &SharedState,
@@ -149,11 +185,10 @@ async fn get(state: &SharedState, uri: &str) -> (StatusCode, Value) {
     (s, v)
 }
 
-#[tokio::test]
-async fn health_status_and_metrics() {
-    let db = Db::new().await;
+async fn health_status_and_metrics<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     db.insert(5, "order.created", 2).await;
-    let st = db.state(None, None);
+    let st = db.state(None, None).await;
     assert_eq!(get(&st, "/healthz").await.0, StatusCode::OK);
     let (s, v) = get(&st, "/readyz").await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -162,7 +197,7 @@ async fn health_status_and_metrics() {
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     // The gauges and the status come from the refresher, not from the scrape or the call.
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["pending"], 3);
@@ -199,10 +234,9 @@ impl Publisher for DownBroker {
     }
 }
 
-#[tokio::test]
-async fn readiness_names_what_failed_without_secrets() {
-    let db = Db::new().await;
-    let st = db.state(None, Some(Arc::new(DownBroker)));
+async fn readiness_names_the_broker_that_failed_without_secrets<H: Harness>() {
+    let db = TestDb::<H>::new().await;
+    let st = db.state(None, Some(Arc::new(DownBroker))).await;
     let (s, v) = get(&st, "/readyz").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(v["database"], "ok");
@@ -211,14 +245,28 @@ async fn readiness_names_what_failed_without_secrets() {
         broker.contains("refused") && !broker.contains("hunter2"),
         "{broker}"
     );
-    // A database that does not answer.
+    db.cleanup().await;
+}
+
+/// A database that does not answer: readiness says so without the password, and the API
+/// answers a generic 500.
+#[tokio::test]
+async fn readiness_names_a_database_that_does_not_answer_without_secrets() {
     let dead_pool = sqlx::postgres::PgPoolOptions::new()
-        .acquire_timeout(std::time::Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(1))
         .connect_lazy("postgres://postgres:hunter2@127.0.0.1:1/test")
         .unwrap();
+    let table = txoutbox::OutboxTable::default();
+    let store = || -> Arc<dyn Operator> {
+        Arc::new(txoutbox::store::postgres::PgStore::new(
+            dead_pool.clone(),
+            table.clone(),
+        ))
+    };
     let st = Arc::new(AdminState {
-        store: Arc::new(PgStore::new(dead_pool.clone(), db.table.clone())),
-        probe: dead_pool,
+        store: store(),
+        probe: store(),
+        table: table.clone(),
         auth: Auth::default(),
         metrics: None,
         broker: None,
@@ -235,20 +283,18 @@ async fn readiness_names_what_failed_without_secrets() {
     let (s, v) = get(&st, "/api/v1/events").await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(!v.to_string().contains("127.0.0.1"), "{v}");
-    db.cleanup().await;
 }
 
-#[tokio::test]
-async fn listing_filters_and_pages() {
-    let db = Db::new().await;
+async fn listing_filters_and_pages<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     let rows = db.insert(5, "order.created", 5).await;
     db.insert(3, "order.paid", 1).await;
-    let st = db.state(None, None);
+    let st = db.state(None, None).await;
     let (s, v) = get(&st, "/api/v1/dead-letters?event_type=order.created&limit=2").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let events = v["events"].as_array().unwrap();
     assert_eq!(events.len(), 2);
-    assert_eq!(events[0]["last_error"], "boom");
+    assert_eq!(events[0]["last_error"], "poison");
     let next = v["next_after_seq"].as_i64().unwrap();
     assert_eq!(next, rows[1].1);
     let (_, v) = get(
@@ -276,11 +322,16 @@ async fn listing_filters_and_pages() {
     // Events in any state.
     let (_, v) = get(&st, "/api/v1/events?state=pending").await;
     assert_eq!(v["events"].as_array().unwrap().len(), 2);
+    let (_, v) = get(&st, "/api/v1/events?aggregate_id=2&limit=1").await;
+    assert_eq!(v["events"][0]["id"], rows[1].0.to_string());
+    assert!(v["next_after_seq"].is_i64(), "order.paid 2 is next: {v}");
     let (s, v) = get(&st, &format!("/api/v1/events/{}", rows[0].0)).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["payload"]["n"], 1);
     let (s, _) = get(&st, &format!("/api/v1/events/{}", uuid::Uuid::new_v4())).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = get(&st, &format!("/api/v1/dead-letters/{}", rows[0].0)).await;
+    assert_eq!((s, &v["payload"]["n"]), (StatusCode::OK, &Value::from(1)));
     // Bad filters: 400 naming the filter.
     for (q, needle) in [
         ("created_after=yesterday", "created_after"),
@@ -305,12 +356,11 @@ async fn listing_filters_and_pages() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn changes_need_the_token() {
-    let db = Db::new().await;
+async fn changes_need_the_token<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     let rows = db.insert(3, "order.created", 3).await;
     let id = rows[0].0;
-    let st = db.state(Some(TOKEN), None);
+    let st = db.state(Some(TOKEN), None).await;
     let uri = format!("/api/v1/dead-letters/{id}/retry");
     for token in [None, Some("wrong"), Some("t0ken-for-test")] {
         let (s, _, h) = call(&st, "POST", &uri, token, "").await;
@@ -351,9 +401,10 @@ async fn changes_need_the_token() {
     )
     .await;
     assert_eq!((s, &v["discarded"]), (StatusCode::OK, &Value::from(1)));
+    assert_eq!(db.h.rows().await.len(), 2, "the discarded row is gone");
 
     // Without a configured token, changes are off altogether.
-    let open = db.state(None, None);
+    let open = db.state(None, None).await;
     let (s, v, _) = call(
         &open,
         "POST",
@@ -367,12 +418,11 @@ async fn changes_need_the_token() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn bulk_retry_and_discard_by_filter() {
-    let db = Db::new().await;
+async fn bulk_retry_and_discard_by_filter<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     db.insert(4, "order.created", 4).await;
     db.insert(2, "order.paid", 2).await;
-    let st = db.state(Some(TOKEN), None);
+    let st = db.state(Some(TOKEN), None).await;
     for (body, needle) in [
         ("", "JSON body"),
         ("{}", "no filter"),
@@ -404,16 +454,15 @@ async fn bulk_retry_and_discard_by_filter() {
     .await;
     assert_eq!((s, &v["discarded"]), (StatusCode::OK, &Value::from(4)));
     assert_eq!(db.dead_count().await, 0);
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
     let (_, v) = get(&st, "/api/v1/status").await;
     assert_eq!(v["pending"], 2, "retried events are pending again");
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn dashboard_is_self_contained() {
-    let db = Db::new().await;
-    let st = db.state(None, None);
+async fn dashboard_is_self_contained<H: Harness>() {
+    let db = TestDb::<H>::new().await;
+    let st = db.state(None, None).await;
     for (uri, kind) in [
         ("/", "text/html"),
         ("/assets/app.js", "text/javascript"),
@@ -436,12 +485,11 @@ async fn dashboard_is_self_contained() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn every_api_call_needs_the_token_off_loopback() {
-    let db = Db::new().await;
+async fn every_api_call_needs_the_token_off_loopback<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     let rows = db.insert(2, "order.created", 1).await;
-    let st = db.state_on(Some(TOKEN), None, db.pool.clone(), "0.0.0.0:8720");
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    let st = db.state_on(Some(TOKEN), None, "0.0.0.0:8720").await;
+    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
     let id = rows[0].0;
     for uri in [
         "/api/v1/status".to_string(),
@@ -470,115 +518,53 @@ async fn every_api_call_needs_the_token_off_loopback() {
         assert_eq!(get(&st, uri).await.0, StatusCode::OK, "{uri}");
     }
     // On loopback, reads stay open.
-    let local = db.state(Some(TOKEN), None);
-    sampler::refresh(&local.store, local.metrics.as_ref(), &local.history).await;
+    let local = db.state(Some(TOKEN), None).await;
+    sampler::refresh(&*local.store, local.metrics.as_ref(), &local.history).await;
     assert_eq!(get(&local, "/api/v1/status").await.0, StatusCode::OK);
     assert_eq!(get(&local, "/api/v1/history").await.0, StatusCode::OK);
     db.cleanup().await;
 }
 
-/// Lock the outbox table against every reader until the transaction ends.
-async fn lock_table(db: &Db) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-        db.table.qualified()
-    ))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx
-}
-
-#[tokio::test]
-async fn status_is_served_from_the_sampler_without_a_query() {
-    let db = Db::new().await;
+async fn status_is_served_from_the_sampler_without_a_query<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     db.insert(5, "order.created", 1).await;
-    let st = db.state(None, None);
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    let st = db.state(None, None).await;
+    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
     db.insert(7, "order.created", 0).await;
     // The last reading, not a count of its own (that would say 11).
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!((s, &v["pending"]), (StatusCode::OK, &Value::from(4)), "{v}");
-    // With the table locked, a count would wait for the lock; the status does not.
-    let tx = lock_table(&db).await;
-    let started = std::time::Instant::now();
-    let answer = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        get(&st, "/api/v1/status"),
-    )
-    .await;
+    // With every connection of the store's pool taken, a count would wait; the status does not.
+    let held = db.hold_admin_pool().await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(2), get(&st, "/api/v1/status")).await;
     let elapsed = started.elapsed();
-    tx.rollback().await.unwrap();
-    let (s, v) = answer.expect("/api/v1/status waited for the table");
+    drop(held);
+    let (s, v) = answer.expect("/api/v1/status waited for the database");
     assert_eq!((s, &v["dead"]), (StatusCode::OK, &Value::from(1)), "{v}");
-    assert!(
-        elapsed < std::time::Duration::from_millis(500),
-        "{elapsed:?}"
-    );
-    sampler::refresh(&st.store, st.metrics.as_ref(), &st.history).await;
+    assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
+    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
     assert_eq!(get(&st, "/api/v1/status").await.1["pending"], 11);
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn readiness_answers_while_slow_queries_hold_the_admin_pool() {
-    let db = Db::new().await;
-    // The admin pool as the relay sizes it (3), every connection held by a slow query.
-    let admin_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(3)
-        .connect(&db_url())
-        .await
-        .unwrap();
-    let st = db.state_on(None, None, admin_pool.clone(), "127.0.0.1:0");
-    let marker = format!("txo_slow_{}", &db.schema);
-    let mut slow = Vec::new();
-    for _ in 0..3 {
-        let (pool, sql) = (
-            admin_pool.clone(),
-            format!("SELECT pg_sleep(30) /* {marker} */"),
-        );
-        slow.push(tokio::spawn(async move {
-            let _ = sqlx::query(&sql).execute(&pool).await;
-        }));
-    }
-    let count_sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' AND state = 'active' \
-         AND pid <> pg_backend_pid()"
-    );
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let n: i64 = sqlx::query_scalar(&count_sql)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        if n == 3 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slow queries not running: {n}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let started = std::time::Instant::now();
-    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), get(&st, "/readyz")).await;
+async fn readiness_answers_while_slow_queries_hold_the_admin_pool<H: Harness>() {
+    let db = TestDb::<H>::new().await;
+    let st = db.state(None, None).await;
+    // The admin pool as the relay sizes it (3), every connection taken.
+    let held = db.hold_admin_pool().await;
+    // The store's own queries now wait for a connection...
+    let blocked = tokio::time::timeout(Duration::from_millis(300), st.store.counts()).await;
+    assert!(blocked.is_err(), "the admin pool is not exhausted");
+    // ... and readiness, on its own connection, does not.
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(5), get(&st, "/readyz")).await;
     let elapsed = started.elapsed();
-    sqlx::query(&format!(
-        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%{marker}%' \
-         AND pid <> pg_backend_pid()"
-    ))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    for t in slow {
-        let _ = t.await;
-    }
+    drop(held);
     let (s, v) = answer.expect("/readyz did not answer");
     assert_eq!(s, StatusCode::OK, "{v} after {elapsed:?}");
     assert_eq!(v["database"], "ok");
-    assert!(elapsed < std::time::Duration::from_secs(1), "{elapsed:?}");
-    admin_pool.close().await;
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
     db.cleanup().await;
 }
 
@@ -600,14 +586,13 @@ impl Publisher for EchoingBroker {
     }
 }
 
-#[tokio::test]
-async fn publisher_errors_reach_last_error_and_the_api_redacted() {
-    let db = Db::new().await;
+async fn publisher_errors_reach_last_error_and_the_api_redacted<H: Harness>() {
+    let db = TestDb::<H>::new().await;
     db.insert(1, "order.created", 0).await;
     let mut config = txoutbox::relay::RelayConfig::default();
     config.ordering = txoutbox::store::Ordering::Unordered;
     let relay = txoutbox::relay::Relay::new(
-        PgStore::new(db.pool.clone(), db.table.clone()),
+        db.h.store(Retention::Mark).await,
         Box::new(EchoingBroker),
         config,
     );
@@ -616,16 +601,12 @@ async fn publisher_errors_reach_last_error_and_the_api_redacted() {
         .await
         .unwrap();
     assert_eq!(report.failed, 1, "{report:?}");
-    let last: String =
-        sqlx::query_scalar(&format!("SELECT last_error FROM {}", db.table.qualified()))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let last = db.h.rows().await[0].last_error.clone().unwrap();
     assert!(
         last.contains("sasl_password=***") && last.contains("sasl.password"),
         "{last}"
     );
-    let st = db.state(None, None);
+    let st = db.state(None, None).await;
     let (_, v) = get(&st, "/api/v1/events").await;
     for text in [last, v.to_string()] {
         for n in 1..=4 {

@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use txoutbox::store::admin::{EventFilter, Page};
-use txoutbox::store::postgres::PgStore;
+use txoutbox::store::{EventFilter, Page, Retention};
 use txoutbox::{EventState, OutboxEvent};
 
 use crate::cli::{DlqFilter, EventsCommand, PageArgs};
@@ -30,17 +29,7 @@ pub fn page(p: &PageArgs) -> Page {
 }
 
 pub async fn run(ctx: &Ctx, cmd: EventsCommand) -> anyhow::Result<ExitCode> {
-    if let Ok(kind) = crate::ctx::kind_of(ctx.require_url()?) {
-        if kind != crate::ctx::Kind::Postgres {
-            return Err(crate::ctx::UsageError(format!(
-                "`txoutbox events` (the event browser) needs PostgreSQL, not {}: use `txoutbox dlq list` and `txoutbox status`",
-                kind.name()
-            ))
-            .into());
-        }
-    }
-    let pool = ctx.pool(1).await?;
-    let store = PgStore::new(pool, ctx.table.clone());
+    let store = ctx.db(1).await?.store(&ctx.table, Retention::Mark);
     store.check_schema().await?;
     match cmd {
         EventsCommand::List {

@@ -5,7 +5,7 @@ use txoutbox::relay::Relay;
 
 use super::{open_publisher, relay_config, retention};
 use crate::cli::RelayArgs;
-use crate::ctx::{Ctx, Db, Kind, UsageError};
+use crate::ctx::{Ctx, UsageError};
 
 pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     let url = a.publisher.as_deref().ok_or_else(|| {
@@ -46,15 +46,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         &[db_url, url],
     )?;
     let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
-    let ops = match &db {
-        Db::Postgres(_) => Some(crate::admin::ops::start_for_relay(ctx, ops_config, broker).await?),
-        #[allow(unreachable_patterns)]
-        other => {
-            without_admin(&a.ops, other.kind())?;
-            None
-        }
-    };
-    let purge = purge_elsewhere(&db, ctx, &a);
+    let ops = crate::admin::ops::start_for_relay(ctx, &db, ops_config, broker).await?;
     // --- end operations ---------------------------------------------------------------------
     let handle = Relay::new(store, publisher, config).spawn();
     let cancel = handle.cancel_token();
@@ -65,12 +57,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     });
     let stats = handle.join().await;
     signals.abort();
-    if let Some(ops) = ops {
-        ops.stop().await; // operations: stop the admin listener, gauges and purge
-    }
-    if let Some(purge) = purge {
-        purge.cancel();
-    }
+    ops.stop().await; // operations: stop the admin listener, gauges and purge
     let stats = stats.context("relay failed")?;
     tracing::info!(
         published = stats.published,
@@ -79,72 +66,6 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         "relay exited"
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// The admin listener (API, dashboard, database gauges) runs on PostgreSQL only: elsewhere an
-/// explicit --admin-addr is an error, the default one is skipped with a note.
-fn without_admin(ops: &crate::cli::OpsArgs, kind: Kind) -> anyhow::Result<()> {
-    match ops.admin_addr.as_deref() {
-        None | Some("off") => {
-            tracing::info!(database = kind.name(), "no admin listener: it needs PostgreSQL");
-            Ok(())
-        }
-        Some(_) => Err(UsageError(format!(
-            "--admin-addr: the admin listener (API, dashboard, metrics) needs PostgreSQL, not {}; use `txoutbox status` and `txoutbox dlq`, or --admin-addr off",
-            kind.name()
-        ))
-        .into()),
-    }
-}
-
-/// On databases without the admin companions, the retention purge runs on its own.
-fn purge_elsewhere(
-    db: &Db,
-    ctx: &Ctx,
-    a: &RelayArgs,
-) -> Option<tokio_util::sync::CancellationToken> {
-    match db {
-        #[cfg(feature = "sqlite")]
-        Db::Sqlite { pool, wakeup } if !a.tuning.retention_period.is_zero() => {
-            let store = txoutbox::store::sqlite::SqliteStore::new(
-                pool.clone(),
-                ctx.table.clone(),
-                wakeup.clone(),
-            );
-            let purger = txoutbox::retention::Purger {
-                keep: a.tuning.retention_period,
-                batch: a.ops.retention_batch,
-                every: a.ops.retention_interval,
-                ..Default::default()
-            };
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let stop = cancel.clone();
-            tokio::spawn(async move { purger.run(&store, stop).await });
-            Some(cancel)
-        }
-        #[cfg(feature = "mysql")]
-        Db::Mysql { pool, wakeup } if !a.tuning.retention_period.is_zero() => {
-            let store = txoutbox::store::mysql::MySqlStore::new(
-                pool.clone(),
-                ctx.table.clone(),
-                wakeup.clone(),
-            );
-            let purger = txoutbox::retention::Purger {
-                keep: a.tuning.retention_period,
-                batch: a.ops.retention_batch,
-                every: a.ops.retention_interval,
-                ..Default::default()
-            };
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let stop = cancel.clone();
-            tokio::spawn(async move { purger.run(&store, stop).await });
-            Some(cancel)
-        }
-        _ => {
-            let _ = (ctx, a);
-            None
-        }
-    }
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).

@@ -1,15 +1,13 @@
 //! Where the relay gets events from and reports back to. One trait, [`Store`], with a params
 //! struct per operation so a new field does not break every backend; [`Operator`] adds what
-//! operators do (dead letters, the relays list). One module per database, each behind its
-//! cargo feature: [`postgres`], [`sqlite`], [`mysql`].
+//! operators do (events, dead letters, purge, the relays list; [`operator`]). One module per
+//! database, each behind its cargo feature: [`postgres`], [`sqlite`], [`mysql`].
 
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod admin;
 pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
+pub mod operator;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -19,6 +17,8 @@ pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod undecodable;
 pub mod wakeup;
+
+pub use operator::{EventFilter, EventPage, FilterError, Operator, Page};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -259,16 +259,6 @@ pub struct Counts {
     pub oldest_pending_age_secs: Option<f64>,
 }
 
-/// Which events an operator command acts on.
-#[derive(Debug, Clone, Default)]
-pub struct DeadFilter {
-    pub id: Option<Uuid>,
-    pub event_type: Option<String>,
-    pub aggregate_type: Option<String>,
-    pub aggregate_id: Option<String>,
-    pub limit: Option<i64>,
-}
-
 /// The relay's view of a database.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -333,49 +323,3 @@ pub enum Wake {
     Notified,
     Timeout,
 }
-
-/// What operators do besides relaying (`txoutbox dlq`, `txoutbox status`), on any store.
-#[async_trait::async_trait]
-pub trait Operator: Store {
-    /// Fail with "run `txoutbox migrate`" unless the schema is in place.
-    async fn check_schema(&self) -> Result<(), Error>;
-    /// Dead letters matching the filter, oldest first.
-    async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error>;
-    /// Put matching dead letters back in line (attempts reset, available now).
-    async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error>;
-    /// Delete matching dead letters for good.
-    async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error>;
-    /// The relays registered on the table.
-    async fn relays(&self) -> Result<Vec<RelayInfo>, Error>;
-}
-
-/// Delegates to the store's own methods of the same names.
-macro_rules! operator_by_inherent_methods {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl Operator for $store {
-            async fn check_schema(&self) -> Result<(), Error> {
-                <$store>::check_schema(self).await
-            }
-            async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
-                <$store>::list_dead(self, f).await
-            }
-            async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-                <$store>::retry_dead(self, f).await
-            }
-            async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-                <$store>::discard_dead(self, f).await
-            }
-            async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-                <$store>::relays(self).await
-            }
-        }
-    };
-}
-
-#[cfg(feature = "postgres")]
-operator_by_inherent_methods!(postgres::PgStore);
-#[cfg(feature = "sqlite")]
-operator_by_inherent_methods!(sqlite::SqliteStore);
-#[cfg(feature = "mysql")]
-operator_by_inherent_methods!(mysql::MySqlStore);

@@ -1,5 +1,6 @@
 //! The store conformance suite (cargo feature `testing`): the same checks — claim, settle,
-//! lease expiry, fencing, release, dead letters, ordering, `has_unfinished`, counts — run
+//! lease expiry, fencing, release, dead letters, ordering, `has_unfinished`, counts, and the
+//! operator surface (paging, filters, purge; [`operator`]) — run
 //! against every backend on a real database. A backend provides a [`Harness`] (a fresh,
 //! migrated outbox per test, and a way to read its rows); [`store_conformance!`](crate::store_conformance) turns the
 //! checks of [`store`] into one `#[tokio::test]` each:
@@ -13,6 +14,7 @@
 
 #[cfg(feature = "mysql")]
 pub mod mysql;
+pub mod operator;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -112,6 +114,10 @@ pub trait Harness: Send + Sync + Sized + 'static {
     async fn insert_never_due(&self) -> i64;
     /// Every row as raw as the database has it (no decoding that could fail), in `seq` order.
     async fn raw_rows(&self) -> Vec<RawRow>;
+    /// A URL that reaches this outbox's database (for tools that open their own pools).
+    fn url(&self) -> String;
+    /// The outbox table.
+    fn table(&self) -> &crate::OutboxTable;
     /// Remove what [`Harness::new`] created.
     async fn cleanup(self);
 }
@@ -156,6 +162,10 @@ macro_rules! store_conformance {
             undecodable_rows_are_dead_lettered_and_the_rest_flow,
             hold_mode_keeps_an_aggregate_behind_an_undecodable_row,
             relay_keeps_running_past_undecodable_rows,
+            operator_pages_through_events_with_a_cursor,
+            operator_filters_by_every_field_and_state,
+            operator_gets_one_event_by_id,
+            purge_deletes_published_rows_in_batches,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

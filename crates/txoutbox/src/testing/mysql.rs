@@ -246,6 +246,14 @@ impl Harness for MySqlHarness {
             .collect()
     }
 
+    fn url(&self) -> String {
+        url_for(&self.database)
+    }
+
+    fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
     async fn cleanup(mut self) {
         self.cleaned = true;
         self.pool.close().await;

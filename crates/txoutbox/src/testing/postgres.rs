@@ -221,6 +221,14 @@ impl Harness for PgHarness {
             .collect()
     }
 
+    fn url(&self) -> String {
+        database_url()
+    }
+
+    fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
     async fn cleanup(mut self) {
         self.cleaned = true;
         drop_schema(&self.pool, &self.schema).await;

@@ -250,6 +250,14 @@ impl Harness for SqliteHarness {
             .collect()
     }
 
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn table(&self) -> &OutboxTable {
+        &self.table
+    }
+
     async fn cleanup(mut self) {
         self.cleaned = true;
         self.pool.close().await;

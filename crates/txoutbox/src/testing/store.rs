@@ -7,8 +7,14 @@ use uuid::Uuid;
 
 use super::{wait_for, Harness, RowState};
 use crate::store::{
-    Claim, ClaimParams, DeadFilter, Failure, Operator, Ordering, RebalanceParams, ReleaseParams,
-    Retention, SettleParams, Store,
+    Claim, ClaimParams, EventFilter, Failure, Operator, Ordering, Page, RebalanceParams,
+    ReleaseParams, Retention, SettleParams, Store,
+};
+use crate::EventState;
+
+pub use super::operator::{
+    operator_filters_by_every_field_and_state, operator_gets_one_event_by_id,
+    operator_pages_through_events_with_a_cursor, purge_deletes_published_rows_in_batches,
 };
 use crate::NewEvent;
 
@@ -351,7 +357,7 @@ pub async fn delete_retention_deletes_on_settle<H: Harness>(h: &H) {
 }
 
 /// Dead-letter rows by claiming them and settling them as dead.
-async fn bury<H: Harness>(h: &H, store: &H::Store, ids: &[Uuid]) {
+pub async fn bury<H: Harness>(h: &H, store: &H::Store, ids: &[Uuid]) {
     let token = Uuid::new_v4();
     store.claim(claim("r", token, 1000, LEASE)).await.unwrap();
     let failed: Vec<Failure> = ids
@@ -376,8 +382,8 @@ async fn bury<H: Harness>(h: &H, store: &H::Store, ids: &[Uuid]) {
         .unwrap();
 }
 
-/// Dead letters can be listed and filtered, retried (back in line, attempts reset) and
-/// discarded, touching nothing else.
+/// Dead letters can be listed and filtered, retried (back in line, attempts reset, available
+/// now) and discarded by any filter, touching nothing else.
 pub async fn dead_letters_list_retry_and_discard<H: Harness>(h: &H) {
     let store = h.store(Retention::Mark).await;
     let mk = |t: &str, i: usize| {
@@ -392,24 +398,45 @@ pub async fn dead_letters_list_retry_and_discard<H: Harness>(h: &H) {
     ];
     let ids = h.enqueue(&events).await;
     bury(h, &store, &ids[..4]).await; // ids[4] stays pending
-    let listed = store.list_dead(&DeadFilter::default()).await.unwrap();
-    assert_eq!(ids_of(&listed), ids[..4]);
-    let paid = DeadFilter {
+    assert_eq!(
+        ids_of(&dead(&store, EventFilter::default()).await),
+        ids[..4]
+    );
+    let paid = EventFilter {
         event_type: Some("order.paid".into()),
         ..Default::default()
     };
-    assert_eq!(ids_of(&store.list_dead(&paid).await.unwrap()), ids[1..3]);
-    let limited = DeadFilter {
-        limit: Some(1),
+    assert_eq!(ids_of(&dead(&store, paid.clone()).await), ids[1..3]);
+    let limited = store
+        .list_events(
+            &EventFilter {
+                state: Some(EventState::Dead),
+                ..Default::default()
+            },
+            Page {
+                after_seq: None,
+                limit: 1,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids_of(&limited.events), ids[..1]);
+
+    // A filter that names a pending event touches nothing: only dead letters are retried.
+    let pending = EventFilter {
+        id: Some(ids[4]),
+        state: Some(EventState::Pending),
         ..Default::default()
     };
-    assert_eq!(ids_of(&store.list_dead(&limited).await.unwrap()), ids[..1]);
+    assert_eq!(store.retry_dead(&pending).await.unwrap(), 0);
+    assert_eq!(store.discard_dead(&pending).await.unwrap(), 0);
 
     assert_eq!(store.retry_dead(&paid).await.unwrap(), 2);
     for r in h.rows().await.iter().filter(|r| ids[1..3].contains(&r.id)) {
         assert!(r.dead_at.is_none());
-        assert_eq!(r.attempts, 0);
+        assert_eq!((r.attempts, r.attempts_unavailable), (0, 0));
         assert!(r.last_error.is_none());
+        assert!(r.available_at <= r.db_now, "available now: {r:?}");
     }
     let claimed = store
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
@@ -425,14 +452,14 @@ pub async fn dead_letters_list_retry_and_discard<H: Harness>(h: &H) {
         "retried dead letters and the pending one are claimable"
     );
 
-    let by_id = DeadFilter {
+    let by_id = EventFilter {
         id: Some(ids[3]),
         ..Default::default()
     };
     assert_eq!(store.retry_dead(&by_id).await.unwrap(), 1);
     assert_eq!(store.retry_dead(&by_id).await.unwrap(), 0);
 
-    let created = DeadFilter {
+    let created = EventFilter {
         event_type: Some("order.created".into()),
         ..Default::default()
     };
@@ -440,11 +467,20 @@ pub async fn dead_letters_list_retry_and_discard<H: Harness>(h: &H) {
     let rows = h.rows().await;
     assert_eq!(rows.len(), 4);
     assert!(rows.iter().all(|r| r.id != ids[0]));
-    assert!(store
-        .list_dead(&DeadFilter::default())
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(dead(&store, EventFilter::default()).await.is_empty());
+}
+
+/// The dead letters matching `f` (its state set to dead), one page of the most.
+async fn dead<S: Operator>(store: &S, f: EventFilter) -> Vec<crate::OutboxEvent> {
+    let f = EventFilter {
+        state: Some(EventState::Dead),
+        ..f
+    };
+    let page = Page {
+        after_seq: None,
+        limit: crate::store::operator::MAX_PAGE,
+    };
+    store.list_events(&f, page).await.unwrap().events
 }
 
 /// `counts` and `has_unfinished` follow every state.
@@ -851,9 +887,16 @@ pub async fn undecodable_rows_are_dead_lettered_and_the_rest_flow<H: Harness>(h:
 
     // `txoutbox dlq list` and `status` show them rather than failing.
     let dead = store
-        .list_dead(&DeadFilter::default())
+        .list_events(
+            &EventFilter {
+                state: Some(EventState::Dead),
+                ..Default::default()
+            },
+            Page::default(),
+        )
         .await
-        .unwrap_or_else(|e| panic!("listing dead letters failed on an undecodable row: {e}"));
+        .unwrap_or_else(|e| panic!("listing dead letters failed on an undecodable row: {e}"))
+        .events;
     assert_eq!(dead.len(), bad.len(), "{dead:?}");
     for (d, b) in dead.iter().zip(&bad) {
         assert_eq!(d.seq, b.seq);
@@ -877,7 +920,7 @@ pub async fn undecodable_rows_are_dead_lettered_and_the_rest_flow<H: Harness>(h:
     // Retried as they are, an ordered claim buries them again (but those the retry repaired)
     // and hands out the rest.
     assert_eq!(
-        store.retry_dead(&DeadFilter::default()).await.unwrap(),
+        store.retry_dead(&EventFilter::default()).await.unwrap(),
         bad.len() as u64
     );
     join(&store, "r", Ordering::Ordered).await;

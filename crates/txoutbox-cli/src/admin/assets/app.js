@@ -23,6 +23,7 @@ async function getJson(path) {
 
 function age(secs) {
   if (secs === null || secs === undefined) return "–";
+  if (secs < 10) return secs.toFixed(1) + " s";
   if (secs < 60) return secs.toFixed(0) + " s";
   if (secs < 3600) return (secs / 60).toFixed(1) + " min";
   return (secs / 3600).toFixed(1) + " h";
@@ -42,29 +43,115 @@ function renderStatus(s) {
   $("updated").textContent = "updated " + at.toLocaleTimeString();
 }
 
-function points(values, max) {
-  const n = values.length;
-  if (n === 0) return "";
-  const step = n > 1 ? 600 / (n - 1) : 0;
-  return values
-    .map((v, i) => (i * step).toFixed(1) + "," + (135 - (max > 0 ? (v / max) * 125 : 0)).toFixed(1))
-    .join(" ");
+// The chart's plot area inside its 800 x 250 viewBox (index.html draws the axes there).
+const PLOT = { left: 64, right: 736, top: 12, bottom: 200 };
+
+function svg(tag, attrs, text) {
+  // The chart's own namespace (SVG's), so no URL needs spelling out here.
+  const el = document.createElementNS($("chart").namespaceURI, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// A round axis maximum at or above `v`: four ticks of 1, 2 or 5 times a power of ten.
+function niceMax(v) {
+  if (!(v > 0)) return 4;
+  const quarter = v / 4;
+  const p = Math.pow(10, Math.floor(Math.log10(quarter)));
+  const step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= quarter);
+  return 4 * step;
+}
+
+function label(v) {
+  if (v === 0) return "0";
+  if (v >= 1000) return (v / 1000).toFixed(v % 1000 ? 1 : 0) + "k";
+  return Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(3)));
+}
+
+const x = (t, t0, span) => PLOT.left + ((t - t0) / span) * (PLOT.right - PLOT.left);
+const y = (v, max) => PLOT.bottom - (v / max) * (PLOT.bottom - PLOT.top);
+
+function points(ts, values, t0, span, max) {
+  return values.map((v, i) => x(ts[i], t0, span).toFixed(1) + "," + y(v, max).toFixed(1)).join(" ");
+}
+
+// Gridlines and tick labels: published/s on the left, latency in ms on the right, seconds or
+// minutes before the last sample along the bottom.
+function drawAxes(t0, span, rateMax, latMsMax) {
+  const grid = $("grid");
+  const ticks = $("ticks");
+  grid.replaceChildren();
+  ticks.replaceChildren();
+  for (let i = 0; i <= 4; i++) {
+    const yy = PLOT.bottom - (i / 4) * (PLOT.bottom - PLOT.top);
+    grid.appendChild(svg("line", { class: "grid", x1: PLOT.left, y1: yy, x2: PLOT.right, y2: yy }));
+    ticks.appendChild(svg("text", { class: "tick rate-key", x: PLOT.left - 6, y: yy + 4, "text-anchor": "end" },
+      label((rateMax * i) / 4)));
+    ticks.appendChild(svg("text", { class: "tick latency-key", x: PLOT.right + 6, y: yy + 4, "text-anchor": "start" },
+      label((latMsMax * i) / 4)));
+  }
+  const step = [10, 30, 60, 120, 300, 600].find((s) => span / s <= 6) || 900;
+  for (let back = 0; back <= span + 0.001; back += step) {
+    const xx = x(t0 + span - back, t0, span);
+    grid.appendChild(svg("line", { class: "grid", x1: xx, y1: PLOT.top, x2: xx, y2: PLOT.bottom }));
+    const text = back === 0 ? "0" : step < 60 ? "-" + back + " s" : "-" + back / 60 + " min";
+    ticks.appendChild(svg("text", { class: "tick", x: xx, y: PLOT.bottom + 16, "text-anchor": "middle" }, text));
+  }
 }
 
 function renderHistory(h) {
   const s = h.samples || [];
-  const rate = s.map((x) => x.published_per_sec || 0);
-  const lat = s.map((x) => x.latency_secs || 0);
-  $("rate-line").setAttribute("points", points(rate, Math.max(1, ...rate)));
-  $("latency-line").setAttribute("points", points(lat, Math.max(0.001, ...lat)));
+  const ts = s.map((p) => p.t);
+  const rate = s.map((p) => p.published_per_sec || 0);
+  const latMs = s.map((p) => (p.latency_secs || 0) * 1000);
   const last = s[s.length - 1];
-  const ms = (secs) => (secs * 1000).toFixed(0) + " ms";
+  const tEnd = last ? last.t : 0;
+  const span = Math.max(60, s.length ? tEnd - ts[0] : 60);
+  const t0 = tEnd - span;
+  const rateMax = niceMax(Math.max(1, ...rate));
+  const latMsMax = niceMax(Math.max(1, ...latMs));
+  drawAxes(t0, span, rateMax, latMsMax);
+  $("rate-line").setAttribute("points", points(ts, rate, t0, span, rateMax));
+  $("latency-line").setAttribute("points", points(ts, latMs, t0, span, latMsMax));
+  const ms = (v) => v.toFixed(0) + " ms";
   $("rate-now").textContent = last
     ? last.published_per_sec.toFixed(1) + " (peak " + Math.max(...rate).toFixed(1) + ")"
     : "–";
   $("latency-now").textContent =
-    (last && last.latency_secs !== null ? ms(last.latency_secs) : "–") +
-    (lat.length ? " (peak " + ms(Math.max(...lat)) + ")" : "");
+    (last && last.latency_secs !== null ? ms(last.latency_secs * 1000) : "–") +
+    (latMs.length ? " (peak " + ms(Math.max(...latMs)) + ")" : "");
+}
+
+// [0, 1, 2, 5, 7, 8] -> "0-2,5,7-8", as `txoutbox status` prints them.
+function ranges(p) {
+  const out = [];
+  for (let i = 0; i < p.length; ) {
+    let j = i;
+    while (j + 1 < p.length && p[j + 1] === p[j] + 1) j++;
+    out.push(i === j ? String(p[i]) : p[i] + "-" + p[j]);
+    i = j + 1;
+  }
+  return out.join(",");
+}
+
+function renderRelays(s) {
+  const relays = s.relays || [];
+  const at = s.sampled_at ? Date.parse(s.sampled_at) : Date.now();
+  const body = $("relays-table").querySelector("tbody");
+  body.replaceChildren();
+  for (const r of relays) {
+    const tr = document.createElement("tr");
+    tr.dataset.relay = r.relay_id;
+    cell(tr, r.relay_id, "id");
+    cell(tr, r.mode);
+    cell(tr, r.alive ? "yes" : "no", r.alive ? "alive" : "error");
+    cell(tr, age(Math.max(0, (at - Date.parse(r.heartbeat_at)) / 1000)));
+    const parts = r.partitions || [];
+    cell(tr, parts.length ? ranges(parts) + " (" + parts.length + ")" : "–", "partitions");
+    body.appendChild(tr);
+  }
+  $("no-relays").hidden = relays.length > 0;
 }
 
 function cell(tr, text, cls) {
@@ -132,6 +219,7 @@ async function refresh() {
       getJson("/api/v1/dead-letters?limit=50"),
     ]);
     renderStatus(status);
+    renderRelays(status);
     renderHistory(history);
     renderDead(dead);
   } catch (err) {

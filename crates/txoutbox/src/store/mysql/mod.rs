@@ -12,6 +12,7 @@
 //!   found or a wake-up came, doubling up to the poll interval while idle.
 //! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
 
+mod operator;
 mod partitions;
 pub(crate) mod schema;
 pub(crate) mod write;
@@ -29,9 +30,8 @@ pub use crate::store::wakeup::Wakeup;
 use self::schema::{derived, table, NOW_MS};
 use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
-    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
-    RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
-    WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeregisterParams, Membership, Ordering, RebalanceParams, RelayInfo,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -138,92 +138,6 @@ impl MySqlStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(*self.partitions.get_or_init(|| n.max(1)))
-    }
-
-    /// `WHERE dead ... AND <filters>` and its values, in order.
-    fn dead_where(f: &DeadFilter) -> (String, Vec<String>) {
-        let mut sql = String::from("dead_at IS NOT NULL AND processed_at IS NULL");
-        let mut args = Vec::new();
-        for (col, v) in [
-            ("id", f.id.map(|id| id.hyphenated().to_string())),
-            ("event_type", f.event_type.clone()),
-            ("aggregate_type", f.aggregate_type.clone()),
-            ("aggregate_id", f.aggregate_id.clone()),
-        ] {
-            if let Some(v) = v {
-                sql.push_str(&format!(" AND {col} = ?"));
-                args.push(v);
-            }
-        }
-        (sql, args)
-    }
-
-    pub async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
-        let (cond, args) = Self::dead_where(f);
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE {cond} ORDER BY seq LIMIT ?",
-            table(&self.table)
-        );
-        let mut q = sqlx::query(&sql);
-        for a in &args {
-            q = q.bind(a);
-        }
-        let rows = q
-            .bind(f.limit.unwrap_or(100))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let (cond, args) = Self::dead_where(f);
-        let sql = format!(
-            "UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, \
-             available_at = {NOW_MS}, last_error = NULL WHERE {cond}",
-            table(&self.table)
-        );
-        let mut q = sqlx::query(&sql);
-        for a in &args {
-            q = q.bind(a);
-        }
-        let n = q
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        if n > 0 {
-            self.wakeup.fire();
-        }
-        Ok(n)
-    }
-
-    pub async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let (cond, args) = Self::dead_where(f);
-        let sql = format!("DELETE FROM {} WHERE {cond}", table(&self.table));
-        let mut q = sqlx::query(&sql);
-        for a in &args {
-            q = q.bind(a);
-        }
-        Ok(q.execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected())
-    }
-
-    /// Delete up to `batch` published rows older than `older_than`.
-    pub async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        let done = sqlx::query(&format!(
-            "DELETE FROM {} WHERE processed_at IS NOT NULL AND processed_at < {NOW_MS} - ? \
-             ORDER BY processed_at LIMIT ?",
-            table(&self.table)
-        ))
-        .bind(ms(older_than))
-        .bind(batch)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
     }
 }
 

@@ -8,6 +8,7 @@ use sqlx::{Row, ValueRef};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
+mod operator;
 mod partitions;
 mod queries;
 pub(crate) mod schema;
@@ -15,9 +16,9 @@ pub(crate) mod write;
 
 use super::undecodable::{self, Decoded, Reader};
 use super::{
-    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Fence, Membership, Ordering,
-    PartitionFence, RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome,
-    SettleParams, Store, WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeregisterParams, Fence, Membership, Ordering, PartitionFence,
+    RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
+    WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -191,54 +192,6 @@ impl PgStore {
 
     fn err(&self, e: sqlx::Error) -> Error {
         db_error(&self.table, e)
-    }
-
-    /// Dead letters (or, with `all_states`, any events) matching `f`, oldest first.
-    pub async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {} ORDER BY seq LIMIT $5",
-            self.table.qualified(),
-            FILTER_SQL
-        );
-        let rows = bind_filter(sqlx::query(&sql), f)
-            .bind(f.limit.unwrap_or(100))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    /// Put matching dead letters back in line: attempts reset, available now. Wakes relays.
-    pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let sql = format!(
-            "WITH r AS (
-                UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, available_at = now(), last_error = NULL
-                WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL} RETURNING 1
-             )
-             SELECT count(*), pg_notify($5, '') FROM r",
-            self.table.qualified()
-        );
-        let n: i64 = bind_filter(sqlx::query(&sql), f)
-            .bind(self.table.channel())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?
-            .try_get(0)
-            .map_err(Error::Database)?;
-        Ok(n as u64)
-    }
-
-    /// Delete matching dead letters for good.
-    pub async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let sql = format!(
-            "DELETE FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL}",
-            self.table.qualified()
-        );
-        let done = bind_filter(sqlx::query(&sql), f)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
     }
 
     /// One unordered claim of up to `limit` rows with `seq > floor` (0: from the start).
@@ -447,21 +400,6 @@ impl PgStore {
                 "could not dead-letter rows that do not decode; the next claims meet them again"),
         }
     }
-}
-
-/// Filters shared by the dead-letter commands: $1 id, $2 event_type, $3 aggregate_type, $4 aggregate_id.
-const FILTER_SQL: &str =
-    "AND ($1::uuid IS NULL OR id = $1) AND ($2::text IS NULL OR event_type = $2) \
-     AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
-
-fn bind_filter<'q>(
-    q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    f: &'q DeadFilter,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    q.bind(f.id)
-        .bind(f.event_type.as_deref())
-        .bind(f.aggregate_type.as_deref())
-        .bind(f.aggregate_id.as_deref())
 }
 
 /// The row as an event, with placeholders where a column does not decode (operator listings).

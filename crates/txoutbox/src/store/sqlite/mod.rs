@@ -12,6 +12,7 @@
 //!   poll interval while idle.
 //! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
 
+mod operator;
 pub(crate) mod schema;
 mod wake;
 pub(crate) mod write;
@@ -29,9 +30,8 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 use self::schema::{derived, table, NOW_MS};
 use super::undecodable::{self, decode_text_row, Decoded};
 use super::{
-    Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
-    RebalanceParams, RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store,
-    WaitParams, Wake,
+    Claim, ClaimParams, Counts, DeregisterParams, Membership, Ordering, RebalanceParams, RelayInfo,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
@@ -266,68 +266,6 @@ impl SqliteStore {
             })
             .collect()
     }
-
-    /// Dead letters matching `f`, oldest first.
-    pub async fn list_dead(&self, f: &DeadFilter) -> Result<Vec<OutboxEvent>, Error> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL} \
-             ORDER BY seq LIMIT ?5",
-            table(&self.table)
-        );
-        let rows = bind_filter(sqlx::query(&sql), f)
-            .bind(f.limit.unwrap_or(100))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter().map(event_from_row).collect()
-    }
-
-    /// Put matching dead letters back in line: attempts reset, available now.
-    pub async fn retry_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let sql = format!(
-            "UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, \
-             available_at = {NOW_MS}, last_error = NULL \
-             WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL}",
-            table(&self.table)
-        );
-        let done = bind_filter(sqlx::query(&sql), f)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() > 0 {
-            self.wakeup.fire();
-        }
-        Ok(done.rows_affected())
-    }
-
-    /// Delete matching dead letters for good.
-    pub async fn discard_dead(&self, f: &DeadFilter) -> Result<u64, Error> {
-        let sql = format!(
-            "DELETE FROM {} WHERE dead_at IS NOT NULL AND processed_at IS NULL {FILTER_SQL}",
-            table(&self.table)
-        );
-        let done = bind_filter(sqlx::query(&sql), f)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
-    }
-
-    /// Delete up to `batch` published rows older than `older_than`. Returns how many went.
-    pub async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        let q = table(&self.table);
-        let done = sqlx::query(&format!(
-            "DELETE FROM {q} WHERE seq IN (SELECT seq FROM {q} \
-             WHERE processed_at IS NOT NULL AND processed_at < {NOW_MS} - ?1 \
-             ORDER BY processed_at LIMIT ?2)"
-        ))
-        .bind(millis(older_than))
-        .bind(batch)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
-    }
 }
 
 impl SqliteStore {
@@ -374,21 +312,6 @@ impl SqliteStore {
                 "could not dead-letter rows that do not decode; they are claimed again after their lease"),
         }
     }
-}
-
-/// Filters shared by the dead-letter commands: ?1 id, ?2 event_type, ?3 aggregate_type,
-/// ?4 aggregate_id.
-const FILTER_SQL: &str = "AND (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR event_type = ?2) \
-     AND (?3 IS NULL OR aggregate_type = ?3) AND (?4 IS NULL OR aggregate_id = ?4)";
-
-fn bind_filter<'q>(
-    q: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-    f: &'q DeadFilter,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
-    q.bind(f.id.map(|id| id.hyphenated().to_string()))
-        .bind(f.event_type.as_deref())
-        .bind(f.aggregate_type.as_deref())
-        .bind(f.aggregate_id.as_deref())
 }
 
 fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {

@@ -1,0 +1,163 @@
+//! The operator surface on PostgreSQL (see [`super::operator`]): list and inspect events with
+//! filters and keyset pagination, retry or discard a filtered set of dead letters, and purge
+//! published rows in bounded batches (retention).
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{event_from_row, PgStore, COLUMNS};
+use crate::error::{db_error, Error};
+use crate::store::operator::{
+    Dialect, EventFilter, EventPage, FilterValue, Marks, Operator, Page, DEAD, PUBLISHED,
+    UNFINISHED,
+};
+use crate::store::RelayInfo;
+use crate::OutboxEvent;
+
+const PG: Dialect = Dialect {
+    marks: Marks::Dollar,
+    now: "now()",
+};
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+fn bind<'q>(mut q: PgQuery<'q>, values: &[FilterValue<'q>]) -> PgQuery<'q> {
+    for v in values {
+        q = match *v {
+            FilterValue::Id(id) => q.bind(id),
+            FilterValue::Text(t) => q.bind(t),
+            FilterValue::Time(t) => q.bind(t),
+            FilterValue::Int(n) => q.bind(n),
+        };
+    }
+    q
+}
+
+impl PgStore {
+    fn operator_error(&self, e: sqlx::Error) -> Error {
+        db_error(self.table(), e)
+    }
+}
+
+#[async_trait::async_trait]
+impl Operator for PgStore {
+    async fn check_schema(&self) -> Result<(), Error> {
+        PgStore::check_schema(self).await
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        sqlx::query("SELECT 1")
+            .execute(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        Ok(())
+    }
+
+    /// The cursor is a plain `seq > $n` (the first page binds the smallest `bigint`), so
+    /// even a generic plan walks an index on `seq` from the cursor on. Without a state the
+    /// page is the merge of the three disjoint states, each in its own `seq` order: the
+    /// unfinished rows (their partial index), dead letters and published rows (each theirs,
+    /// where present), so no page sorts the whole table.
+    async fn list_events(&self, f: &EventFilter, page: Page) -> Result<EventPage, Error> {
+        let table = self.table().qualified();
+        let mut c = f.page_sql(PG, "TRUE", page);
+        let limit = c.mark(FilterValue::Int(page.fetch()));
+        let branch = |state: &str| {
+            format!(
+                "SELECT {COLUMNS} FROM {table} WHERE {state} AND {} ORDER BY seq LIMIT {limit}",
+                c.sql
+            )
+        };
+        let sql = match f.state {
+            Some(state) => branch(&crate::store::operator::state_sql(Some(state), PG.now)),
+            None => format!(
+                "SELECT * FROM (({}) UNION ALL ({}) UNION ALL ({})) page ORDER BY seq LIMIT {limit}",
+                branch(UNFINISHED),
+                branch(DEAD),
+                branch(PUBLISHED),
+            ),
+        };
+        let rows = bind(sqlx::query(&sql), &c.values)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        let events = rows
+            .iter()
+            .map(event_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(EventPage::assemble(events, page))
+    }
+
+    async fn get_event(&self, id: Uuid) -> Result<Option<OutboxEvent>, Error> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM {} WHERE id = $1",
+            self.table().qualified()
+        );
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        row.as_ref().map(event_from_row).transpose()
+    }
+
+    /// One statement, which also notifies the relays' channel.
+    async fn retry_dead(&self, f: &EventFilter) -> Result<u64, Error> {
+        let channel = self.table().channel();
+        let mut c = f.to_sql(PG, DEAD);
+        let chan = c.mark(FilterValue::Text(&channel));
+        let sql = format!(
+            "WITH r AS (
+                UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0,
+                    available_at = now(), last_error = NULL
+                WHERE {} RETURNING 1
+             )
+             SELECT count(*), pg_notify({chan}, '') FROM r",
+            self.table().qualified(),
+            c.sql
+        );
+        let row = bind(sqlx::query(&sql), &c.values)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        let n: i64 = sqlx::Row::try_get(&row, 0).map_err(Error::Database)?;
+        Ok(n as u64)
+    }
+
+    async fn discard_dead(&self, f: &EventFilter) -> Result<u64, Error> {
+        let c = f.to_sql(PG, DEAD);
+        let sql = format!("DELETE FROM {} WHERE {}", self.table().qualified(), c.sql);
+        let done = bind(sqlx::query(&sql), &c.values)
+            .execute(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        Ok(done.rows_affected())
+    }
+
+    /// Rows another transaction holds are skipped.
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        // ctid = ANY(ARRAY(...)) is a TID scan: the DELETE touches exactly the rows the
+        // sub-select picked, and the sub-select's LIMIT bounds the locks and the WAL of one
+        // statement. The condition is repeated so a row changed in between is left alone.
+        let q = self.table().qualified();
+        let sql = format!(
+            "DELETE FROM {q} WHERE ctid = ANY(ARRAY(
+                SELECT ctid FROM {q}
+                WHERE processed_at < now() - $1 * interval '1 millisecond'
+                LIMIT $2 FOR UPDATE SKIP LOCKED
+             )) AND processed_at < now() - $1 * interval '1 millisecond'"
+        );
+        let done = sqlx::query(&sql)
+            .bind(crate::store::operator::millis(older_than) as f64)
+            .bind(batch.max(1))
+            .execute(self.pool())
+            .await
+            .map_err(|e| self.operator_error(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        PgStore::relays(self).await
+    }
+}
