@@ -1,12 +1,21 @@
 //! What every command needs: the outbox table and a way to reach the database, which is
 //! picked from the URL's scheme (`postgres://`, `sqlite://`).
+// A build with fewer than all three databases leaves some of the per-database arms and
+// imports unused.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(unused_imports, unused_variables, unreachable_patterns, dead_code)
+)]
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+#[cfg(feature = "postgres")]
+use sqlx::PgPool;
+use sqlx::{ConnectOptions, Connection};
 use txoutbox::publish::redact_url;
 use txoutbox::store::{Operator, Retention};
 use txoutbox::{MigrateReport, NewEvent, OutboxTable};
@@ -100,6 +109,7 @@ pub fn kind_of(url: &str) -> anyhow::Result<Kind> {
 
 /// A connected database of any supported kind.
 pub enum Db {
+    #[cfg(feature = "postgres")]
     Postgres(PgPool),
     #[cfg(feature = "sqlite")]
     Sqlite {
@@ -120,6 +130,7 @@ impl Db {
         max_connections: u32,
     ) -> anyhow::Result<Self> {
         match kind_of(url)? {
+            #[cfg(feature = "postgres")]
             Kind::Postgres => Ok(Db::Postgres(connect(url, max_connections).await?)),
             #[cfg(feature = "sqlite")]
             Kind::Sqlite => {
@@ -179,6 +190,7 @@ impl Db {
         acquire_timeout: Duration,
     ) -> anyhow::Result<Db> {
         match self {
+            #[cfg(feature = "postgres")]
             Db::Postgres(_) => Ok(Db::Postgres(connect_lazy(url, 1, acquire_timeout)?)),
             #[allow(unreachable_patterns)]
             _ => self.sibling(url, table, 1).await,
@@ -187,6 +199,7 @@ impl Db {
 
     pub async fn migrate(&self, table: &OutboxTable) -> Result<MigrateReport, txoutbox::Error> {
         match self {
+            #[cfg(feature = "postgres")]
             Db::Postgres(pool) => txoutbox::migrate(pool, table).await,
             #[cfg(feature = "sqlite")]
             Db::Sqlite { pool, .. } => txoutbox::migrate(pool, table).await,
@@ -197,6 +210,7 @@ impl Db {
 
     pub async fn check_schema(&self, table: &OutboxTable) -> Result<(), txoutbox::Error> {
         match self {
+            #[cfg(feature = "postgres")]
             Db::Postgres(pool) => txoutbox::check_schema(pool, table).await,
             #[cfg(feature = "sqlite")]
             Db::Sqlite { pool, .. } => txoutbox::check_schema(pool, table).await,
@@ -212,6 +226,7 @@ impl Db {
     ) -> Result<Uuid, txoutbox::Error> {
         let outbox = txoutbox::Outbox::new(table.clone());
         match self {
+            #[cfg(feature = "postgres")]
             Db::Postgres(pool) => outbox.enqueue(pool, event).await,
             #[cfg(feature = "sqlite")]
             Db::Sqlite { pool, .. } => outbox.enqueue(pool, event).await,
@@ -223,6 +238,7 @@ impl Db {
     /// The store, for relaying and for the operator commands.
     pub fn store(&self, table: &OutboxTable, retention: Retention) -> Box<dyn Operator> {
         match self {
+            #[cfg(feature = "postgres")]
             Db::Postgres(pool) => Box::new(txoutbox::store::postgres::PgStore::with_retention(
                 pool.clone(),
                 table.clone(),
@@ -286,6 +302,7 @@ async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::
 }
 
 /// Connect with a short timeout and an error that names the (redacted) URL.
+#[cfg(feature = "postgres")]
 pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     let opts = PgConnectOptions::from_str(url).map_err(|e| {
         UsageError(format!(
@@ -312,6 +329,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
 
 /// A PostgreSQL pool that connects on first use (readiness's own connection): no connection
 /// is made here, so nothing can fail but the URL.
+#[cfg(feature = "postgres")]
 pub fn connect_lazy(
     url: &str,
     max_connections: u32,
