@@ -3,12 +3,10 @@
 //! schema of its own and drops it at the end.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use sqlx::{Connection, Row};
 use txoutbox::store::{
     ClaimParams, EventFilter, Failure, Operator, ReleaseParams, Retention, SettleParams, Store,

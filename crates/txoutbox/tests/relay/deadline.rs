@@ -4,11 +4,9 @@
 //! end past the lease and the event went out anyway, while another relay could hold it).
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::{Ordering, RebalanceParams, Store};

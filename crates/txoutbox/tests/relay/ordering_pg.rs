@@ -2,12 +2,10 @@
 //! faults, several relays, a crash and a late joiner; partition sharing; dead heads.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use txoutbox::publish::{FaultyPublisher, Message};
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::retry::Backoff;

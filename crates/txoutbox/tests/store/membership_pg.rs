@@ -3,13 +3,11 @@
 //! relay, and an idle relay beside work it cannot take stays idle.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{

@@ -5,13 +5,11 @@
 //! scriptable publisher.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::retry::Backoff;

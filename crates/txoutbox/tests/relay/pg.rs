@@ -3,14 +3,12 @@
 //! works in a schema of its own and drops it at the end.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 use txoutbox::relay::{Relay, RelayConfig, RelayHandle, RelayStats};
@@ -26,7 +24,7 @@ use uuid::Uuid;
 /// Small, fast settings for tests. `RelayConfig` is `#[non_exhaustive]`: built from the
 /// default and then assigned field by field. These tests are about claiming, leases, retries
 /// and shutdown, which work the same in every mode; they run unordered, where every event of
-/// a batch is attempted at once. Ordered mode has tests of its own (`ordering_pg.rs`).
+/// a batch is attempted at once. Ordered mode has tests of its own (`ordering_pg.rs` beside this file).
 fn config(relay_id: &str) -> RelayConfig {
     let mut c = RelayConfig::default();
     c.ordering = txoutbox::store::Ordering::Unordered;

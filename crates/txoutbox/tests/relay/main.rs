@@ -1,0 +1,10 @@
+//! The relay end to end against the real databases: delivery, order, dead letters, wake-ups, shutdown, the publish deadline.
+//! One test binary for all of them (each file was one of its own), so the suite links once.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod deadline;
+mod key_order;
+mod ordering_pg;
+mod pg;
+mod wakeups;
