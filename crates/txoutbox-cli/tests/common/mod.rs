@@ -1,5 +1,5 @@
 //! Support for the CLI tests: a fresh schema per test, the real binary, real brokers.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::process::{Output, Stdio};
 use std::time::Duration;

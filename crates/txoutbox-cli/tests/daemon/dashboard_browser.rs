@@ -6,13 +6,11 @@
 //! missing browser is a failure. `UPDATE_SCREENSHOT=1` also writes docs/dashboard.png.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 
 const TOKEN: &str = "browser-test-token";

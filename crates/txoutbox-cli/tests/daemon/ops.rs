@@ -2,12 +2,10 @@
 //! the relay publishes, CLI parity with the API, log format and redaction.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const TOKEN: &str = "ops-test-token";

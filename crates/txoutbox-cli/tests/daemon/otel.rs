@@ -1,17 +1,15 @@
 //! Trace context end to end: a writer's span (exported by the test's own SDK), the relay
 //! daemon's publish span (exported over OTLP by the real binary) and the broker message a
 //! consumer reads, checked in an OTLP receiver that decodes the real protobuf messages.
-#![cfg(feature = "otel")]
+#![cfg(all(feature = "otel", feature = "nats", feature = "kafka"))]
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
-
-mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use axum::body::Bytes;
 use axum::extract::State;
-use common::*;
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::{SpanContext, TraceContextExt, Tracer, TracerProvider as _};
 use opentelemetry::Context;

@@ -5,11 +5,9 @@
 //! schema; publish_*.rs check each publisher's permanent errors one message at a time.)
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 
 /// Insert one row the way a service in any language would.
 async fn insert(

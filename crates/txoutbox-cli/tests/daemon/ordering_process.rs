@@ -2,12 +2,10 @@
 //! under injected publish faults, a SIGKILL with restart and a late joiner.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// seq, attempts, partition, last_error, locked_by: printed for the first order violations.
 type RowDebug = (i64, i32, i32, Option<String>, Option<String>);

@@ -4,14 +4,13 @@
 //! and SQLite. Each test works in a directory of its own under the temp directory (and, on
 //! MySQL, a database of its own on `MYSQL_URL`'s server), removed at the end.
 #![allow(clippy::unwrap_used)]
-
-mod common;
+#![cfg(all(feature = "sqlite", feature = "mysql"))]
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::{free_port, http, stderr, stdout, stop, unique, wait_until};
+use crate::common::{free_port, http, stderr, stdout, stop, unique, wait_until};
 use tokio::process::Command;
 use txoutbox::store::Retention;
 use txoutbox::testing::Harness;

@@ -2,12 +2,10 @@
 //! wake-ups.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A relay SIGKILLed in the middle of a batch loses nothing: once its lease expires, a second
 /// relay delivers everything.

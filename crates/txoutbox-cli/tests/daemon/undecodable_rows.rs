@@ -4,9 +4,7 @@
 //! list/show`) show it rather than failing.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 #[tokio::test]

@@ -1,9 +1,7 @@
 //! The CLI's commands and their errors, through the real binary.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn migrate_twice_is_a_noop() {

@@ -3,13 +3,11 @@
 //! in logs, errors, `--help` or `status`.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A temporary directory of secret files, removed on drop.

@@ -1,0 +1,18 @@
+//! The `txoutbox` daemon as its users run it: the binary started as a child process against
+//! the real databases and brokers (commands, bad input, secrets, the admin listener and
+//! dashboard, traces, ordering across processes). One test binary for all of them.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod amqp_daemon;
+mod bad_input;
+mod commands;
+#[path = "../common/mod.rs"]
+mod common;
+mod dashboard_browser;
+mod databases_cli;
+mod ops;
+mod ordering_process;
+mod otel;
+mod relay_process;
+mod secrets;
+mod undecodable_rows;
