@@ -1,0 +1,259 @@
+//! Claim and settle on PostgreSQL: the unordered claim with its scan cursor, the read-only
+//! ordered claim, the fenced settle, and the burial of rows that do not decode.
+
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::decode::decode_row;
+use super::{millis, PgStore, CLAIM_AHEAD_WINDOW, FULL_SCAN_EVERY};
+use crate::error::Error;
+use crate::store::undecodable::{self, Decoded};
+use crate::store::{
+    Claim, ClaimParams, Fence, Ordering, PartitionFence, SettleOutcome, SettleParams,
+};
+
+/// Where the next claim starts reading the pending index.
+///
+/// Every published or claimed row leaves a dead entry at the front of the `pending` index
+/// until VACUUM removes it, so a claim that scans from the start gets slower the more was
+/// drained since the last vacuum (in a 100k backlog, from about 1 ms to tens of ms per
+/// claim). While claims come back full (a backlog), the next claim starts past the highest
+/// `seq` claimed so far and skips that dead prefix (unordered mode only). Events below the cursor (committed late
+/// with a lower `seq`, released, or due for a retry) are found by a full scan, made after
+/// any claim that was not full, after this store released events, and at least every
+/// [`FULL_SCAN_EVERY`]; a claim past the cursor that comes back short looks behind it at once.
+#[derive(Debug)]
+pub(super) struct ScanState {
+    pub(super) cursor: i64,
+    pub(super) last_full: std::time::Instant,
+    pub(super) backlog: bool,
+}
+
+impl ScanState {
+    /// The `seq` floor for the next claim: 0 for a full scan.
+    pub(super) fn floor(&self) -> i64 {
+        if self.backlog && self.last_full.elapsed() < FULL_SCAN_EVERY {
+            self.cursor
+        } else {
+            0
+        }
+    }
+
+    pub(super) fn record(&mut self, floor: i64, limit: usize, rows: &[PgRow]) {
+        if floor == 0 {
+            self.last_full = std::time::Instant::now();
+        }
+        self.backlog = rows.len() >= limit;
+        if let Some(last) = rows
+            .iter()
+            .filter_map(|r| r.try_get::<i64, _>("seq").ok())
+            .max()
+        {
+            self.cursor = self.cursor.max(last);
+        }
+    }
+
+    /// Events were given back: the next claim looks behind the cursor.
+    pub(super) fn rewind(&mut self) {
+        self.backlog = false;
+    }
+}
+
+impl PgStore {
+    /// One unordered claim of up to `limit` rows with `seq > floor` (0: from the start).
+    pub(super) async fn claim_unordered(
+        &self,
+        p: &ClaimParams<'_>,
+        floor: i64,
+        limit: usize,
+    ) -> Result<Vec<PgRow>, Error> {
+        let rows = sqlx::query(&self.q.claim)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(millis(p.lease) as f64)
+            .bind(p.relay_id)
+            .bind(p.token)
+            .bind(floor)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Ok(mut scan) = self.scan.lock() {
+            scan.record(floor, limit, &rows);
+        }
+        Ok(rows)
+    }
+
+    /// An ordered claim: read-only. It writes nothing to the table: the relay holds the
+    /// events because it owns their partitions (the claim's [`PartitionFence`]). What a row
+    /// lease did besides, keep this relay's next claim off the aggregates it is still
+    /// publishing, the claim params do: the relay passes its claims in flight, and this claim
+    /// skips their aggregate hashes, and reads at most [`CLAIM_AHEAD_WINDOW`] batches' worth of
+    /// `seq` past the last of them.
+    pub(super) async fn claim_ordered(&self, p: &ClaimParams<'_>) -> Result<Claim, Error> {
+        let partitions = self.partition_count().await?;
+        let started = Instant::now();
+        let empty = || Claim::leased(p.token, Vec::new(), started + p.lease);
+        let (mut busy, mut upto) = (Vec::new(), i64::MAX);
+        // A claim whose partition lease ran out holds nothing back: the relay does not send
+        // it any more.
+        let live = p.in_flight.iter().filter(|c| c.expires > started);
+        let mut last = None;
+        for c in live {
+            if let Fence::Partitions(f) = &c.fence {
+                busy.extend(f.keys.iter().copied());
+                last = last.max(c.events.iter().map(|e| e.seq).max());
+            }
+        }
+        if let Some(last) = last {
+            let window =
+                i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
+            upto = last.saturating_add(window);
+        }
+        busy.sort_unstable();
+        busy.dedup();
+        let rows = sqlx::query(&self.q.claim_ordered)
+            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+            .bind(p.relay_id)
+            .bind(partitions)
+            .bind(p.ordering == Ordering::OrderedHold)
+            .bind(&busy)
+            .bind(upto)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if rows.is_empty() {
+            return Ok(empty());
+        }
+        let g = |e| Error::Database(e);
+        let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
+        let fence_partitions: Vec<i32> = rows[0].try_get("fence_partitions").map_err(g)?;
+        let fence_epochs: Vec<i64> = rows[0].try_get("fence_epochs").map_err(g)?;
+        let mut keys = rows
+            .iter()
+            .map(|r| r.try_get::<i32, _>("partition_key"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(g)?;
+        keys.sort_unstable();
+        keys.dedup();
+        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        // Events held behind an undecodable row (`hold`) are simply not handed out: an
+        // ordered claim leases nothing.
+        let (events, bad, _held) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            self.bury_undecodable(p, &bad, Some(partitions)).await;
+        }
+        if events.is_empty() {
+            return Ok(empty());
+        }
+        let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
+        Ok(Claim {
+            events,
+            fence: Fence::Partitions(PartitionFence {
+                relay_id: p.relay_id.to_owned(),
+                partitions: fence_partitions,
+                epochs: fence_epochs,
+                keys,
+            }),
+            expires: started + left,
+        })
+    }
+
+    /// One settle statement: fenced by the claim token, or for an ordered claim by partition
+    /// ownership at the claim's epochs.
+    pub(super) async fn settle_inner(&self, p: &SettleParams<'_>) -> Result<SettleOutcome, Error> {
+        if p.published.is_empty() && p.failed.is_empty() {
+            return Ok(SettleOutcome::default());
+        }
+        let ids: Vec<Uuid> = p.failed.iter().map(|f| f.id).collect();
+        let errs: Vec<&str> = p.failed.iter().map(|f| f.error.as_str()).collect();
+        let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
+        let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
+        let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
+        let query = match &p.claim.fence {
+            Fence::Partitions(fence) => sqlx::query(&self.q.settle_ordered)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(&fence.relay_id)
+                .bind(&dead)
+                .bind(&unavailable)
+                .bind(self.partition_count().await?)
+                .bind(&fence.partitions)
+                .bind(&fence.epochs),
+            Fence::Lease { token } => sqlx::query(&self.q.settle)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(token)
+                .bind(&dead)
+                .bind(&unavailable),
+        };
+        let row = query.fetch_one(&self.pool).await.map_err(|e| self.err(e))?;
+        let ok: i64 = row.try_get(0).map_err(Error::Database)?;
+        let bad: i64 = row.try_get(1).map_err(Error::Database)?;
+        Ok(SettleOutcome {
+            published: ok as u64,
+            failed: bad as u64,
+        })
+    }
+}
+
+impl PgStore {
+    /// Dead-letter claimed rows that do not decode (by id: a `uuid` column always decodes).
+    /// Fenced like a settle: by the claim token, or for an ordered claim (`partitions`: how
+    /// many there are) by this relay's partition lease. On failure an unordered claim's rows
+    /// stay leased until the lease runs out, and the next claim meets them again.
+    pub(super) async fn bury_undecodable(
+        &self,
+        p: &ClaimParams<'_>,
+        bad: &[Decoded],
+        partitions: Option<i32>,
+    ) {
+        let q = self.table.qualified();
+        let ids: Vec<Uuid> = bad.iter().map(|b| b.event.id).collect();
+        let errs: Vec<String> = bad
+            .iter()
+            .map(|b| b.last_error().unwrap_or_default())
+            .collect();
+        let rows = "unnest($1::uuid[], $2::text[]) AS f(id, err)";
+        let result = match partitions {
+            None => {
+                sqlx::query(&format!(
+                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err,
+                        locked_until = NULL, locked_by = NULL, lock_token = NULL
+                     FROM {rows} WHERE e.id = f.id AND e.lock_token = $3"
+                ))
+                .bind(&ids)
+                .bind(&errs)
+                .bind(p.token)
+                .execute(&self.pool)
+                .await
+            }
+            Some(n) => {
+                sqlx::query(&format!(
+                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err
+                     FROM {rows}
+                     WHERE e.id = f.id AND e.processed_at IS NULL AND e.dead_at IS NULL
+                       AND e.partition_key % $3 = ANY (ARRAY(
+                         SELECT partition FROM {} WHERE owner = $4 AND lease_until > now()))",
+                    self.table.derived("partitions")
+                ))
+                .bind(&ids)
+                .bind(&errs)
+                .bind(n)
+                .bind(p.relay_id)
+                .execute(&self.pool)
+                .await
+            }
+        };
+        match result {
+            Ok(_) => undecodable::count_dead(bad),
+            Err(e) => tracing::warn!(error = %self.err(e),
+                "could not dead-letter rows that do not decode; the next claims meet them again"),
+        }
+    }
+}

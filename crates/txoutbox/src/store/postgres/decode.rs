@@ -1,0 +1,84 @@
+//! PostgreSQL rows to events, column by column: a value plain SQL wrote that the relay cannot
+//! read makes the row a dead letter with a last error that says what is wrong.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgRow, PgValueFormat, PgValueRef};
+use sqlx::ValueRef;
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::store::undecodable::{self, Decoded, Reader};
+use crate::OutboxEvent;
+
+/// The row as an event, with placeholders where a column does not decode (operator listings).
+pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
+    Ok(decode_row(r)?.event)
+}
+
+/// One row, column by column: what decoded and what did not (see [`undecodable`]).
+pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
+    let mut c = Reader::new(r);
+    let id = c.get::<Uuid>("id")?;
+    let seq = c.get::<i64>("seq")?;
+    let aggregate_type = c.get::<String>("aggregate_type")?;
+    let aggregate_id = c.get::<String>("aggregate_id")?;
+    let event_type = c.get::<String>("event_type")?;
+    let payload = c.get::<serde_json::Value>("payload")?;
+    let headers = c.get::<serde_json::Value>("headers")?;
+    let headers = headers.and_then(|v| c.ok(undecodable::headers(v)));
+    let attempts = c.get::<i32>("attempts")?;
+    let attempts_unavailable = c.get::<i32>("attempts_unavailable")?;
+    let available_at = c.with("available_at", |v| pg_time("available_at", v))?;
+    let created_at = c.with("created_at", |v| pg_time("created_at", v))?;
+    let processed_at = c.with("processed_at", |v| pg_time("processed_at", v))?;
+    let dead_at = c.with("dead_at", |v| pg_time("dead_at", v))?;
+    let locked_by = c.get::<Option<String>>("locked_by")?;
+    let locked_until = c.with("locked_until", |v| pg_time("locked_until", v))?;
+    let last_error = c.get::<Option<String>>("last_error")?;
+    let aggregate = aggregate_type.clone().zip(aggregate_id.clone());
+    let event = OutboxEvent {
+        id: id.unwrap_or_default(),
+        seq: seq.unwrap_or_default(),
+        aggregate_type: aggregate_type.unwrap_or_default(),
+        aggregate_id: aggregate_id.unwrap_or_default(),
+        event_type: event_type.clone().unwrap_or_default(),
+        payload: payload.unwrap_or_default(),
+        headers: headers.unwrap_or_default(),
+        attempts: attempts.unwrap_or_default(),
+        attempts_unavailable: attempts_unavailable.unwrap_or_default(),
+        available_at: available_at.flatten().unwrap_or_default(),
+        created_at: created_at.flatten().unwrap_or_default(),
+        processed_at: processed_at.flatten(),
+        dead_at: dead_at.flatten(),
+        locked_by: locked_by.flatten(),
+        locked_until: locked_until.flatten(),
+        last_error: last_error.flatten(),
+    };
+    Ok(c.finish(event, event_type, aggregate))
+}
+
+/// A `timestamptz` (`None`: NULL), or what is wrong with it. sqlx's own decoding panics on
+/// `infinity`, `-infinity` and times past chrono's range (PostgreSQL's reaches further), so
+/// the binary value is read here: microseconds since 2000-01-01, `i64::MAX`/`MIN` for the
+/// infinities.
+fn pg_time(col: &str, v: PgValueRef<'_>) -> Result<Option<DateTime<Utc>>, String> {
+    if v.is_null() {
+        return Ok(None);
+    }
+    let at = match v.format() {
+        PgValueFormat::Text => <DateTime<Utc> as sqlx::Decode<sqlx::Postgres>>::decode(v)
+            .map_err(|e| format!("{col}: {e}"))?,
+        PgValueFormat::Binary => {
+            let us = <i64 as sqlx::Decode<sqlx::Postgres>>::decode(v)
+                .map_err(|e| format!("{col}: {e}"))?;
+            match us {
+                i64::MAX => return Err(format!("{col} is infinity")),
+                i64::MIN => return Err(format!("{col} is -infinity")),
+                us => DateTime::from_timestamp(946_684_800, 0)
+                    .and_then(|epoch| epoch.checked_add_signed(chrono::TimeDelta::microseconds(us)))
+                    .ok_or_else(|| format!("{col} is out of range ({us} µs from 2000-01-01)"))?,
+            }
+        }
+    };
+    Ok(Some(at))
+}
