@@ -2,7 +2,9 @@
 //! order, and the filling of their `{{...}}` placeholders with validated names. Each database
 //! (`store::<db>::schema`) implements [`Migrator`]: how to read the version, apply, record.
 
-use crate::error::Error;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use crate::error::{db_error, Error};
 use crate::OutboxTable;
 
 /// One numbered migration: its SQL with `{{...}}` placeholders for validated names.
@@ -145,6 +147,33 @@ pub struct MigrateReport {
     pub applied: Vec<i32>,
     /// The version now in force.
     pub version: i32,
+}
+
+/// Check the schema of `table` against this build: `sql` reads the highest version recorded
+/// for the table (its name bound as the one parameter; NULL when there is none).
+pub(crate) async fn check_recorded<'e, DB, E, V>(
+    table: &OutboxTable,
+    executor: E,
+    sql: &str,
+) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    V: for<'r> Decode<'r, DB> + Type<DB> + Into<i64>,
+{
+    let row = sqlx::query(sql)
+        .bind(table.table().as_str())
+        .fetch_one(executor)
+        .await
+        .map_err(|e| db_error(table, e))?;
+    let found: Option<V> = row.try_get(0).map_err(Error::Database)?;
+    version_check(
+        table,
+        found.map(|v| i32::try_from(v.into()).unwrap_or(i32::MAX)),
+    )
 }
 
 /// The schema version found against the one this build needs.

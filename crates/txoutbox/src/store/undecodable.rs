@@ -241,6 +241,16 @@ pub(crate) fn split(
     (events, bad, held)
 }
 
+/// The rows to dead-letter as one JSON array of `[seq, last error]` pairs, for a single
+/// statement that buries them all.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn bad_rows_json(bad: &[Decoded]) -> String {
+    let pairs = bad
+        .iter()
+        .map(|b| serde_json::json!([b.event.seq, b.last_error()]));
+    serde_json::Value::Array(pairs.collect()).to_string()
+}
+
 /// Count rows dead-lettered because they did not decode.
 pub(crate) fn count_dead(bad: &[Decoded]) {
     for b in bad {
@@ -308,4 +318,20 @@ where
         last_error: last_error.flatten(),
     };
     Ok(c.finish(event, event_type, aggregate))
+}
+
+/// A claim's rows on a text-row store ([`decode_text_row`]), [`split`].
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn split_text_rows<'r, R: Row>(
+    rows: &'r [R],
+    ordering: Ordering,
+) -> Result<(Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>), Error>
+where
+    &'static str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database>,
+{
+    let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+    Ok(split(decoded, ordering))
 }

@@ -2,10 +2,8 @@
 
 use sqlx::{Acquire, MySqlPool, Row};
 
-use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::error::Error;
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the
@@ -174,17 +172,11 @@ pub(crate) async fn migrate(pool: &MySqlPool, t: &OutboxTable) -> Result<Migrate
 }
 
 pub(crate) async fn check_schema(pool: &MySqlPool, t: &OutboxTable) -> Result<(), Error> {
-    let found: Option<i64> = sqlx::query(&format!(
+    let sql = format!(
         "SELECT CAST(max(version) AS SIGNED) FROM {} WHERE table_name = ?",
         plain(t, "txoutbox_migrations")
-    ))
-    .bind(t.table().as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(t, e))?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    version_check(t, found.map(|v| v as i32))
+    );
+    migrate::check_recorded::<_, _, i64>(t, pool, &sql).await
 }
 
 #[cfg(test)]

@@ -2,10 +2,8 @@
 
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::error::Error;
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");
@@ -98,17 +96,11 @@ pub(crate) async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<Migrat
 }
 
 pub(crate) async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
-    let found: Option<i32> = sqlx::query(&format!(
+    let sql = format!(
         "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
         table.schema().quoted()
-    ))
-    .bind(table.table().as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(table, e))?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    version_check(table, found)
+    );
+    migrate::check_recorded::<_, _, i32>(table, pool, &sql).await
 }
 
 #[cfg(test)]

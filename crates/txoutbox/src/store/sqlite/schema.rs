@@ -2,10 +2,8 @@
 
 use sqlx::{Row, SqlitePool};
 
-use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::error::Error;
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL. One time source
@@ -127,15 +125,8 @@ pub(crate) async fn migrate(pool: &SqlitePool, t: &OutboxTable) -> Result<Migrat
 
 pub(crate) async fn check_schema(pool: &SqlitePool, t: &OutboxTable) -> Result<(), Error> {
     check_names(t)?;
-    let found: Option<i32> =
-        sqlx::query("SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1")
-            .bind(t.table().as_str())
-            .fetch_one(pool)
-            .await
-            .map_err(|e| db_error(t, e))?
-            .try_get(0)
-            .map_err(Error::Database)?;
-    version_check(t, found)
+    let sql = "SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1";
+    migrate::check_recorded::<_, _, i32>(t, pool, sql).await
 }
 
 #[cfg(test)]

@@ -1,0 +1,129 @@
+//! Sharing the partitions of the aggregate-hash space among relays, with the database as the
+//! coordinator: one row per partition with an owner and a lease, one row per relay with a
+//! heartbeat. Every heartbeat renews what a relay owns and moves it towards a fair share
+//! (`ceil(partitions / live relays)`): over its share it gives partitions up, under it it takes
+//! free or expired ones. A partition has one owner column, so it is never owned twice; one
+//! whose owner died is free again once its lease runs out.
+//!
+//! [`rebalance`] is that algorithm, once; each database supplies its statements, run in one
+//! transaction, through a [`Coordinator`].
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::store::{Membership, RebalanceParams};
+use crate::OutboxTable;
+
+/// One heartbeat's transaction on one database. Every method runs in that transaction;
+/// `relay_id`, `mode` and `instance` are this relay's.
+pub(crate) trait Coordinator {
+    /// Take the table's registration lock, held until commit: one heartbeat at a time per
+    /// table. Two relays registering at once would otherwise each miss the other's
+    /// uncommitted row and both pass the checks of [`rebalance`] (an ordered and an unordered
+    /// relay on one table, or two processes with one relay id).
+    async fn lock(&mut self) -> Result<(), Error>;
+    /// Seconds left on `relay_id` if another live process (another `instance`) holds it.
+    async fn held_elsewhere(
+        &mut self,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, Error>;
+    /// Insert or refresh this relay's row: alive for `lease` from now.
+    async fn register(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), Error>;
+    /// Another live relay of another mode: its id and mode.
+    async fn other_mode(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+    ) -> Result<Option<(String, String)>, Error>;
+    /// Remove this relay's row.
+    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error>;
+    /// Remove relays dead for more than an hour.
+    async fn forget_dead(&mut self) -> Result<(), Error>;
+    async fn partition_count(&mut self) -> Result<i64, Error>;
+    /// Live relays of `mode` (this one included).
+    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error>;
+    /// Extend the lease of the partitions this relay still owns; returns them.
+    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error>;
+    /// Give up `parts` (owned by this relay).
+    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error>;
+    /// Take up to `want` free or expired partitions, lowest first, skipping those another
+    /// heartbeat is taking right now; returns them.
+    async fn take(&mut self, relay_id: &str, lease: Duration, want: i64)
+        -> Result<Vec<i32>, Error>;
+    async fn commit(self) -> Result<(), Error>;
+    async fn rollback(self) -> Result<(), Error>;
+}
+
+/// One heartbeat of relay `p.relay_id` on `table`, in the transaction `c`.
+pub(crate) async fn rebalance<C: Coordinator>(
+    mut c: C,
+    table: &OutboxTable,
+    p: RebalanceParams<'_>,
+) -> Result<Membership, Error> {
+    let mode = p.ordering.mode_name();
+    let instance = p.instance.to_string();
+    c.lock().await?;
+    // A relay id held by another live process: refuse it (its partitions would be shared by
+    // two processes, and one's exit would strip the other's).
+    if let Some(left) = c.held_elsewhere(p.relay_id, &instance).await? {
+        c.rollback().await?;
+        return Err(Error::RelayIdInUse {
+            table: table.display(),
+            relay_id: p.relay_id.to_owned(),
+            remaining_secs: left.max(0.0),
+        });
+    }
+    c.register(p.relay_id, mode, &instance, p.lease).await?;
+    // Mixing modes on one table would break the ordering guarantee.
+    if let Some((other, other_mode)) = c.other_mode(p.relay_id, mode).await? {
+        // Do not stay registered: the other relay must not see us as a conflict either.
+        c.unregister(p.relay_id).await?;
+        c.commit().await?;
+        return Err(Error::ModeConflict {
+            table: table.display(),
+            other,
+            other_mode,
+        });
+    }
+    // Long-dead relays leave the list.
+    c.forget_dead().await?;
+    if !p.ordering.is_ordered() {
+        c.commit().await?;
+        return Ok(Membership::default());
+    }
+    let total = c.partition_count().await?;
+    let live = c.live_relays(mode).await?;
+    let mut owned = c.renew(p.relay_id, p.lease).await?;
+    owned.sort_unstable();
+    let total_n = usize::try_from(total).unwrap_or(0);
+    let live_n = usize::try_from(live).unwrap_or(1).max(1);
+    let target = total_n.div_ceil(live_n);
+    let mut acquired = Vec::new();
+    let mut released = Vec::new();
+    if owned.len() > target && p.may_release {
+        released = owned.split_off(target);
+        c.give_up(p.relay_id, &released).await?;
+    } else if owned.len() < target {
+        let want = i64::try_from(target - owned.len()).unwrap_or(0);
+        acquired = c.take(p.relay_id, p.lease, want).await?;
+        acquired.sort_unstable();
+        owned.extend(&acquired);
+        owned.sort_unstable();
+    }
+    c.commit().await?;
+    Ok(Membership {
+        partitions: total_n,
+        live_relays: live_n,
+        owned,
+        target,
+        acquired,
+        released,
+    })
+}
