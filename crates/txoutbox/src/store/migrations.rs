@@ -149,8 +149,43 @@ pub struct MigrateReport {
     pub version: i32,
 }
 
-/// Check the schema of `table` against this build: `sql` reads the highest version recorded
-/// for the table (its name bound as the one parameter; NULL when there is none).
+/// The highest version of `table` that `sql` reads from the migrations record (the table's
+/// name bound as the one parameter; NULL when there is none).
+pub(crate) async fn recorded<'e, DB, E, V>(
+    table: &OutboxTable,
+    executor: E,
+    sql: &str,
+) -> Result<Option<i32>, sqlx::Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    V: for<'r> Decode<'r, DB> + Type<DB> + Into<i64>,
+{
+    let row = sqlx::query(sql)
+        .bind(table.table().as_str())
+        .fetch_one(executor)
+        .await?;
+    let found: Option<V> = row.try_get(0)?;
+    Ok(found.map(|v| i32::try_from(v.into()).unwrap_or(i32::MAX)))
+}
+
+/// Run one migration's SQL as it is (several statements, no parameters).
+pub(crate) async fn apply_raw<'e, DB, E>(executor: E, sql: &'e str) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+{
+    sqlx::raw_sql(sql)
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
+    Ok(())
+}
+
+/// Check the schema of `table` against this build, with `sql` as for [`recorded`].
 pub(crate) async fn check_recorded<'e, DB, E, V>(
     table: &OutboxTable,
     executor: E,
@@ -164,16 +199,10 @@ where
     usize: ColumnIndex<DB::Row>,
     V: for<'r> Decode<'r, DB> + Type<DB> + Into<i64>,
 {
-    let row = sqlx::query(sql)
-        .bind(table.table().as_str())
-        .fetch_one(executor)
+    let found = recorded::<_, _, V>(table, executor, sql)
         .await
         .map_err(|e| db_error(table, e))?;
-    let found: Option<V> = row.try_get(0).map_err(Error::Database)?;
-    version_check(
-        table,
-        found.map(|v| i32::try_from(v.into()).unwrap_or(i32::MAX)),
-    )
+    version_check(table, found)
 }
 
 /// The schema version found against the one this build needs.

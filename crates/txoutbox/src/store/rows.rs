@@ -48,6 +48,12 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     })
 }
 
+/// The columns [`decode_text_row`] reads, for the select lists of the text-row stores.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
+     headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
+     locked_by, locked_until, last_error";
+
 /// The row as an event, with placeholders where a column does not decode (operator listings).
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn event_from_row<'r, R: Row>(r: &'r R) -> Result<OutboxEvent, Error>

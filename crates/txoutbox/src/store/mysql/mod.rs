@@ -26,7 +26,7 @@ use sqlx::{Connection, MySql, Transaction};
 pub use crate::store::wakeup::Wakeup;
 
 use self::schema::{derived, table, NOW_MS};
-use super::rows::{self, event_from_row};
+use super::rows::{self, event_from_row, COLUMNS};
 use super::wakeup::AdaptivePoll;
 use super::{
     Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
@@ -35,10 +35,6 @@ use super::{
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
-
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
-     attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
-     locked_by, locked_until, last_error";
 
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 

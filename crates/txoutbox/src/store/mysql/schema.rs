@@ -1,6 +1,6 @@
 //! Names, migrations and the schema check on MySQL / MariaDB.
 
-use sqlx::{Acquire, MySqlPool, Row};
+use sqlx::{Acquire, MySqlPool};
 
 use crate::error::Error;
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
@@ -106,24 +106,16 @@ impl Migrator for My<'_> {
         .execute(&mut *self.conn)
         .await
         .map_err(Error::Database)?;
-        let current = sqlx::query(&format!(
+        let sql = format!(
             "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {record} WHERE table_name = ?"
-        ))
-        .bind(t.table().as_str())
-        .fetch_one(&mut *self.conn)
-        .await
-        .map_err(Error::Database)?
-        .try_get::<i64, _>(0)
-        .map_err(Error::Database)?;
-        Ok(i32::try_from(current).unwrap_or(i32::MAX))
+        );
+        let found = migrate::recorded::<_, _, i64>(t, &mut *self.conn, &sql).await;
+        Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
     async fn apply(&mut self, sql: &str) -> Result<(), Error> {
         for stmt in statements(sql) {
-            sqlx::raw_sql(&stmt)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(Error::Database)?;
+            migrate::apply_raw(&mut *self.conn, &stmt).await?;
         }
         Ok(())
     }

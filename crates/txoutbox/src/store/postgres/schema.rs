@@ -1,6 +1,6 @@
 //! Migrations and the schema check on PostgreSQL.
 
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::Error;
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
@@ -46,23 +46,15 @@ impl Migrator for Pg<'_, '_> {
         .execute(&mut **self.tx)
         .await
         .map_err(Error::Database)?;
-        sqlx::query(&format!(
+        let sql = format!(
             "SELECT coalesce(max(version), 0) FROM {schema}.txoutbox_migrations WHERE table_name = $1"
-        ))
-        .bind(self.table.table().as_str())
-        .fetch_one(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?
-        .try_get(0)
-        .map_err(Error::Database)
+        );
+        let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, &sql).await;
+        Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
     async fn apply(&mut self, sql: &str) -> Result<(), Error> {
-        sqlx::raw_sql(sql)
-            .execute(&mut **self.tx)
-            .await
-            .map_err(Error::Database)?;
-        Ok(())
+        migrate::apply_raw(&mut **self.tx, sql).await
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {

@@ -27,7 +27,7 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::queries::Queries;
 use self::schema::{derived, table, NOW_MS};
-use super::rows::{self, event_from_row, relay as relay_from_row};
+use super::rows::{self, event_from_row, relay as relay_from_row, COLUMNS};
 use super::undecodable::{self, Decoded};
 use super::wakeup::AdaptivePoll;
 use super::{
@@ -37,10 +37,6 @@ use super::{
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
-
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
-     attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
-     locked_by, locked_until, last_error";
 
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
@@ -351,12 +347,7 @@ impl Store for SqliteStore {
     }
 
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
-        let sql = if ordering == Ordering::OrderedHold {
-            &self.q.has_unfinished_hold
-        } else {
-            &self.q.has_unfinished
-        };
-        sqlx::query_scalar(sql)
+        sqlx::query_scalar(self.q.has_unfinished(ordering))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))

@@ -2,7 +2,7 @@
 
 use super::schema::{derived, table, NOW_MS};
 use super::{CLAIM_MARGIN_MS, COLUMNS, UNFINISHED};
-use crate::store::Retention;
+use crate::store::{Ordering, Retention};
 use crate::OutboxTable;
 
 /// SQL for one outbox table, built once from validated names.
@@ -13,8 +13,8 @@ pub(super) struct Queries {
     pub(super) settle_ok: String,
     pub(super) settle_failed: String,
     pub(super) release: String,
-    pub(super) has_unfinished: String,
-    pub(super) has_unfinished_hold: String,
+    has_unfinished: String,
+    has_unfinished_hold: String,
     pub(super) due_in_ms: String,
     pub(super) relay_other: String,
     pub(super) relay_upsert: String,
@@ -129,6 +129,18 @@ impl Queries {
                     ({NOW_MS} - min(CASE WHEN {UNFINISHED} THEN created_at END)) / 1000.0
                  FROM {q}"
             ),
+        }
+    }
+}
+
+impl Queries {
+    /// Is any event left that a relay of `ordering` would send (with `OrderedHold`, one that no
+    /// dead letter holds back)?
+    pub(super) fn has_unfinished(&self, ordering: Ordering) -> &str {
+        if ordering == Ordering::OrderedHold {
+            &self.has_unfinished_hold
+        } else {
+            &self.has_unfinished
         }
     }
 }
