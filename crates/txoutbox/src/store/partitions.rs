@@ -127,3 +127,122 @@ pub(crate) async fn rebalance<C: Coordinator>(
         released,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Ordering;
+
+    /// One relay's view of a table with `free` partitions nobody owns and `owned` its own.
+    #[derive(Default)]
+    struct Fake {
+        total: i64,
+        live: i64,
+        owned: Vec<i32>,
+        free: Vec<i32>,
+        other_mode: Option<(String, String)>,
+    }
+
+    impl Coordinator for Fake {
+        async fn lock(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn held_elsewhere(&mut self, _: &str, _: &str) -> Result<Option<f64>, Error> {
+            Ok(None)
+        }
+        async fn register(&mut self, _: &str, _: &str, _: &str, _: Duration) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn other_mode(
+            &mut self,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<(String, String)>, Error> {
+            Ok(self.other_mode.clone())
+        }
+        async fn unregister(&mut self, _: &str) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn forget_dead(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn partition_count(&mut self) -> Result<i64, Error> {
+            Ok(self.total)
+        }
+        async fn live_relays(&mut self, _: &str) -> Result<i64, Error> {
+            Ok(self.live)
+        }
+        async fn renew(&mut self, _: &str, _: Duration) -> Result<Vec<i32>, Error> {
+            // Unsorted, as a database may return them.
+            Ok(self.owned.iter().rev().copied().collect())
+        }
+        async fn give_up(&mut self, _: &str, _: &[i32]) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn take(&mut self, _: &str, _: Duration, want: i64) -> Result<Vec<i32>, Error> {
+            let n = usize::try_from(want).unwrap().min(self.free.len());
+            Ok(self.free.drain(..n).rev().collect())
+        }
+        async fn commit(self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn rollback(self) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    fn params(may_release: bool) -> RebalanceParams<'static> {
+        RebalanceParams {
+            relay_id: "r",
+            instance: uuid::Uuid::nil(),
+            ordering: Ordering::Ordered,
+            lease: Duration::from_secs(10),
+            may_release,
+        }
+    }
+
+    fn table() -> OutboxTable {
+        OutboxTable::new("public", "events").unwrap()
+    }
+
+    #[tokio::test]
+    async fn over_its_share_a_relay_gives_up_its_highest_partitions_only_when_it_may() {
+        let fake = || Fake {
+            total: 8,
+            live: 3,
+            owned: (0..5).collect(),
+            ..Fake::default()
+        };
+        let m = rebalance(fake(), &table(), params(true)).await.unwrap();
+        assert_eq!((m.target, m.live_relays, m.partitions), (3, 3, 8));
+        assert_eq!((m.owned, m.released), (vec![0, 1, 2], vec![3, 4]));
+        let kept = rebalance(fake(), &table(), params(false)).await.unwrap();
+        assert_eq!(kept.owned, vec![0, 1, 2, 3, 4]);
+        assert!(kept.released.is_empty());
+    }
+
+    #[tokio::test]
+    async fn under_its_share_a_relay_takes_what_is_free_up_to_it() {
+        let c = Fake {
+            total: 8,
+            live: 2,
+            owned: vec![6, 1],
+            free: vec![2, 3, 4],
+            ..Fake::default()
+        };
+        let m = rebalance(c, &table(), params(true)).await.unwrap();
+        assert_eq!(m.target, 4);
+        assert_eq!(m.acquired, vec![2, 3]);
+        assert_eq!(m.owned, vec![1, 2, 3, 6]);
+    }
+
+    #[tokio::test]
+    async fn a_relay_of_the_other_mode_is_a_conflict() {
+        let c = Fake {
+            other_mode: Some(("u".into(), "unordered".into())),
+            ..Fake::default()
+        };
+        let err = rebalance(c, &table(), params(true)).await.unwrap_err();
+        assert!(matches!(err, Error::ModeConflict { ref other, .. } if other == "u"));
+    }
+}
