@@ -1,23 +1,14 @@
-//! The rows that the stores read and write alike: the counts of `txoutbox status` and, on
-//! the stores that keep times as integer milliseconds and ids and JSON as text (SQLite,
-//! MySQL), relays and events (the event decoder itself is [`decode_text_row`], which copes
-//! with bad rows) and the values of new events.
+//! The rows that the text-row stores (SQLite, MySQL: times as integer milliseconds, ids and
+//! JSON as text) read and write alike: new events, events (the decoder itself is
+//! [`decode_text_row`], which copes with bad rows), relays, and the counts of
+//! `txoutbox status` (the same on PostgreSQL).
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Decode, Row, Type};
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-use sqlx::{Database, Encode, Executor, IntoArguments};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use super::undecodable::decode_text_row;
-use super::Counts;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-use super::RelayInfo;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-use crate::error::db_error;
-use crate::error::Error;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use super::{Counts, RelayInfo};
+use crate::error::{db_error, Error};
 use crate::{NewEvent, OutboxEvent, OutboxTable};
 
 /// The row of a counts query: pending, leased, dead, processed, then the age of the oldest
@@ -39,7 +30,6 @@ where
 }
 
 /// A time stored as integer milliseconds since the Unix epoch.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     DateTime::from_timestamp_millis(ms).ok_or_else(|| {
         Error::Database(sqlx::Error::Decode(
@@ -49,13 +39,11 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
 }
 
 /// The columns [`decode_text_row`] reads, for the select lists of the text-row stores.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
      headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
      locked_by, locked_until, last_error";
 
 /// The row as an event, with placeholders where a column does not decode (operator listings).
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn event_from_row<'r, R: Row>(r: &'r R) -> Result<OutboxEvent, Error>
 where
     &'static str: ColumnIndex<R>,
@@ -68,7 +56,6 @@ where
 
 /// A row of a relays listing (`relay_id`, `mode`, `started_at`, `heartbeat_at` and `alive`,
 /// an integer truth value), owning `partitions`.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn relay<'r, R: Row>(r: &'r R, partitions: Vec<i32>) -> Result<RelayInfo, Error>
 where
     &'static str: ColumnIndex<R>,
@@ -87,14 +74,12 @@ where
 }
 
 /// The columns an insert of a new event fills, in the order of [`text_values`].
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) const INSERT_COLUMNS: &str =
     "id, aggregate_type, aggregate_id, event_type, payload, headers";
 
 /// Insert `events` in the caller's transaction: one event with `one` (six placeholders, in
 /// the order of [`INSERT_COLUMNS`]), several with `many` over one JSON array of rows (no
 /// limit on bound parameters), which inserts them in array order, so `seq` follows the slice.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) async fn insert_text<'e, DB, E>(
     t: &OutboxTable,
     executor: E,
@@ -121,7 +106,6 @@ where
 
 /// A new event's values as text, in the order of the insert's columns: id, aggregate type,
 /// aggregate id, event type, payload, headers.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
     Ok([
         e.id.hyphenated().to_string(),
@@ -135,7 +119,6 @@ fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
 
 /// New events as one JSON array of [`text_values`] arrays, for a single insert statement
 /// (no limit on bound parameters).
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
     let rows = events
         .iter()

@@ -207,14 +207,15 @@ pub(crate) fn headers(v: serde_json::Value) -> Result<BTreeMap<String, String>, 
     Err(format!("headers is a JSON {kind}, not an object"))
 }
 
+/// A claim's rows, sorted: the events to hand out, the rows to dead-letter, the events to
+/// give back unattempted.
+pub(crate) type Split = (Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>);
+
 /// Split a claim's rows into the events to hand out and the rows to dead-letter. With
 /// [`Ordering::OrderedHold`] a dead letter holds its aggregate back, so an event of the claim
 /// that comes after an undecodable row of its aggregate (or of an aggregate that did not
 /// decode) is held too: the third list, to give back unattempted.
-pub(crate) fn split(
-    mut rows: Vec<Decoded>,
-    ordering: Ordering,
-) -> (Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>) {
+pub(crate) fn split(mut rows: Vec<Decoded>, ordering: Ordering) -> Split {
     rows.sort_unstable_by_key(|d| d.event.seq);
     let (mut events, mut bad, mut held) = (Vec::new(), Vec::new(), Vec::new());
     for d in rows {
@@ -322,10 +323,7 @@ where
 
 /// A claim's rows on a text-row store ([`decode_text_row`]), [`split`].
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn split_text_rows<'r, R: Row>(
-    rows: &'r [R],
-    ordering: Ordering,
-) -> Result<(Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>), Error>
+pub(crate) fn split_text_rows<'r, R: Row>(rows: &'r [R], ordering: Ordering) -> Result<Split, Error>
 where
     &'static str: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
