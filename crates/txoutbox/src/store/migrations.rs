@@ -4,7 +4,7 @@
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use crate::error::{db_error, Error};
+use crate::error::Error;
 use crate::OutboxTable;
 
 /// One numbered migration: its SQL with `{{...}}` placeholders for validated names.
@@ -172,6 +172,31 @@ where
     Ok(found.map(|v| i32::try_from(v.into()).unwrap_or(i32::MAX)))
 }
 
+/// Record migration `m` of `table` as applied, with `sql` (parameters: the table's name, the
+/// version, the migration's name).
+pub(crate) async fn record_applied<'e, DB, E>(
+    table: &OutboxTable,
+    executor: E,
+    m: &Migration,
+    sql: &str,
+) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+{
+    sqlx::query(sql)
+        .bind(table.table().as_str())
+        .bind(m.version)
+        .bind(m.name)
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
+    Ok(())
+}
+
 /// Run one migration's SQL as it is (several statements, no parameters).
 pub(crate) async fn apply_raw<'e, DB, E>(executor: E, sql: &'e str) -> Result<(), Error>
 where
@@ -183,26 +208,6 @@ where
         .await
         .map_err(Error::Database)?;
     Ok(())
-}
-
-/// Check the schema of `table` against this build, with `sql` as for [`recorded`].
-pub(crate) async fn check_recorded<'e, DB, E, V>(
-    table: &OutboxTable,
-    executor: E,
-    sql: &str,
-) -> Result<(), Error>
-where
-    DB: Database,
-    E: Executor<'e, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-    V: for<'r> Decode<'r, DB> + Type<DB> + Into<i64>,
-{
-    let found = recorded::<_, _, V>(table, executor, sql)
-        .await
-        .map_err(|e| db_error(table, e))?;
-    version_check(table, found)
 }
 
 /// The schema version found against the one this build needs.

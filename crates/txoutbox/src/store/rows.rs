@@ -1,15 +1,14 @@
 //! The rows that the text-row stores (SQLite, MySQL: times as integer milliseconds, ids and
-//! JSON as text) read and write alike: new events, events (the decoder itself is
-//! [`decode_text_row`], which copes with bad rows), relays, and the counts of
+//! JSON as text) read and write alike: new events, the columns of events (their decoder,
+//! which copes with bad rows, is `undecodable::decode_text_row`), relays, and the counts of
 //! `txoutbox status` (the same on PostgreSQL).
 
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use super::undecodable::decode_text_row;
 use super::{Counts, RelayInfo};
 use crate::error::{db_error, Error};
-use crate::{NewEvent, OutboxEvent, OutboxTable};
+use crate::{NewEvent, OutboxTable};
 
 /// The row of a counts query: pending, leased, dead, processed, then the age of the oldest
 /// pending event in seconds (NULL when there is none).
@@ -38,21 +37,10 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     })
 }
 
-/// The columns [`decode_text_row`] reads, for the select lists of the text-row stores.
+/// The columns `undecodable::decode_text_row` reads, for the select lists of the text-row stores.
 pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
      headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
      locked_by, locked_until, last_error";
-
-/// The row as an event, with placeholders where a column does not decode (operator listings).
-pub(crate) fn event_from_row<'r, R: Row>(r: &'r R) -> Result<OutboxEvent, Error>
-where
-    &'static str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<String>: Decode<'r, R::Database>,
-{
-    Ok(decode_text_row(r)?.event)
-}
 
 /// A row of a relays listing (`relay_id`, `mode`, `started_at`, `heartbeat_at` and `alive`,
 /// an integer truth value), owning `partitions`.

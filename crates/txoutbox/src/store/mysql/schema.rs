@@ -2,7 +2,7 @@
 
 use sqlx::{Acquire, MySqlPool};
 
-use crate::error::Error;
+use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
@@ -121,17 +121,11 @@ impl Migrator for My<'_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO {} (table_name, version, name, applied_at) VALUES (?, ?, ?, {NOW_MS})",
             self.record_table()
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut *self.conn, m, &sql).await
     }
 }
 
@@ -168,7 +162,8 @@ pub(crate) async fn check_schema(pool: &MySqlPool, t: &OutboxTable) -> Result<()
         "SELECT CAST(max(version) AS SIGNED) FROM {} WHERE table_name = ?",
         plain(t, "txoutbox_migrations")
     );
-    migrate::check_recorded::<_, _, i64>(t, pool, &sql).await
+    let found = migrate::recorded::<_, _, i64>(t, pool, &sql).await;
+    migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::error::Error;
+use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
@@ -58,17 +58,11 @@ impl Migrator for Pg<'_, '_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO {}.txoutbox_migrations (table_name, version, name) VALUES ($1, $2, $3)",
             self.table.schema().quoted()
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
 
@@ -92,7 +86,8 @@ pub(crate) async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(
         "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
         table.schema().quoted()
     );
-    migrate::check_recorded::<_, _, i32>(table, pool, &sql).await
+    let found = migrate::recorded::<_, _, i32>(table, pool, &sql).await;
+    migrate::version_check(table, found.map_err(|e| db_error(table, e))?)
 }
 
 #[cfg(test)]

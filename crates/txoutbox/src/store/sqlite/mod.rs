@@ -19,7 +19,7 @@ pub(crate) mod write;
 
 use std::time::{Duration, Instant};
 
-use sqlx::sqlite::SqlitePool;
+use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -27,8 +27,8 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::queries::Queries;
 use self::schema::{derived, table, NOW_MS};
-use super::rows::{self, event_from_row, relay as relay_from_row, COLUMNS};
-use super::undecodable::{self, Decoded};
+use super::rows::{self, relay as relay_from_row, COLUMNS};
+use super::undecodable::{self, decode_text_row, Decoded};
 use super::wakeup::AdaptivePoll;
 use super::{
     Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
@@ -37,6 +37,11 @@ use super::{
 };
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
+
+/// The row as an event, with placeholders where a column does not decode (operator listings).
+fn event_from_row(r: &SqliteRow) -> Result<OutboxEvent, Error> {
+    Ok(decode_text_row(r)?.event)
+}
 
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 

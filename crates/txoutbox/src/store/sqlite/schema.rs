@@ -2,7 +2,7 @@
 
 use sqlx::SqlitePool;
 
-use crate::error::Error;
+use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
@@ -79,17 +79,11 @@ impl Migrator for Lite<'_, '_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO txoutbox_migrations (table_name, version, name, applied_at) \
              VALUES (?1, ?2, ?3, {NOW_MS})"
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
 
@@ -116,7 +110,8 @@ pub(crate) async fn migrate(pool: &SqlitePool, t: &OutboxTable) -> Result<Migrat
 pub(crate) async fn check_schema(pool: &SqlitePool, t: &OutboxTable) -> Result<(), Error> {
     check_names(t)?;
     let sql = "SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1";
-    migrate::check_recorded::<_, _, i32>(t, pool, sql).await
+    let found = migrate::recorded::<_, _, i32>(t, pool, sql).await;
+    migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }
 
 #[cfg(test)]
