@@ -5,12 +5,19 @@
 //! free or expired ones. A partition has one owner column, so it is never owned twice; one
 //! whose owner died is free again once its lease runs out.
 //!
-//! [`rebalance`] is that algorithm, once; each database supplies its statements, run in one
-//! transaction, through a [`Coordinator`].
+//! [`rebalance`] is that algorithm, once, over the steps of a [`Coordinator`] (one
+//! transaction). [`InTransaction`] is the coordinator of every database: it runs the
+//! statements that differ only in their SQL ([`SharedSql`]) itself, and leaves those whose
+//! parameters or steps differ ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL
+//! locks and then updates) to the database's own module. The databases supply SQL only.
 
 use std::time::Duration;
 
-use crate::error::Error;
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Transaction, Type,
+};
+
+use crate::error::{db_error, Error};
 use crate::store::{Membership, RebalanceParams};
 use crate::OutboxTable;
 
@@ -126,6 +133,205 @@ pub(crate) async fn rebalance<C: Coordinator>(
         acquired,
         released,
     })
+}
+
+/// The statements of a heartbeat that differ between databases in their SQL only, each
+/// binding text in the order given.
+#[derive(Debug)]
+pub(crate) struct SharedSql {
+    /// Take the registration lock ([`Coordinator::lock`]).
+    pub lock: String,
+    /// `relay_id`, `mode` -> the other relay's id and mode.
+    pub other_mode: String,
+    /// `relay_id`.
+    pub unregister: String,
+    pub forget_dead: String,
+    /// -> the number of partitions.
+    pub partition_count: String,
+    /// `mode` -> the number of live relays.
+    pub live_relays: String,
+}
+
+/// The statements of a heartbeat whose parameters or steps differ between databases; as on
+/// [`Coordinator`], run on the heartbeat's transaction.
+pub(crate) trait OwnSql<DB: Database> {
+    async fn held_elsewhere(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, sqlx::Error>;
+    async fn register(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), sqlx::Error>;
+    async fn renew(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        lease: Duration,
+    ) -> Result<Vec<i32>, sqlx::Error>;
+    async fn give_up(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        parts: &[i32],
+    ) -> Result<(), sqlx::Error>;
+    async fn take(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        lease: Duration,
+        want: i64,
+    ) -> Result<Vec<i32>, sqlx::Error>;
+}
+
+/// A heartbeat's transaction on a database that supplies [`SharedSql`] and [`OwnSql`].
+pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
+    pub tx: Transaction<'c, DB>,
+    pub table: &'a OutboxTable,
+    pub shared: SharedSql,
+    pub own: S,
+}
+
+impl<DB: Database, S> InTransaction<'_, '_, DB, S> {
+    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
+        |e| db_error(self.table, e)
+    }
+}
+
+/// `sql` with `binds`, on `conn`.
+fn query_text<'q, DB: Database>(
+    sql: &'q str,
+    binds: &[&'q str],
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    binds.iter().fold(sqlx::query(sql), |q, b| q.bind(*b))
+}
+
+impl<DB, S> Coordinator for InTransaction<'_, '_, DB, S>
+where
+    DB: Database,
+    S: OwnSql<DB>,
+    for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    async fn lock(&mut self) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.lock, &[]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn held_elsewhere(
+        &mut self,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, Error> {
+        let t = self.table;
+        self.own
+            .held_elsewhere(&mut self.tx, relay_id, instance)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn register(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let t = self.table;
+        self.own
+            .register(&mut self.tx, relay_id, mode, instance, lease)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn other_mode(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+    ) -> Result<Option<(String, String)>, Error> {
+        let q = query_text::<DB>(&self.shared.other_mode, &[relay_id, mode]);
+        let row = q.fetch_optional(&mut *self.tx).await.map_err(self.err())?;
+        let pair = row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)));
+        pair.transpose().map_err(Error::Database)
+    }
+
+    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.unregister, &[relay_id]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn forget_dead(&mut self) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.forget_dead, &[]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn partition_count(&mut self) -> Result<i64, Error> {
+        let q = query_text::<DB>(&self.shared.partition_count, &[]);
+        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
+        row.try_get(0).map_err(Error::Database)
+    }
+
+    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
+        let q = query_text::<DB>(&self.shared.live_relays, &[mode]);
+        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
+        row.try_get(0).map_err(Error::Database)
+    }
+
+    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
+        let t = self.table;
+        self.own
+            .renew(&mut self.tx, relay_id, lease)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
+        let t = self.table;
+        self.own
+            .give_up(&mut self.tx, relay_id, parts)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn take(
+        &mut self,
+        relay_id: &str,
+        lease: Duration,
+        want: i64,
+    ) -> Result<Vec<i32>, Error> {
+        let t = self.table;
+        self.own
+            .take(&mut self.tx, relay_id, lease, want)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn commit(self) -> Result<(), Error> {
+        self.tx.commit().await.map_err(|e| db_error(self.table, e))
+    }
+
+    async fn rollback(self) -> Result<(), Error> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| db_error(self.table, e))
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! An in-process wake-up for databases without LISTEN/NOTIFY: writers of the same process
 //! fire it after inserting into the outbox, the relay's `wait_for_work` wakes at once. Writers
-//! in other processes are found by adaptive polling ([`AdaptivePoll`]).
+//! in other processes are found by adaptive polling (`AdaptivePoll`).
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use sqlx::{MySql, MySqlPool, Row, Transaction};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Row};
 
 use super::schema::{derived, NOW_MS};
 use crate::error::{db_error, Error};
-use crate::store::partitions::{self as shared, Coordinator};
+use crate::store::partitions::{self as shared, InTransaction, OwnSql, SharedSql};
 use crate::store::rows::relay as relay_from_row;
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 use crate::OutboxTable;
@@ -21,39 +21,39 @@ fn in_list(v: &[i32]) -> String {
     v.iter().map(i32::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// One heartbeat's transaction.
-struct My<'c, 'a> {
-    tx: Transaction<'c, MySql>,
-    t: &'a OutboxTable,
+/// MySQL's own heartbeat statements, on the outbox's `relays` and `partitions` tables.
+struct My {
     relays: String,
     partitions: String,
 }
 
-impl My<'_, '_> {
-    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
-        |e| db_error(self.t, e)
+impl My {
+    fn shared(&self) -> SharedSql {
+        let (relays, partitions) = (&self.relays, &self.partitions);
+        SharedSql {
+            // Partition 0 always exists; its row lock is the table's registration lock.
+            lock: format!("SELECT `partition` FROM {partitions} WHERE `partition` = 0 FOR UPDATE"),
+            other_mode: format!(
+                "SELECT relay_id, mode FROM {relays}
+                 WHERE relay_id <> ? AND mode <> ? AND alive_until > {NOW_MS} LIMIT 1"
+            ),
+            unregister: format!("DELETE FROM {relays} WHERE relay_id = ?"),
+            forget_dead: format!("DELETE FROM {relays} WHERE alive_until < {NOW_MS} - 3600000"),
+            partition_count: format!("SELECT count(*) FROM {partitions}"),
+            live_relays: format!(
+                "SELECT count(*) FROM {relays} WHERE mode = ? AND alive_until > {NOW_MS}"
+            ),
+        }
     }
 }
 
-impl Coordinator for My<'_, '_> {
-    /// Partition 0 always exists; its row lock is the table's registration lock.
-    async fn lock(&mut self) -> Result<(), Error> {
-        let sql = format!(
-            "SELECT `partition` FROM {} WHERE `partition` = 0 FOR UPDATE",
-            self.partitions
-        );
-        sqlx::query(&sql)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(self.err())?;
-        Ok(())
-    }
-
+impl OwnSql<MySql> for My {
     async fn held_elsewhere(
-        &mut self,
+        &self,
+        conn: &mut MySqlConnection,
         relay_id: &str,
         instance: &str,
-    ) -> Result<Option<f64>, Error> {
+    ) -> Result<Option<f64>, sqlx::Error> {
         let sql = format!(
             "SELECT alive_until - {NOW_MS} FROM {}
              WHERE relay_id = ? AND alive_until > {NOW_MS} AND NOT (instance <=> ?)",
@@ -62,17 +62,18 @@ impl Coordinator for My<'_, '_> {
         let q = sqlx::query_scalar::<_, i64>(&sql)
             .bind(relay_id)
             .bind(instance);
-        let left = q.fetch_optional(&mut *self.tx).await.map_err(self.err())?;
+        let left = q.fetch_optional(conn).await?;
         Ok(left.map(|ms| ms.max(0) as f64 / 1000.0))
     }
 
     async fn register(
-        &mut self,
+        &self,
+        conn: &mut MySqlConnection,
         relay_id: &str,
         mode: &str,
         instance: &str,
         lease: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "INSERT INTO {} (relay_id, mode, instance, heartbeat_at, alive_until)
              VALUES (?, ?, ?, {NOW_MS}, {NOW_MS} + ?)
@@ -80,79 +81,39 @@ impl Coordinator for My<'_, '_> {
                  heartbeat_at = VALUES(heartbeat_at), alive_until = VALUES(alive_until)",
             self.relays
         );
-        let q = sqlx::query(&sql)
-            .bind(relay_id)
-            .bind(mode)
-            .bind(instance)
-            .bind(ms(lease));
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        let q = sqlx::query(&sql).bind(relay_id).bind(mode).bind(instance);
+        q.bind(ms(lease)).execute(conn).await?;
         Ok(())
-    }
-
-    async fn other_mode(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error> {
-        let sql = format!(
-            "SELECT relay_id, mode FROM {}
-             WHERE relay_id <> ? AND mode <> ? AND alive_until > {NOW_MS} LIMIT 1",
-            self.relays
-        );
-        let q = sqlx::query_as(&sql).bind(relay_id).bind(mode);
-        q.fetch_optional(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
-        let sql = format!("DELETE FROM {} WHERE relay_id = ?", self.relays);
-        let q = sqlx::query(&sql).bind(relay_id);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
-    }
-
-    async fn forget_dead(&mut self) -> Result<(), Error> {
-        let sql = format!(
-            "DELETE FROM {} WHERE alive_until < {NOW_MS} - 3600000",
-            self.relays
-        );
-        sqlx::query(&sql)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(self.err())?;
-        Ok(())
-    }
-
-    async fn partition_count(&mut self) -> Result<i64, Error> {
-        let sql = format!("SELECT count(*) FROM {}", self.partitions);
-        let q = sqlx::query_scalar(&sql);
-        q.fetch_one(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
-        let sql = format!(
-            "SELECT count(*) FROM {} WHERE mode = ? AND alive_until > {NOW_MS}",
-            self.relays
-        );
-        let q = sqlx::query_scalar(&sql).bind(mode);
-        q.fetch_one(&mut *self.tx).await.map_err(self.err())
     }
 
     /// No `RETURNING`: the update, then a read of what is still owned.
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
+    async fn renew(
+        &self,
+        conn: &mut MySqlConnection,
+        relay_id: &str,
+        lease: Duration,
+    ) -> Result<Vec<i32>, sqlx::Error> {
         let p = &self.partitions;
         let renew = format!(
             "UPDATE {p} SET lease_until = {NOW_MS} + ? WHERE owner = ? AND lease_until > {NOW_MS}"
         );
         let q = sqlx::query(&renew).bind(ms(lease)).bind(relay_id);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        q.execute(&mut *conn).await?;
         let owned = format!(
             "SELECT `partition` FROM {p} WHERE owner = ? AND lease_until > {NOW_MS} ORDER BY `partition`"
         );
-        let q = sqlx::query_scalar(&owned).bind(relay_id);
-        q.fetch_all(&mut *self.tx).await.map_err(self.err())
+        sqlx::query_scalar(&owned)
+            .bind(relay_id)
+            .fetch_all(conn)
+            .await
     }
 
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
+    async fn give_up(
+        &self,
+        conn: &mut MySqlConnection,
+        relay_id: &str,
+        parts: &[i32],
+    ) -> Result<(), sqlx::Error> {
         // Integers: safe to inline.
         let sql = format!(
             "UPDATE {} SET owner = NULL, lease_until = NULL
@@ -160,19 +121,19 @@ impl Coordinator for My<'_, '_> {
             self.partitions,
             in_list(parts)
         );
-        let q = sqlx::query(&sql).bind(relay_id);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        sqlx::query(&sql).bind(relay_id).execute(conn).await?;
         Ok(())
     }
 
-    /// Lock the free partitions first, then take them (MySQL cannot update a table it
-    /// selects from in a subquery).
+    /// Lock the free partitions first, then take them (MySQL updates no table that a
+    /// subquery of the same statement reads, and has no `RETURNING`).
     async fn take(
-        &mut self,
+        &self,
+        conn: &mut MySqlConnection,
         relay_id: &str,
         lease: Duration,
         want: i64,
-    ) -> Result<Vec<i32>, Error> {
+    ) -> Result<Vec<i32>, sqlx::Error> {
         let p = &self.partitions;
         let free = format!(
             "SELECT `partition` FROM {p}
@@ -180,24 +141,16 @@ impl Coordinator for My<'_, '_> {
              ORDER BY `partition` LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         let q = sqlx::query_scalar(&free).bind(want);
-        let taken: Vec<i32> = q.fetch_all(&mut *self.tx).await.map_err(self.err())?;
+        let taken: Vec<i32> = q.fetch_all(&mut *conn).await?;
         if !taken.is_empty() {
             let sql = format!(
                 "UPDATE {p} SET owner = ?, lease_until = {NOW_MS} + ? WHERE `partition` IN ({})",
                 in_list(&taken)
             );
             let q = sqlx::query(&sql).bind(relay_id).bind(ms(lease));
-            q.execute(&mut *self.tx).await.map_err(self.err())?;
+            q.execute(conn).await?;
         }
         Ok(taken)
-    }
-
-    async fn commit(self) -> Result<(), Error> {
-        self.tx.commit().await.map_err(|e| db_error(self.t, e))
-    }
-
-    async fn rollback(self) -> Result<(), Error> {
-        self.tx.rollback().await.map_err(|e| db_error(self.t, e))
     }
 }
 
@@ -207,14 +160,17 @@ pub(super) async fn rebalance(
     p: RebalanceParams<'_>,
 ) -> Result<Membership, Error> {
     let mut conn = pool.acquire().await.map_err(|e| db_error(t, e))?;
-    // Each statement sees what committed before it (the checks must see a relay that
-    // registered while this one waited for the lock).
-    let tx = super::begin_read_committed(&mut conn, t).await?;
-    let c = My {
-        tx,
-        t,
+    let own = My {
         relays: derived(t, "relays"),
         partitions: derived(t, "partitions"),
+    };
+    let c = InTransaction {
+        // Each statement sees what committed before it (the checks must see a relay that
+        // registered while this one waited for the lock).
+        tx: super::begin_read_committed(&mut conn, t).await?,
+        table: t,
+        shared: own.shared(),
+        own,
     };
     shared::rebalance(c, t, p).await
 }

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 
 use crate::error::{db_error, Error};
-use crate::store::partitions::{self as shared, Coordinator};
+use crate::store::partitions::{self as shared, InTransaction, OwnSql, SharedSql};
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 use crate::OutboxTable;
 
@@ -14,52 +14,58 @@ fn ms(d: Duration) -> f64 {
     d.as_millis() as f64
 }
 
-/// One heartbeat's transaction.
-struct Pg<'a> {
-    tx: Transaction<'static, Postgres>,
-    t: &'a OutboxTable,
+/// PostgreSQL's own heartbeat statements, on the outbox's `relays` and `partitions` tables.
+struct Pg {
     relays: String,
     partitions: String,
 }
 
-impl Pg<'_> {
-    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
-        |e| db_error(self.t, e)
+impl Pg {
+    fn shared(&self) -> SharedSql {
+        let (relays, partitions) = (&self.relays, &self.partitions);
+        SharedSql {
+            // Conflicts with itself and with writes, not with readers (`txoutbox status`).
+            lock: format!("LOCK TABLE {relays} IN SHARE ROW EXCLUSIVE MODE"),
+            other_mode: format!(
+                "SELECT relay_id, mode FROM {relays}
+                 WHERE relay_id <> $1 AND mode <> $2 AND alive_until > now() LIMIT 1"
+            ),
+            unregister: format!("DELETE FROM {relays} WHERE relay_id = $1"),
+            forget_dead: format!(
+                "DELETE FROM {relays} WHERE alive_until < now() - interval '1 hour'"
+            ),
+            partition_count: format!("SELECT count(*) FROM {partitions}"),
+            live_relays: format!(
+                "SELECT count(*) FROM {relays} WHERE mode = $1 AND alive_until > now()"
+            ),
+        }
     }
 }
 
-impl Coordinator for Pg<'_> {
-    async fn lock(&mut self) -> Result<(), Error> {
-        // Conflicts with itself and with writes, not with readers (`txoutbox status`).
-        let sql = format!("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE", self.relays);
-        sqlx::query(&sql)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(self.err())?;
-        Ok(())
-    }
-
+impl OwnSql<Postgres> for Pg {
     async fn held_elsewhere(
-        &mut self,
+        &self,
+        conn: &mut PgConnection,
         relay_id: &str,
         instance: &str,
-    ) -> Result<Option<f64>, Error> {
+    ) -> Result<Option<f64>, sqlx::Error> {
         let sql = format!(
             "SELECT extract(epoch FROM alive_until - now())::float8 FROM {}
              WHERE relay_id = $1 AND alive_until > now() AND instance IS DISTINCT FROM $2",
             self.relays
         );
         let q = sqlx::query_scalar(&sql).bind(relay_id).bind(instance);
-        q.fetch_optional(&mut *self.tx).await.map_err(self.err())
+        q.fetch_optional(conn).await
     }
 
     async fn register(
-        &mut self,
+        &self,
+        conn: &mut PgConnection,
         relay_id: &str,
         mode: &str,
         instance: &str,
         lease: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "INSERT INTO {} (relay_id, mode, instance, heartbeat_at, alive_until)
              VALUES ($1, $2, $4, now(), now() + $3 * interval '1 millisecond')
@@ -68,91 +74,53 @@ impl Coordinator for Pg<'_> {
                  alive_until = EXCLUDED.alive_until",
             self.relays
         );
-        let q = sqlx::query(&sql)
-            .bind(relay_id)
-            .bind(mode)
-            .bind(ms(lease))
-            .bind(instance);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        let q = sqlx::query(&sql).bind(relay_id).bind(mode).bind(ms(lease));
+        q.bind(instance).execute(conn).await?;
         Ok(())
     }
 
-    async fn other_mode(
-        &mut self,
+    async fn renew(
+        &self,
+        conn: &mut PgConnection,
         relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error> {
-        let sql = format!(
-            "SELECT relay_id, mode FROM {}
-             WHERE relay_id <> $1 AND mode <> $2 AND alive_until > now() LIMIT 1",
-            self.relays
-        );
-        let q = sqlx::query_as(&sql).bind(relay_id).bind(mode);
-        q.fetch_optional(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
-        let sql = format!("DELETE FROM {} WHERE relay_id = $1", self.relays);
-        let q = sqlx::query(&sql).bind(relay_id);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
-    }
-
-    async fn forget_dead(&mut self) -> Result<(), Error> {
-        let sql = format!(
-            "DELETE FROM {} WHERE alive_until < now() - interval '1 hour'",
-            self.relays
-        );
-        sqlx::query(&sql)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(self.err())?;
-        Ok(())
-    }
-
-    async fn partition_count(&mut self) -> Result<i64, Error> {
-        let sql = format!("SELECT count(*) FROM {}", self.partitions);
-        let q = sqlx::query_scalar(&sql);
-        q.fetch_one(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
-        let sql = format!(
-            "SELECT count(*) FROM {} WHERE mode = $1 AND alive_until > now()",
-            self.relays
-        );
-        let q = sqlx::query_scalar(&sql).bind(mode);
-        q.fetch_one(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
+        lease: Duration,
+    ) -> Result<Vec<i32>, sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET lease_until = now() + $2 * interval '1 millisecond'
              WHERE owner = $1 AND lease_until > now() RETURNING partition",
             self.partitions
         );
         let q = sqlx::query_scalar(&sql).bind(relay_id).bind(ms(lease));
-        q.fetch_all(&mut *self.tx).await.map_err(self.err())
+        q.fetch_all(conn).await
     }
 
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
+    async fn give_up(
+        &self,
+        conn: &mut PgConnection,
+        relay_id: &str,
+        parts: &[i32],
+    ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET owner = NULL, lease_until = NULL
              WHERE owner = $1 AND partition = ANY($2)",
             self.partitions
         );
-        let q = sqlx::query(&sql).bind(relay_id).bind(parts);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        sqlx::query(&sql)
+            .bind(relay_id)
+            .bind(parts)
+            .execute(conn)
+            .await?;
         Ok(())
     }
 
     /// A new owner bumps the partition's epoch: claims fenced by the old epoch fail.
     async fn take(
-        &mut self,
+        &self,
+        conn: &mut PgConnection,
         relay_id: &str,
         lease: Duration,
         want: i64,
-    ) -> Result<Vec<i32>, Error> {
+    ) -> Result<Vec<i32>, sqlx::Error> {
         let sql = format!(
             "UPDATE {p} SET owner = $1, lease_until = now() + $2 * interval '1 millisecond',
                  epoch = epoch + 1
@@ -165,19 +133,8 @@ impl Coordinator for Pg<'_> {
              RETURNING partition",
             p = self.partitions
         );
-        let q = sqlx::query_scalar(&sql)
-            .bind(relay_id)
-            .bind(ms(lease))
-            .bind(want);
-        q.fetch_all(&mut *self.tx).await.map_err(self.err())
-    }
-
-    async fn commit(self) -> Result<(), Error> {
-        self.tx.commit().await.map_err(|e| db_error(self.t, e))
-    }
-
-    async fn rollback(self) -> Result<(), Error> {
-        self.tx.rollback().await.map_err(|e| db_error(self.t, e))
+        let q = sqlx::query_scalar(&sql).bind(relay_id).bind(ms(lease));
+        q.bind(want).fetch_all(conn).await
     }
 }
 
@@ -186,12 +143,15 @@ pub(super) async fn rebalance(
     t: &OutboxTable,
     p: RebalanceParams<'_>,
 ) -> Result<Membership, Error> {
-    let tx = pool.begin().await.map_err(|e| db_error(t, e))?;
-    let c = Pg {
-        tx,
-        t,
+    let own = Pg {
         relays: t.derived("relays"),
         partitions: t.derived("partitions"),
+    };
+    let c = InTransaction {
+        tx: pool.begin().await.map_err(|e| db_error(t, e))?,
+        table: t,
+        shared: own.shared(),
+        own,
     };
     shared::rebalance(c, t, p).await
 }
