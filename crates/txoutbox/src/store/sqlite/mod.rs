@@ -12,12 +12,13 @@
 //!   poll interval while idle.
 //! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
 
+mod claim;
 mod queries;
 pub(crate) mod schema;
 mod wake;
 pub(crate) mod write;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::Row;
@@ -28,7 +29,7 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 use self::queries::Queries;
 use self::schema::{derived, table, NOW_MS};
 use super::rows::{self, relay as relay_from_row, COLUMNS};
-use super::undecodable::{self, decode_text_row, Decoded};
+use super::undecodable::decode_text_row;
 use super::wakeup::AdaptivePoll;
 use super::{
     Claim, ClaimParams, Counts, DeadFilter, DeregisterParams, Membership, Ordering,
@@ -188,47 +189,6 @@ impl SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// Dead-letter the claimed rows that do not decode, and give back (`held`) the events of
-    /// the claim that a dead letter holds back; fenced by the claim token. On failure they
-    /// stay leased, and are claimed again when the lease runs out.
-    async fn bury_undecodable(&self, token: Uuid, bad: &[Decoded], held: &[OutboxEvent]) {
-        let token = token.hyphenated().to_string();
-        let rows = undecodable::bad_rows_json(bad);
-        let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
-        let sql = format!(
-            "UPDATE {} AS e SET dead_at = {NOW_MS}, last_error = f.err,
-                locked_until = NULL, locked_by = NULL, lock_token = NULL
-             FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS err
-                   FROM json_each(?1)) AS f
-             WHERE e.seq = f.seq AND e.lock_token = ?2",
-            table(&self.table)
-        );
-        let result = async {
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query(&sql)
-                .bind(rows)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?;
-            if !held.is_empty() {
-                sqlx::query(&self.q.release)
-                    .bind(id_list(&held))
-                    .bind(&token)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await
-        }
-        .await;
-        match result {
-            Ok(()) => undecodable::count_dead(bad),
-            Err(e) => tracing::warn!(error = %self.err(e),
-                "could not dead-letter rows that do not decode; they are claimed again after their lease"),
-        }
-    }
-}
-
 /// Filters shared by the dead-letter commands: ?1 id, ?2 event_type, ?3 aggregate_type,
 /// ?4 aggregate_id.
 const FILTER_SQL: &str = "AND (?1 IS NULL OR id = ?1) AND (?2 IS NULL OR event_type = ?2) \
@@ -260,30 +220,7 @@ fn id_list(ids: &[Uuid]) -> String {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
-        let started = Instant::now();
-        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
-        let sql = if p.ordering.is_ordered() {
-            &self.q.claim_ordered
-        } else {
-            &self.q.claim
-        };
-        let rows = sqlx::query(sql)
-            .bind(limit)
-            .bind(millis(p.lease))
-            .bind(p.relay_id)
-            .bind(p.token.hyphenated().to_string())
-            .bind(p.ordering == Ordering::OrderedHold)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
-        if !bad.is_empty() {
-            self.bury_undecodable(p.token, &bad, &held).await;
-        }
-        if !events.is_empty() {
-            self.poll.busy();
-        }
-        Ok(Claim::leased(p.token, events, started + p.lease))
+        self.claim_events(p).await
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
