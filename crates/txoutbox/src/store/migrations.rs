@@ -2,6 +2,8 @@
 //! order, and the filling of their `{{...}}` placeholders with validated names. Each database
 //! (`store::<db>::schema`) implements [`Migrator`]: how to read the version, apply, record.
 
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
 use crate::error::Error;
 use crate::OutboxTable;
 
@@ -145,6 +147,67 @@ pub struct MigrateReport {
     pub applied: Vec<i32>,
     /// The version now in force.
     pub version: i32,
+}
+
+/// The highest version of `table` that `sql` reads from the migrations record (the table's
+/// name bound as the one parameter; NULL when there is none).
+pub(crate) async fn recorded<'e, DB, E, V>(
+    table: &OutboxTable,
+    executor: E,
+    sql: &str,
+) -> Result<Option<i32>, sqlx::Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    V: for<'r> Decode<'r, DB> + Type<DB> + Into<i64>,
+{
+    let row = sqlx::query(sql)
+        .bind(table.table().as_str())
+        .fetch_one(executor)
+        .await?;
+    let found: Option<V> = row.try_get(0)?;
+    Ok(found.map(|v| i32::try_from(v.into()).unwrap_or(i32::MAX)))
+}
+
+/// Record migration `m` of `table` as applied, with `sql` (parameters: the table's name, the
+/// version, the migration's name).
+pub(crate) async fn record_applied<'e, DB, E>(
+    table: &OutboxTable,
+    executor: E,
+    m: &Migration,
+    sql: &str,
+) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+{
+    sqlx::query(sql)
+        .bind(table.table().as_str())
+        .bind(m.version)
+        .bind(m.name)
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
+    Ok(())
+}
+
+/// Run one migration's SQL as it is (several statements, no parameters).
+pub(crate) async fn apply_raw<'e, DB, E>(executor: E, sql: &'e str) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+{
+    sqlx::raw_sql(sql)
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
+    Ok(())
 }
 
 /// The schema version found against the one this build needs.

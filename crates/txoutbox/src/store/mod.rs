@@ -8,9 +8,13 @@ pub(crate) mod migrations;
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
 pub mod operator;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod rows;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;

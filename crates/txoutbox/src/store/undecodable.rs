@@ -207,14 +207,15 @@ pub(crate) fn headers(v: serde_json::Value) -> Result<BTreeMap<String, String>, 
     Err(format!("headers is a JSON {kind}, not an object"))
 }
 
+/// A claim's rows, sorted: the events to hand out, the rows to dead-letter, the events to
+/// give back unattempted.
+pub(crate) type Split = (Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>);
+
 /// Split a claim's rows into the events to hand out and the rows to dead-letter. With
 /// [`Ordering::OrderedHold`] a dead letter holds its aggregate back, so an event of the claim
 /// that comes after an undecodable row of its aggregate (or of an aggregate that did not
 /// decode) is held too: the third list, to give back unattempted.
-pub(crate) fn split(
-    mut rows: Vec<Decoded>,
-    ordering: Ordering,
-) -> (Vec<OutboxEvent>, Vec<Decoded>, Vec<OutboxEvent>) {
+pub(crate) fn split(mut rows: Vec<Decoded>, ordering: Ordering) -> Split {
     rows.sort_unstable_by_key(|d| d.event.seq);
     let (mut events, mut bad, mut held) = (Vec::new(), Vec::new(), Vec::new());
     for d in rows {
@@ -239,6 +240,16 @@ pub(crate) fn split(
         }
     }
     (events, bad, held)
+}
+
+/// The rows to dead-letter as one JSON array of `[seq, last error]` pairs, for a single
+/// statement that buries them all.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn bad_rows_json(bad: &[Decoded]) -> String {
+    let pairs = bad
+        .iter()
+        .map(|b| serde_json::json!([b.event.seq, b.last_error()]));
+    serde_json::Value::Array(pairs.collect()).to_string()
 }
 
 /// Count rows dead-lettered because they did not decode.
@@ -308,4 +319,17 @@ where
         last_error: last_error.flatten(),
     };
     Ok(c.finish(event, event_type, aggregate))
+}
+
+/// A claim's rows on a text-row store ([`decode_text_row`]), [`split`].
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn split_text_rows<'r, R: Row>(rows: &'r [R], ordering: Ordering) -> Result<Split, Error>
+where
+    &'static str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database>,
+{
+    let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+    Ok(split(decoded, ordering))
 }

@@ -154,3 +154,74 @@ async fn deregister_locks_only_the_relays_own_rows() {
     assert_eq!(leased, 0);
     h.cleanup().await;
 }
+
+fn heartbeat(relay_id: &str, instance: Uuid, ordering: Ordering) -> RebalanceParams<'_> {
+    RebalanceParams {
+        relay_id,
+        instance,
+        ordering,
+        lease: Duration::from_secs(30),
+        may_release: true,
+    }
+}
+
+/// The shared rebalance algorithm with MySQL's statements: a second relay gets its fair
+/// share once the first gives it up, and a relay of the other mode is refused.
+#[tokio::test]
+async fn relays_share_the_partitions_fairly_and_modes_do_not_mix() {
+    let h = MySqlHarness::new().await;
+    let store = h.store(Retention::Mark).await;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let first = store
+        .rebalance(heartbeat("a", a, Ordering::Ordered))
+        .await
+        .unwrap();
+    assert_eq!((first.partitions, first.live_relays), (64, 1));
+    assert_eq!(first.owned, (0..64).collect::<Vec<i32>>());
+    // b joins while a owns everything: nothing is free yet.
+    let joined = store
+        .rebalance(heartbeat("b", b, Ordering::Ordered))
+        .await
+        .unwrap();
+    assert_eq!((joined.live_relays, joined.target), (2, 32));
+    assert!(joined.owned.is_empty(), "{joined:?}");
+    // a's next heartbeat gives up the upper half, b's takes it.
+    let shrunk = store
+        .rebalance(heartbeat("a", a, Ordering::Ordered))
+        .await
+        .unwrap();
+    assert_eq!(shrunk.owned, (0..32).collect::<Vec<i32>>());
+    assert_eq!(shrunk.released, (32..64).collect::<Vec<i32>>());
+    let grown = store
+        .rebalance(heartbeat("b", b, Ordering::Ordered))
+        .await
+        .unwrap();
+    assert_eq!(grown.owned, (32..64).collect::<Vec<i32>>());
+    assert_eq!(grown.acquired, grown.owned);
+    // An unordered relay on the same table is refused, and does not stay registered.
+    let err = store
+        .rebalance(heartbeat("c", Uuid::new_v4(), Ordering::Unordered))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, txoutbox::Error::ModeConflict { other_mode, .. } if other_mode == "ordered"),
+        "{err:?}"
+    );
+    // What the database holds, not what the heartbeats said.
+    let mut relays: Vec<(String, Vec<i32>)> = store
+        .relays()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.relay_id, r.partitions))
+        .collect();
+    relays.sort();
+    assert_eq!(
+        relays,
+        [
+            ("a".into(), (0..32).collect()),
+            ("b".into(), (32..64).collect())
+        ]
+    );
+    h.cleanup().await;
+}

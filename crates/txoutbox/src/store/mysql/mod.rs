@@ -12,23 +12,24 @@
 //!   found or a wake-up came, doubling up to the poll interval while idle.
 //! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
 
+mod claim;
 mod operator;
 mod partitions;
 pub(crate) mod schema;
 pub(crate) mod write;
 
-use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlPool, MySqlRow};
-use sqlx::{Connection, Row};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
+use sqlx::{Connection, MySql, Transaction};
 
 pub use crate::store::wakeup::Wakeup;
 
 use self::schema::{derived, table, NOW_MS};
-use super::undecodable::{self, decode_text_row, Decoded};
+use super::rows::{self, COLUMNS};
+use super::undecodable::decode_text_row;
+use super::wakeup::AdaptivePoll;
 use super::{
     Claim, ClaimParams, Counts, DeregisterParams, Membership, Ordering, RebalanceParams, RelayInfo,
     ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
@@ -36,18 +37,15 @@ use super::{
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
 
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
-     attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
-     locked_by, locked_until, last_error";
+/// The row as an event, with placeholders where a column does not decode (operator listings).
+fn event_from_row(r: &MySqlRow) -> Result<OutboxEvent, Error> {
+    Ok(decode_text_row(r)?.event)
+}
 
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
 /// An ordered claim takes events only from partitions whose lease has this much left.
 const CLAIM_MARGIN_MS: i64 = 1000;
-
-/// The shortest poll, right after work or a wake-up; doubles per idle wait up to the poll
-/// interval.
-const FAST_POLL: Duration = Duration::from_millis(10);
 
 /// The outbox on MySQL or MariaDB. See the module docs.
 #[derive(Debug)]
@@ -56,7 +54,7 @@ pub struct MySqlStore {
     table: OutboxTable,
     retention: Retention,
     wakeup: Wakeup,
-    idle: AtomicU32,
+    poll: AdaptivePoll,
     partitions: OnceLock<i64>,
 }
 
@@ -64,17 +62,18 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
-    DateTime::from_timestamp_millis(ms).ok_or_else(|| {
-        Error::Database(sqlx::Error::Decode(
-            format!("timestamp out of range: {ms} ms").into(),
-        ))
-    })
-}
-
-/// The row as an event, with placeholders where a column does not decode (operator listings).
-fn event_from_row(r: &MySqlRow) -> Result<OutboxEvent, Error> {
-    Ok(decode_text_row(r)?.event)
+/// A transaction in which each statement sees what committed before it, and that takes no
+/// gap locks (writers inserting new events never wait for it).
+async fn begin_read_committed<'c>(
+    conn: &'c mut MySqlConnection,
+    t: &OutboxTable,
+) -> Result<Transaction<'c, MySql>, Error> {
+    let err = |e| db_error(t, e);
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    conn.begin().await.map_err(err)
 }
 
 /// `?, ?, ?` for `n` values.
@@ -98,7 +97,7 @@ impl MySqlStore {
             table,
             retention,
             wakeup,
-            idle: AtomicU32::new(0),
+            poll: AdaptivePoll::default(),
             partitions: OnceLock::new(),
         }
     }
@@ -141,195 +140,10 @@ impl MySqlStore {
     }
 }
 
-/// Of the events an ordered claim picked (in `seq` order) and then managed to lock, those it
-/// may lease: an event only if every earlier picked event of its aggregate was locked too. A
-/// row that another transaction held at that moment (SKIP LOCKED skipped it) holds its
-/// aggregate's later events back, or they would be sent before it.
-fn ordered_prefix(picked: &[(i64, String, String)], locked: &[i64]) -> Vec<i64> {
-    let locked: std::collections::HashSet<i64> = locked.iter().copied().collect();
-    let mut stopped: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for (seq, aggregate_type, aggregate_id) in picked {
-        let key = (aggregate_type.as_str(), aggregate_id.as_str());
-        if stopped.contains(&key) {
-            continue;
-        }
-        if locked.contains(seq) {
-            out.push(*seq);
-        } else {
-            stopped.insert(key);
-        }
-    }
-    out
-}
-
-impl MySqlStore {
-    /// In the claim's transaction: dead-letter the claimed rows that do not decode (by
-    /// `seq`: their id may not be a UUID), and give back (`held`) the events of the claim that
-    /// a dead letter holds back; fenced by the claim token.
-    async fn bury_undecodable(
-        &self,
-        tx: &mut sqlx::MySqlConnection,
-        token: &str,
-        bad: &[Decoded],
-        held: &[OutboxEvent],
-    ) -> Result<(), Error> {
-        let q = table(&self.table);
-        let err = |e| self.err(e);
-        let rows = serde_json::Value::Array(
-            bad.iter()
-                .map(|b| serde_json::json!([b.event.seq, b.last_error()]))
-                .collect(),
-        )
-        .to_string();
-        sqlx::query(&format!(
-            "UPDATE {q} e
-             JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', err LONGTEXT PATH '$[1]')) AS f
-               ON e.seq = f.seq
-             SET e.dead_at = {NOW_MS}, e.last_error = f.err,
-                 e.locked_until = NULL, e.locked_by = NULL, e.lock_token = NULL
-             WHERE e.lock_token = ?"
-        ))
-        .bind(rows)
-        .bind(token)
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        if !held.is_empty() {
-            let list = held
-                .iter()
-                .map(|e| e.seq.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
-            sqlx::query(&format!(
-                "UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
-                 WHERE seq IN ({list}) AND lock_token = ?"
-            ))
-            .bind(token)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-        }
-        Ok(())
-    }
-}
-
 #[async_trait::async_trait]
 impl Store for MySqlStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
-        let started = Instant::now();
-        let q = table(&self.table);
-        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
-        let partitions = if p.ordering.is_ordered() {
-            self.partition_count().await?
-        } else {
-            0
-        };
-        let err = |e| self.err(e);
-        let mut conn = self.pool.acquire().await.map_err(err)?;
-        // No gap locks: writers inserting new events never wait for a claim.
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await
-            .map_err(err)?;
-        let mut tx = conn.begin().await.map_err(err)?;
-        let base = format!(
-            "SELECT e.seq FROM {q} e
-             WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
-               AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS})"
-        );
-        let base_agg = base.replacen(
-            "SELECT e.seq",
-            "SELECT e.seq, e.aggregate_type, e.aggregate_id",
-            1,
-        );
-        let seqs: Vec<i64> = if p.ordering.is_ordered() {
-            // Pick with a plain read, then lock what was picked: a locking read would also
-            // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
-            // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
-            let picked: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-                "{base_agg}
-                   AND MOD(e.partition_key, ?) IN (
-                       SELECT `partition` FROM {} WHERE owner = ? AND lease_until > {NOW_MS} + {CLAIM_MARGIN_MS})
-                   AND NOT EXISTS (
-                       SELECT 1 FROM {q} b
-                       WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                         AND b.processed_at IS NULL AND b.seq < e.seq
-                         AND ((b.dead_at IS NULL AND (b.available_at > {NOW_MS} OR b.locked_until > {NOW_MS}))
-                              OR (b.dead_at IS NOT NULL AND ?)))
-                 ORDER BY e.seq LIMIT ?",
-                derived(&self.table, "partitions")
-            ))
-            .bind(partitions)
-            .bind(p.relay_id)
-            .bind(p.ordering == Ordering::OrderedHold)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
-            if picked.is_empty() {
-                Vec::new()
-            } else {
-                // Still claimable, and not being changed by anyone else right now.
-                let locked: Vec<i64> = sqlx::query_scalar(&format!(
-                    "SELECT seq FROM {q} WHERE seq IN ({}) AND processed_at IS NULL AND dead_at IS NULL
-                       AND (locked_until IS NULL OR locked_until <= {NOW_MS})
-                     ORDER BY seq FOR UPDATE SKIP LOCKED",
-                    picked.iter().map(|(seq, _, _)| seq.to_string()).collect::<Vec<_>>().join(",")
-                ))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(err)?;
-                ordered_prefix(&picked, &locked)
-            }
-        } else {
-            sqlx::query_scalar(&format!(
-                "{base} ORDER BY e.seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            ))
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?
-        };
-        if seqs.is_empty() {
-            tx.commit().await.map_err(err)?;
-            return Ok(Claim::leased(p.token, Vec::new(), started + p.lease));
-        }
-        // Integers read from the database: safe to inline.
-        let list = seqs
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let token = p.token.hyphenated().to_string();
-        sqlx::query(&format!(
-            "UPDATE {q} SET locked_until = {NOW_MS} + ?, locked_by = ?, lock_token = ? WHERE seq IN ({list})"
-        ))
-        .bind(ms(p.lease))
-        .bind(p.relay_id)
-        .bind(&token)
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM {q} WHERE seq IN ({list}) AND lock_token = ? ORDER BY seq"
-        ))
-        .bind(&token)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(err)?;
-        let rows = rows
-            .iter()
-            .map(decode_text_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let (events, bad, held) = undecodable::split(rows, p.ordering);
-        if !bad.is_empty() {
-            self.bury_undecodable(&mut tx, &token, &bad, &held).await?;
-        }
-        tx.commit().await.map_err(err)?;
-        undecodable::count_dead(&bad);
-        self.idle.store(0, AtomicOrdering::Relaxed);
-        Ok(Claim::leased(p.token, events, started + p.lease))
+        self.claim_events(p).await
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -452,7 +266,6 @@ impl Store for MySqlStore {
     /// (Overdue counts as 1 ms overdue: a row written with a huge negative `available_at`
     /// would overflow the subtraction.)
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
-        let max = p.max;
         let due: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT CAST(GREATEST(min(GREATEST(available_at, coalesce(locked_until, available_at))), {NOW_MS} - 1) - {NOW_MS} AS SIGNED)
              FROM {} WHERE {UNFINISHED}",
@@ -461,23 +274,7 @@ impl Store for MySqlStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        if due.is_some_and(|ms| ms <= 0) {
-            return Ok(Wake::Ready);
-        }
-        let idle = self.idle.fetch_add(1, AtomicOrdering::Relaxed).min(16);
-        let poll = FAST_POLL.saturating_mul(1 << idle).min(max);
-        let sleep = match due {
-            Some(ms) => poll.min(Duration::from_millis(ms.unsigned_abs())),
-            None => poll,
-        };
-        tokio::select! {
-            _ = self.wakeup.wait() => {
-                // The writer fired before its commit: look again soon, not a poll later.
-                self.idle.store(0, AtomicOrdering::Relaxed);
-                Ok(Wake::Notified)
-            }
-            _ = tokio::time::sleep(sleep) => Ok(Wake::Timeout),
-        }
+        Ok(self.poll.wait(due, p.max, &self.wakeup).await)
     }
 
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
@@ -491,11 +288,7 @@ impl Store for MySqlStore {
         // READ COMMITTED and the `locked_by` index (migration 3): the release below locks only
         // this relay's own leased rows. Under REPEATABLE READ without the index it scanned and
         // next-key locked every pending row, and another relay's SKIP LOCKED claim skipped them.
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await
-            .map_err(err)?;
-        let mut tx = conn.begin().await.map_err(err)?;
+        let mut tx = begin_read_committed(&mut conn, &self.table).await?;
         // Another process holds this relay id: its partitions and leases are not ours.
         let held: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT 1 FROM {relays} WHERE relay_id = ? AND NOT (instance <=> ?) FOR UPDATE"
@@ -550,13 +343,6 @@ impl Store for MySqlStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        let g = |e| Error::Database(e);
-        Ok(Counts {
-            pending: r.try_get(0).map_err(g)?,
-            leased: r.try_get(1).map_err(g)?,
-            dead: r.try_get(2).map_err(g)?,
-            processed: r.try_get(3).map_err(g)?,
-            oldest_pending_age_secs: r.try_get(4).map_err(g)?,
-        })
+        rows::counts(&r)
     }
 }

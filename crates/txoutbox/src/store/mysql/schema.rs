@@ -1,11 +1,9 @@
 //! Names, migrations and the schema check on MySQL / MariaDB.
 
-use sqlx::{Acquire, MySqlPool, Row};
+use sqlx::{Acquire, MySqlPool};
 
 use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the
@@ -108,40 +106,26 @@ impl Migrator for My<'_> {
         .execute(&mut *self.conn)
         .await
         .map_err(Error::Database)?;
-        let current = sqlx::query(&format!(
+        let sql = format!(
             "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {record} WHERE table_name = ?"
-        ))
-        .bind(t.table().as_str())
-        .fetch_one(&mut *self.conn)
-        .await
-        .map_err(Error::Database)?
-        .try_get::<i64, _>(0)
-        .map_err(Error::Database)?;
-        Ok(i32::try_from(current).unwrap_or(i32::MAX))
+        );
+        let found = migrate::recorded::<_, _, i64>(t, &mut *self.conn, &sql).await;
+        Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
     async fn apply(&mut self, sql: &str) -> Result<(), Error> {
         for stmt in statements(sql) {
-            sqlx::raw_sql(&stmt)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(Error::Database)?;
+            migrate::apply_raw(&mut *self.conn, &stmt).await?;
         }
         Ok(())
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO {} (table_name, version, name, applied_at) VALUES (?, ?, ?, {NOW_MS})",
             self.record_table()
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut *self.conn, m, &sql).await
     }
 }
 
@@ -174,17 +158,12 @@ pub(crate) async fn migrate(pool: &MySqlPool, t: &OutboxTable) -> Result<Migrate
 }
 
 pub(crate) async fn check_schema(pool: &MySqlPool, t: &OutboxTable) -> Result<(), Error> {
-    let found: Option<i64> = sqlx::query(&format!(
+    let sql = format!(
         "SELECT CAST(max(version) AS SIGNED) FROM {} WHERE table_name = ?",
         plain(t, "txoutbox_migrations")
-    ))
-    .bind(t.table().as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(t, e))?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    version_check(t, found.map(|v| v as i32))
+    );
+    let found = migrate::recorded::<_, _, i64>(t, pool, &sql).await;
+    migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }
 
 #[cfg(test)]

@@ -5,12 +5,11 @@ use uuid::Uuid;
 
 use super::schema::{plain, table};
 use crate::error::{db_error, Error};
+use crate::store::rows::{insert_text, INSERT_COLUMNS};
 use crate::{NewEvent, OutboxTable};
 
-const COLS: &str = "id, aggregate_type, aggregate_id, event_type, payload, headers";
-
-/// One event: a plain insert. Several: one statement over a JSON array of rows (`JSON_TABLE`,
-/// no limit on bound parameters), inserted in array order, so `seq` follows the slice.
+/// One event: a plain insert. Several: one statement over a JSON array of rows (`JSON_TABLE`),
+/// inserted in array order, so `seq` follows the slice.
 pub(crate) async fn insert<'e, E>(
     t: &OutboxTable,
     executor: E,
@@ -20,36 +19,9 @@ where
     E: Executor<'e, Database = MySql>,
 {
     let q = table(t);
-    if let [e] = events {
-        sqlx::query(&format!(
-            "INSERT INTO {q} ({COLS}) VALUES (?, ?, ?, ?, ?, ?)"
-        ))
-        .bind(e.id.hyphenated().to_string())
-        .bind(&e.aggregate_type)
-        .bind(&e.aggregate_id)
-        .bind(&e.event_type)
-        .bind(serde_json::to_string(&e.payload)?)
-        .bind(serde_json::to_string(&e.headers)?)
-        .execute(executor)
-        .await
-        .map_err(|err| db_error(t, err))?;
-        return Ok(());
-    }
-    let rows = events
-        .iter()
-        .map(|e| {
-            Ok(serde_json::json!([
-                e.id.hyphenated().to_string(),
-                e.aggregate_type,
-                e.aggregate_id,
-                e.event_type,
-                serde_json::to_string(&e.payload)?,
-                serde_json::to_string(&e.headers)?,
-            ]))
-        })
-        .collect::<Result<Vec<_>, serde_json::Error>>()?;
-    sqlx::query(&format!(
-        "INSERT INTO {q} ({COLS})
+    let one = format!("INSERT INTO {q} ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)");
+    let many = format!(
+        "INSERT INTO {q} ({INSERT_COLUMNS})
          SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.headers
          FROM JSON_TABLE(?, '$[*]' COLUMNS (
              n FOR ORDINALITY,
@@ -61,12 +33,8 @@ where
              headers LONGTEXT PATH '$[5]'
          )) AS j
          ORDER BY j.n"
-    ))
-    .bind(serde_json::Value::Array(rows).to_string())
-    .execute(executor)
-    .await
-    .map_err(|err| db_error(t, err))?;
-    Ok(())
+    );
+    insert_text(t, executor, events, &one, &many).await
 }
 
 pub(crate) async fn create_inbox<'e, E>(t: &OutboxTable, executor: E) -> Result<(), Error>

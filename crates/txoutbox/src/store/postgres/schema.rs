@@ -1,11 +1,9 @@
 //! Migrations and the schema check on PostgreSQL.
 
-use sqlx::{PgPool, Postgres, Row, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");
@@ -48,37 +46,23 @@ impl Migrator for Pg<'_, '_> {
         .execute(&mut **self.tx)
         .await
         .map_err(Error::Database)?;
-        sqlx::query(&format!(
+        let sql = format!(
             "SELECT coalesce(max(version), 0) FROM {schema}.txoutbox_migrations WHERE table_name = $1"
-        ))
-        .bind(self.table.table().as_str())
-        .fetch_one(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?
-        .try_get(0)
-        .map_err(Error::Database)
+        );
+        let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, &sql).await;
+        Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
     async fn apply(&mut self, sql: &str) -> Result<(), Error> {
-        sqlx::raw_sql(sql)
-            .execute(&mut **self.tx)
-            .await
-            .map_err(Error::Database)?;
-        Ok(())
+        migrate::apply_raw(&mut **self.tx, sql).await
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO {}.txoutbox_migrations (table_name, version, name) VALUES ($1, $2, $3)",
             self.table.schema().quoted()
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
 
@@ -98,17 +82,12 @@ pub(crate) async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<Migrat
 }
 
 pub(crate) async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
-    let found: Option<i32> = sqlx::query(&format!(
+    let sql = format!(
         "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
         table.schema().quoted()
-    ))
-    .bind(table.table().as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| db_error(table, e))?
-    .try_get(0)
-    .map_err(Error::Database)?;
-    version_check(table, found)
+    );
+    let found = migrate::recorded::<_, _, i32>(table, pool, &sql).await;
+    migrate::version_check(table, found.map_err(|e| db_error(table, e))?)
 }
 
 #[cfg(test)]

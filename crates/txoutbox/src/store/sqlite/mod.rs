@@ -12,23 +12,26 @@
 //!   poll interval while idle.
 //! - Timestamps are integer milliseconds since the Unix epoch, ids hyphenated UUID text.
 
+mod claim;
 mod operator;
+mod queries;
 pub(crate) mod schema;
 mod wake;
 pub(crate) mod write;
 
-use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::Row;
 use uuid::Uuid;
 
 pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
-use self::schema::{derived, table, NOW_MS};
-use super::undecodable::{self, decode_text_row, Decoded};
+use self::queries::Queries;
+use self::schema::{derived, NOW_MS};
+use super::rows::{self, relay as relay_from_row, COLUMNS};
+use super::undecodable::decode_text_row;
+use super::wakeup::AdaptivePoll;
 use super::{
     Claim, ClaimParams, Counts, DeregisterParams, Membership, Ordering, RebalanceParams, RelayInfo,
     ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
@@ -36,146 +39,15 @@ use super::{
 use crate::error::{db_error, Error};
 use crate::{OutboxEvent, OutboxTable};
 
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, \
-     attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
-     locked_by, locked_until, last_error";
+/// The row as an event, with placeholders where a column does not decode (operator listings).
+fn event_from_row(r: &SqliteRow) -> Result<OutboxEvent, Error> {
+    Ok(decode_text_row(r)?.event)
+}
 
 const UNFINISHED: &str = "processed_at IS NULL AND dead_at IS NULL";
 
 /// An ordered claim needs the relay's lease to have at least this much left.
 const CLAIM_MARGIN_MS: i64 = 1000;
-
-/// The shortest poll, right after work was found; it doubles per idle wait up to the poll
-/// interval.
-const FAST_POLL: Duration = Duration::from_millis(10);
-
-/// SQL for one outbox table, built once from validated names.
-#[derive(Debug)]
-struct Queries {
-    claim: String,
-    claim_ordered: String,
-    settle_ok: String,
-    settle_failed: String,
-    release: String,
-    has_unfinished: String,
-    has_unfinished_hold: String,
-    due_in_ms: String,
-    relay_other: String,
-    relay_upsert: String,
-    relay_held: String,
-    relay_gc: String,
-    deregister_relay: String,
-    deregister_events: String,
-    counts: String,
-}
-
-impl Queries {
-    fn new(t: &OutboxTable, retention: Retention) -> Self {
-        let q = table(t);
-        let relays = derived(t, "relays");
-        let lease = "locked_until = NULL, locked_by = NULL, lock_token = NULL";
-        let ids = "id IN (SELECT value FROM json_each(?1)) AND lock_token = ?2";
-        // A text or blob `available_at` (plain SQL can write one) sorts after every number and
-        // would never be due: it is claimed, so that the claim dead-letters it.
-        let claimed = |filter: &str, extra: &str| {
-            format!(
-                "UPDATE {q} SET locked_until = {NOW_MS} + ?2, locked_by = ?3, lock_token = ?4
-                 WHERE seq IN (
-                    SELECT e.seq FROM {q} e
-                    WHERE e.processed_at IS NULL AND e.dead_at IS NULL
-                      AND (e.available_at <= {NOW_MS} OR typeof(e.available_at) IN ('text', 'blob'))
-                      AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS}) {filter}
-                    ORDER BY e.seq LIMIT ?1
-                 ) {extra}
-                 RETURNING {COLUMNS}"
-            )
-        };
-        Self {
-            claim: claimed("", ""),
-            // No earlier event of the aggregate leased, backing off or (with ?5, `hold`)
-            // dead; and only while this relay holds the file's relay lease.
-            claim_ordered: claimed(
-                &format!(
-                    "AND NOT EXISTS (
-                        SELECT 1 FROM {q} b
-                        WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                          AND b.seq < e.seq AND b.processed_at IS NULL
-                          AND (b.locked_until IS NOT NULL OR b.attempts > 0 OR b.dead_at IS NOT NULL)
-                          AND ((b.dead_at IS NULL AND (b.available_at > {NOW_MS} OR b.locked_until > {NOW_MS}))
-                               OR (b.dead_at IS NOT NULL AND ?5))
-                    )"
-                ),
-                &format!(
-                    "AND EXISTS (SELECT 1 FROM {relays} WHERE relay_id = ?3 \
-                     AND alive_until > {NOW_MS} + {CLAIM_MARGIN_MS})"
-                ),
-            ),
-            settle_ok: match retention {
-                Retention::Mark => format!(
-                    "UPDATE {q} SET processed_at = {NOW_MS}, {lease}, last_error = NULL WHERE {ids}"
-                ),
-                Retention::Delete => format!("DELETE FROM {q} WHERE {ids}"),
-            },
-            settle_failed: format!(
-                "UPDATE {q} AS e SET
-                    attempts = e.attempts + 1,
-                    attempts_unavailable = e.attempts_unavailable + f.unavailable,
-                    last_error = f.err,
-                    available_at = {NOW_MS} + f.delay_ms,
-                    dead_at = CASE WHEN f.dead THEN {NOW_MS} END,
-                    {lease}
-                 FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.err') AS err,
-                              json_extract(value, '$.delay_ms') AS delay_ms,
-                              json_extract(value, '$.dead') AS dead,
-                              json_extract(value, '$.unavailable') AS unavailable
-                       FROM json_each(?1)) AS f
-                 WHERE e.id = f.id AND e.lock_token = ?2"
-            ),
-            release: format!("UPDATE {q} SET {lease} WHERE {ids}"),
-            has_unfinished: format!("SELECT EXISTS (SELECT 1 FROM {q} WHERE {UNFINISHED})"),
-            has_unfinished_hold: format!(
-                "SELECT EXISTS (SELECT 1 FROM {q} e WHERE e.processed_at IS NULL AND e.dead_at IS NULL
-                   AND NOT EXISTS (SELECT 1 FROM {q} b
-                     WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                       AND b.seq < e.seq AND b.processed_at IS NULL AND b.dead_at IS NOT NULL))"
-            ),
-            due_in_ms: format!(
-                "SELECT min(max(available_at, coalesce(locked_until, available_at))) - {NOW_MS}
-                 FROM {q} WHERE {UNFINISHED}"
-            ),
-            // Another live relay, or this relay id held by another process (?2: instance).
-            relay_other: format!(
-                "SELECT relay_id, alive_until - {NOW_MS} FROM {relays}
-                 WHERE (relay_id <> ?1 OR instance IS NOT ?2) AND alive_until > {NOW_MS}
-                 ORDER BY relay_id = ?1 DESC LIMIT 1"
-            ),
-            relay_upsert: format!(
-                "INSERT INTO {relays} (relay_id, mode, instance, heartbeat_at, alive_until)
-                 VALUES (?1, ?2, ?4, {NOW_MS}, {NOW_MS} + ?3)
-                 ON CONFLICT (relay_id) DO UPDATE
-                 SET mode = excluded.mode, instance = excluded.instance,
-                     heartbeat_at = excluded.heartbeat_at, alive_until = excluded.alive_until"
-            ),
-            relay_held: format!(
-                "SELECT 1 FROM {relays} WHERE relay_id = ?1 AND instance IS NOT ?2"
-            ),
-            relay_gc: format!("DELETE FROM {relays} WHERE alive_until < {NOW_MS} - 3600000"),
-            deregister_relay: format!("DELETE FROM {relays} WHERE relay_id = ?1"),
-            deregister_events: format!(
-                "UPDATE {q} SET {lease} WHERE {UNFINISHED} AND locked_by = ?1"
-            ),
-            counts: format!(
-                "SELECT
-                    coalesce(sum({UNFINISHED} AND (locked_until IS NULL OR locked_until <= {NOW_MS})), 0),
-                    coalesce(sum({UNFINISHED} AND locked_until > {NOW_MS}), 0),
-                    coalesce(sum(dead_at IS NOT NULL AND processed_at IS NULL), 0),
-                    coalesce(sum(processed_at IS NOT NULL), 0),
-                    ({NOW_MS} - min(CASE WHEN {UNFINISHED} THEN created_at END)) / 1000.0
-                 FROM {q}"
-            ),
-        }
-    }
-}
 
 /// The outbox on SQLite. See the module docs for what it guarantees.
 #[derive(Debug)]
@@ -184,8 +56,7 @@ pub struct SqliteStore {
     table: OutboxTable,
     q: Queries,
     wakeup: Wakeup,
-    /// Waits in a row that found nothing (adaptive polling).
-    idle: AtomicU32,
+    poll: AdaptivePoll,
 }
 
 impl SqliteStore {
@@ -206,7 +77,7 @@ impl SqliteStore {
             pool,
             table,
             wakeup,
-            idle: AtomicU32::new(0),
+            poll: AdaptivePoll::default(),
         }
     }
 
@@ -252,79 +123,8 @@ impl SqliteStore {
         .fetch_all(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        rows.iter()
-            .map(|r| {
-                let g = |e| Error::Database(e);
-                Ok(RelayInfo {
-                    relay_id: r.try_get("relay_id").map_err(g)?,
-                    mode: r.try_get("mode").map_err(g)?,
-                    started_at: ts(r.try_get("started_at").map_err(g)?)?,
-                    heartbeat_at: ts(r.try_get("heartbeat_at").map_err(g)?)?,
-                    alive: r.try_get("alive").map_err(g)?,
-                    partitions: Vec::new(),
-                })
-            })
-            .collect()
+        rows.iter().map(|r| relay_from_row(r, Vec::new())).collect()
     }
-}
-
-impl SqliteStore {
-    /// Dead-letter the claimed rows that do not decode, and give back (`held`) the events of
-    /// the claim that a dead letter holds back; fenced by the claim token. On failure they
-    /// stay leased, and are claimed again when the lease runs out.
-    async fn bury_undecodable(&self, token: Uuid, bad: &[Decoded], held: &[OutboxEvent]) {
-        let token = token.hyphenated().to_string();
-        let rows = serde_json::Value::Array(
-            bad.iter()
-                .map(|b| serde_json::json!([b.event.seq, b.last_error()]))
-                .collect(),
-        )
-        .to_string();
-        let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
-        let sql = format!(
-            "UPDATE {} AS e SET dead_at = {NOW_MS}, last_error = f.err,
-                locked_until = NULL, locked_by = NULL, lock_token = NULL
-             FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS err
-                   FROM json_each(?1)) AS f
-             WHERE e.seq = f.seq AND e.lock_token = ?2",
-            table(&self.table)
-        );
-        let result = async {
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query(&sql)
-                .bind(rows)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?;
-            if !held.is_empty() {
-                sqlx::query(&self.q.release)
-                    .bind(id_list(&held))
-                    .bind(&token)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await
-        }
-        .await;
-        match result {
-            Ok(()) => undecodable::count_dead(bad),
-            Err(e) => tracing::warn!(error = %self.err(e),
-                "could not dead-letter rows that do not decode; they are claimed again after their lease"),
-        }
-    }
-}
-
-fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
-    DateTime::from_timestamp_millis(ms).ok_or_else(|| {
-        Error::Database(sqlx::Error::Decode(
-            format!("timestamp out of range: {ms} ms").into(),
-        ))
-    })
-}
-
-/// The row as an event, with placeholders where a column does not decode (operator listings).
-fn event_from_row(r: &SqliteRow) -> Result<OutboxEvent, Error> {
-    Ok(decode_text_row(r)?.event)
 }
 
 fn millis(d: Duration) -> i64 {
@@ -343,34 +143,7 @@ fn id_list(ids: &[Uuid]) -> String {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
-        let started = Instant::now();
-        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
-        let sql = if p.ordering.is_ordered() {
-            &self.q.claim_ordered
-        } else {
-            &self.q.claim
-        };
-        let rows = sqlx::query(sql)
-            .bind(limit)
-            .bind(millis(p.lease))
-            .bind(p.relay_id)
-            .bind(p.token.hyphenated().to_string())
-            .bind(p.ordering == Ordering::OrderedHold)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let rows = rows
-            .iter()
-            .map(decode_text_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let (events, bad, held) = undecodable::split(rows, p.ordering);
-        if !bad.is_empty() {
-            self.bury_undecodable(p.token, &bad, &held).await;
-        }
-        if !events.is_empty() {
-            self.idle.store(0, AtomicOrdering::Relaxed);
-        }
-        Ok(Claim::leased(p.token, events, started + p.lease))
+        self.claim_events(p).await
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -439,12 +212,7 @@ impl Store for SqliteStore {
     }
 
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
-        let sql = if ordering == Ordering::OrderedHold {
-            &self.q.has_unfinished_hold
-        } else {
-            &self.q.has_unfinished
-        };
-        sqlx::query_scalar(sql)
+        sqlx::query_scalar(self.q.has_unfinished(ordering))
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))
@@ -455,27 +223,11 @@ impl Store for SqliteStore {
     /// (10 ms after work was found, doubling while idle, at most `max`): writers in other
     /// processes are seen within that poll.
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
-        let max = p.max;
         let due: Option<i64> = sqlx::query_scalar(&self.q.due_in_ms)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        if due.is_some_and(|ms| ms <= 0) {
-            return Ok(Wake::Ready);
-        }
-        let idle = self.idle.fetch_add(1, AtomicOrdering::Relaxed).min(16);
-        let poll = FAST_POLL.saturating_mul(1 << idle).min(max);
-        let sleep = match due {
-            Some(ms) => poll.min(Duration::from_millis(ms.unsigned_abs())),
-            None => poll,
-        };
-        tokio::select! {
-            _ = self.wakeup.wait() => {
-                self.idle.store(0, AtomicOrdering::Relaxed);
-                Ok(Wake::Notified)
-            }
-            _ = tokio::time::sleep(sleep) => Ok(Wake::Timeout),
-        }
+        Ok(self.poll.wait(due, p.max, &self.wakeup).await)
     }
 
     /// Renew this relay's lease on the file, or refuse to run beside another live relay.
@@ -568,13 +320,6 @@ impl Store for SqliteStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let g = |e| Error::Database(e);
-        Ok(Counts {
-            pending: r.try_get(0).map_err(g)?,
-            leased: r.try_get(1).map_err(g)?,
-            dead: r.try_get(2).map_err(g)?,
-            processed: r.try_get(3).map_err(g)?,
-            oldest_pending_age_secs: r.try_get(4).map_err(g)?,
-        })
+        rows::counts(&r)
     }
 }

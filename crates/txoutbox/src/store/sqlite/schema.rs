@@ -1,11 +1,9 @@
 //! Names, migrations and the schema check on SQLite.
 
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
 use crate::error::{db_error, Error};
-use crate::store::migrations::{
-    self as migrate, fill_names, version_check, MigrateReport, Migration, Migrator,
-};
+use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL. One time source
@@ -71,37 +69,21 @@ impl Migrator for Lite<'_, '_> {
             .execute(&mut **self.tx)
             .await
             .map_err(Error::Database)?;
-        sqlx::query(
-            "SELECT coalesce(max(version), 0) FROM txoutbox_migrations WHERE table_name = ?1",
-        )
-        .bind(self.table.table().as_str())
-        .fetch_one(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?
-        .try_get(0)
-        .map_err(Error::Database)
+        let sql = "SELECT coalesce(max(version), 0) FROM txoutbox_migrations WHERE table_name = ?1";
+        let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, sql).await;
+        Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
     async fn apply(&mut self, sql: &str) -> Result<(), Error> {
-        sqlx::raw_sql(sql)
-            .execute(&mut **self.tx)
-            .await
-            .map_err(Error::Database)?;
-        Ok(())
+        migrate::apply_raw(&mut **self.tx, sql).await
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        sqlx::query(&format!(
+        let sql = format!(
             "INSERT INTO txoutbox_migrations (table_name, version, name, applied_at) \
              VALUES (?1, ?2, ?3, {NOW_MS})"
-        ))
-        .bind(self.table.table().as_str())
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?;
-        Ok(())
+        );
+        migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
 
@@ -127,15 +109,9 @@ pub(crate) async fn migrate(pool: &SqlitePool, t: &OutboxTable) -> Result<Migrat
 
 pub(crate) async fn check_schema(pool: &SqlitePool, t: &OutboxTable) -> Result<(), Error> {
     check_names(t)?;
-    let found: Option<i32> =
-        sqlx::query("SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1")
-            .bind(t.table().as_str())
-            .fetch_one(pool)
-            .await
-            .map_err(|e| db_error(t, e))?
-            .try_get(0)
-            .map_err(Error::Database)?;
-    version_check(t, found)
+    let sql = "SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1";
+    let found = migrate::recorded::<_, _, i32>(t, pool, sql).await;
+    migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }
 
 #[cfg(test)]

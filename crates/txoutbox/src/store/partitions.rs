@@ -1,0 +1,454 @@
+//! Sharing the partitions of the aggregate-hash space among relays, with the database as the
+//! coordinator: one row per partition with an owner and a lease, one row per relay with a
+//! heartbeat. Every heartbeat renews what a relay owns and moves it towards a fair share
+//! (`ceil(partitions / live relays)`): over its share it gives partitions up, under it it takes
+//! free or expired ones. A partition has one owner column, so it is never owned twice; one
+//! whose owner died is free again once its lease runs out.
+//!
+//! [`rebalance`] is that algorithm, once, over the steps of a [`Coordinator`] (one
+//! transaction). [`InTransaction`] is the coordinator of every database: it runs the
+//! statements that differ only in their SQL ([`SharedSql`]) itself, and leaves those whose
+//! parameters or steps differ ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL
+//! locks and then updates) to the database's own module. The databases supply SQL only.
+
+use std::time::Duration;
+
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Transaction, Type,
+};
+
+use crate::error::{db_error, Error};
+use crate::store::{Membership, RebalanceParams};
+use crate::OutboxTable;
+
+/// One heartbeat's transaction on one database. Every method runs in that transaction;
+/// `relay_id`, `mode` and `instance` are this relay's.
+pub(crate) trait Coordinator {
+    /// Take the table's registration lock, held until commit: one heartbeat at a time per
+    /// table. Two relays registering at once would otherwise each miss the other's
+    /// uncommitted row and both pass the checks of [`rebalance`] (an ordered and an unordered
+    /// relay on one table, or two processes with one relay id).
+    async fn lock(&mut self) -> Result<(), Error>;
+    /// Seconds left on `relay_id` if another live process (another `instance`) holds it.
+    async fn held_elsewhere(
+        &mut self,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, Error>;
+    /// Insert or refresh this relay's row: alive for `lease` from now.
+    async fn register(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), Error>;
+    /// Another live relay of another mode: its id and mode.
+    async fn other_mode(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+    ) -> Result<Option<(String, String)>, Error>;
+    /// Remove this relay's row.
+    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error>;
+    /// Remove relays dead for more than an hour.
+    async fn forget_dead(&mut self) -> Result<(), Error>;
+    async fn partition_count(&mut self) -> Result<i64, Error>;
+    /// Live relays of `mode` (this one included).
+    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error>;
+    /// Extend the lease of the partitions this relay still owns; returns them.
+    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error>;
+    /// Give up `parts` (owned by this relay).
+    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error>;
+    /// Take up to `want` free or expired partitions, lowest first, skipping those another
+    /// heartbeat is taking right now; returns them.
+    async fn take(&mut self, relay_id: &str, lease: Duration, want: i64)
+        -> Result<Vec<i32>, Error>;
+    async fn commit(self) -> Result<(), Error>;
+    async fn rollback(self) -> Result<(), Error>;
+}
+
+/// One heartbeat of relay `p.relay_id` on `table`, in the transaction `c`.
+pub(crate) async fn rebalance<C: Coordinator>(
+    mut c: C,
+    table: &OutboxTable,
+    p: RebalanceParams<'_>,
+) -> Result<Membership, Error> {
+    let mode = p.ordering.mode_name();
+    let instance = p.instance.to_string();
+    c.lock().await?;
+    // A relay id held by another live process: refuse it (its partitions would be shared by
+    // two processes, and one's exit would strip the other's).
+    if let Some(left) = c.held_elsewhere(p.relay_id, &instance).await? {
+        c.rollback().await?;
+        return Err(Error::RelayIdInUse {
+            table: table.display(),
+            relay_id: p.relay_id.to_owned(),
+            remaining_secs: left.max(0.0),
+        });
+    }
+    c.register(p.relay_id, mode, &instance, p.lease).await?;
+    // Mixing modes on one table would break the ordering guarantee.
+    if let Some((other, other_mode)) = c.other_mode(p.relay_id, mode).await? {
+        // Do not stay registered: the other relay must not see us as a conflict either.
+        c.unregister(p.relay_id).await?;
+        c.commit().await?;
+        return Err(Error::ModeConflict {
+            table: table.display(),
+            other,
+            other_mode,
+        });
+    }
+    // Long-dead relays leave the list.
+    c.forget_dead().await?;
+    if !p.ordering.is_ordered() {
+        c.commit().await?;
+        return Ok(Membership::default());
+    }
+    let total = c.partition_count().await?;
+    let live = c.live_relays(mode).await?;
+    let mut owned = c.renew(p.relay_id, p.lease).await?;
+    owned.sort_unstable();
+    let total_n = usize::try_from(total).unwrap_or(0);
+    let live_n = usize::try_from(live).unwrap_or(1).max(1);
+    let target = total_n.div_ceil(live_n);
+    let mut acquired = Vec::new();
+    let mut released = Vec::new();
+    if owned.len() > target && p.may_release {
+        released = owned.split_off(target);
+        c.give_up(p.relay_id, &released).await?;
+    } else if owned.len() < target {
+        let want = i64::try_from(target - owned.len()).unwrap_or(0);
+        acquired = c.take(p.relay_id, p.lease, want).await?;
+        acquired.sort_unstable();
+        owned.extend(&acquired);
+        owned.sort_unstable();
+    }
+    c.commit().await?;
+    Ok(Membership {
+        partitions: total_n,
+        live_relays: live_n,
+        owned,
+        target,
+        acquired,
+        released,
+    })
+}
+
+/// The statements of a heartbeat that differ between databases in their SQL only, each
+/// binding text in the order given.
+#[derive(Debug)]
+pub(crate) struct SharedSql {
+    /// Take the registration lock ([`Coordinator::lock`]).
+    pub lock: String,
+    /// `relay_id`, `mode` -> the other relay's id and mode.
+    pub other_mode: String,
+    /// `relay_id`.
+    pub unregister: String,
+    pub forget_dead: String,
+    /// -> the number of partitions.
+    pub partition_count: String,
+    /// `mode` -> the number of live relays.
+    pub live_relays: String,
+}
+
+/// The statements of a heartbeat whose parameters or steps differ between databases; as on
+/// [`Coordinator`], run on the heartbeat's transaction.
+pub(crate) trait OwnSql<DB: Database> {
+    async fn held_elsewhere(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, sqlx::Error>;
+    async fn register(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), sqlx::Error>;
+    async fn renew(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        lease: Duration,
+    ) -> Result<Vec<i32>, sqlx::Error>;
+    async fn give_up(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        parts: &[i32],
+    ) -> Result<(), sqlx::Error>;
+    async fn take(
+        &self,
+        conn: &mut DB::Connection,
+        relay_id: &str,
+        lease: Duration,
+        want: i64,
+    ) -> Result<Vec<i32>, sqlx::Error>;
+}
+
+/// A heartbeat's transaction on a database that supplies [`SharedSql`] and [`OwnSql`].
+pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
+    pub tx: Transaction<'c, DB>,
+    pub table: &'a OutboxTable,
+    pub shared: SharedSql,
+    pub own: S,
+}
+
+impl<DB: Database, S> InTransaction<'_, '_, DB, S> {
+    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
+        |e| db_error(self.table, e)
+    }
+}
+
+/// `sql` with `binds`, on `conn`.
+fn query_text<'q, DB: Database>(
+    sql: &'q str,
+    binds: &[&'q str],
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    binds.iter().fold(sqlx::query(sql), |q, b| q.bind(*b))
+}
+
+impl<DB, S> Coordinator for InTransaction<'_, '_, DB, S>
+where
+    DB: Database,
+    S: OwnSql<DB>,
+    for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    async fn lock(&mut self) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.lock, &[]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn held_elsewhere(
+        &mut self,
+        relay_id: &str,
+        instance: &str,
+    ) -> Result<Option<f64>, Error> {
+        let t = self.table;
+        self.own
+            .held_elsewhere(&mut self.tx, relay_id, instance)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn register(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+        instance: &str,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let t = self.table;
+        self.own
+            .register(&mut self.tx, relay_id, mode, instance, lease)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn other_mode(
+        &mut self,
+        relay_id: &str,
+        mode: &str,
+    ) -> Result<Option<(String, String)>, Error> {
+        let q = query_text::<DB>(&self.shared.other_mode, &[relay_id, mode]);
+        let row = q.fetch_optional(&mut *self.tx).await.map_err(self.err())?;
+        let pair = row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)));
+        pair.transpose().map_err(Error::Database)
+    }
+
+    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.unregister, &[relay_id]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn forget_dead(&mut self) -> Result<(), Error> {
+        let q = query_text::<DB>(&self.shared.forget_dead, &[]);
+        q.execute(&mut *self.tx).await.map_err(self.err())?;
+        Ok(())
+    }
+
+    async fn partition_count(&mut self) -> Result<i64, Error> {
+        let q = query_text::<DB>(&self.shared.partition_count, &[]);
+        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
+        row.try_get(0).map_err(Error::Database)
+    }
+
+    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
+        let q = query_text::<DB>(&self.shared.live_relays, &[mode]);
+        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
+        row.try_get(0).map_err(Error::Database)
+    }
+
+    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
+        let t = self.table;
+        self.own
+            .renew(&mut self.tx, relay_id, lease)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
+        let t = self.table;
+        self.own
+            .give_up(&mut self.tx, relay_id, parts)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn take(
+        &mut self,
+        relay_id: &str,
+        lease: Duration,
+        want: i64,
+    ) -> Result<Vec<i32>, Error> {
+        let t = self.table;
+        self.own
+            .take(&mut self.tx, relay_id, lease, want)
+            .await
+            .map_err(|e| db_error(t, e))
+    }
+
+    async fn commit(self) -> Result<(), Error> {
+        self.tx.commit().await.map_err(|e| db_error(self.table, e))
+    }
+
+    async fn rollback(self) -> Result<(), Error> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| db_error(self.table, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Ordering;
+
+    /// One relay's view of a table with `free` partitions nobody owns and `owned` its own.
+    #[derive(Default)]
+    struct Fake {
+        total: i64,
+        live: i64,
+        owned: Vec<i32>,
+        free: Vec<i32>,
+        other_mode: Option<(String, String)>,
+    }
+
+    impl Coordinator for Fake {
+        async fn lock(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn held_elsewhere(&mut self, _: &str, _: &str) -> Result<Option<f64>, Error> {
+            Ok(None)
+        }
+        async fn register(&mut self, _: &str, _: &str, _: &str, _: Duration) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn other_mode(
+            &mut self,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<(String, String)>, Error> {
+            Ok(self.other_mode.clone())
+        }
+        async fn unregister(&mut self, _: &str) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn forget_dead(&mut self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn partition_count(&mut self) -> Result<i64, Error> {
+            Ok(self.total)
+        }
+        async fn live_relays(&mut self, _: &str) -> Result<i64, Error> {
+            Ok(self.live)
+        }
+        async fn renew(&mut self, _: &str, _: Duration) -> Result<Vec<i32>, Error> {
+            // Unsorted, as a database may return them.
+            Ok(self.owned.iter().rev().copied().collect())
+        }
+        async fn give_up(&mut self, _: &str, _: &[i32]) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn take(&mut self, _: &str, _: Duration, want: i64) -> Result<Vec<i32>, Error> {
+            let n = usize::try_from(want).unwrap().min(self.free.len());
+            Ok(self.free.drain(..n).rev().collect())
+        }
+        async fn commit(self) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn rollback(self) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    fn params(may_release: bool) -> RebalanceParams<'static> {
+        RebalanceParams {
+            relay_id: "r",
+            instance: uuid::Uuid::nil(),
+            ordering: Ordering::Ordered,
+            lease: Duration::from_secs(10),
+            may_release,
+        }
+    }
+
+    fn table() -> OutboxTable {
+        OutboxTable::new("public", "events").unwrap()
+    }
+
+    #[tokio::test]
+    async fn over_its_share_a_relay_gives_up_its_highest_partitions_only_when_it_may() {
+        let fake = || Fake {
+            total: 8,
+            live: 3,
+            owned: (0..5).collect(),
+            ..Fake::default()
+        };
+        let m = rebalance(fake(), &table(), params(true)).await.unwrap();
+        assert_eq!((m.target, m.live_relays, m.partitions), (3, 3, 8));
+        assert_eq!((m.owned, m.released), (vec![0, 1, 2], vec![3, 4]));
+        let kept = rebalance(fake(), &table(), params(false)).await.unwrap();
+        assert_eq!(kept.owned, vec![0, 1, 2, 3, 4]);
+        assert!(kept.released.is_empty());
+    }
+
+    #[tokio::test]
+    async fn under_its_share_a_relay_takes_what_is_free_up_to_it() {
+        let c = Fake {
+            total: 8,
+            live: 2,
+            owned: vec![6, 1],
+            free: vec![2, 3, 4],
+            ..Fake::default()
+        };
+        let m = rebalance(c, &table(), params(true)).await.unwrap();
+        assert_eq!(m.target, 4);
+        assert_eq!(m.acquired, vec![2, 3]);
+        assert_eq!(m.owned, vec![1, 2, 3, 6]);
+    }
+
+    #[tokio::test]
+    async fn a_relay_of_the_other_mode_is_a_conflict() {
+        let c = Fake {
+            other_mode: Some(("u".into(), "unordered".into())),
+            ..Fake::default()
+        };
+        let err = rebalance(c, &table(), params(true)).await.unwrap_err();
+        assert!(matches!(err, Error::ModeConflict { ref other, .. } if other == "u"));
+    }
+}

@@ -1,0 +1,116 @@
+//! The rows that the text-row stores (SQLite, MySQL: times as integer milliseconds, ids and
+//! JSON as text) read and write alike: new events, the columns of events (their decoder,
+//! which copes with bad rows, is `undecodable::decode_text_row`), relays, and the counts of
+//! `txoutbox status` (the same on PostgreSQL).
+
+use chrono::{DateTime, Utc};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::{Counts, RelayInfo};
+use crate::error::{db_error, Error};
+use crate::{NewEvent, OutboxTable};
+
+/// The row of a counts query: pending, leased, dead, processed, then the age of the oldest
+/// pending event in seconds (NULL when there is none).
+pub(crate) fn counts<'r, R: Row>(r: &'r R) -> Result<Counts, Error>
+where
+    usize: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<f64>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let g = Error::Database;
+    Ok(Counts {
+        pending: r.try_get(0).map_err(g)?,
+        leased: r.try_get(1).map_err(g)?,
+        dead: r.try_get(2).map_err(g)?,
+        processed: r.try_get(3).map_err(g)?,
+        oldest_pending_age_secs: r.try_get(4).map_err(g)?,
+    })
+}
+
+/// A time stored as integer milliseconds since the Unix epoch.
+pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| {
+        Error::Database(sqlx::Error::Decode(
+            format!("timestamp out of range: {ms} ms").into(),
+        ))
+    })
+}
+
+/// The columns `undecodable::decode_text_row` reads, for the select lists of the text-row stores.
+pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
+     headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
+     locked_by, locked_until, last_error";
+
+/// A row of a relays listing (`relay_id`, `mode`, `started_at`, `heartbeat_at` and `alive`,
+/// an integer truth value), owning `partitions`.
+pub(crate) fn relay<'r, R: Row>(r: &'r R, partitions: Vec<i32>) -> Result<RelayInfo, Error>
+where
+    &'static str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let g = Error::Database;
+    Ok(RelayInfo {
+        relay_id: r.try_get("relay_id").map_err(g)?,
+        mode: r.try_get("mode").map_err(g)?,
+        started_at: ts(r.try_get("started_at").map_err(g)?)?,
+        heartbeat_at: ts(r.try_get("heartbeat_at").map_err(g)?)?,
+        alive: r.try_get::<i64, _>("alive").map_err(g)? != 0,
+        partitions,
+    })
+}
+
+/// The columns an insert of a new event fills, in the order of [`text_values`].
+pub(crate) const INSERT_COLUMNS: &str =
+    "id, aggregate_type, aggregate_id, event_type, payload, headers";
+
+/// Insert `events` in the caller's transaction: one event with `one` (six placeholders, in
+/// the order of [`INSERT_COLUMNS`]), several with `many` over one JSON array of rows (no
+/// limit on bound parameters), which inserts them in array order, so `seq` follows the slice.
+pub(crate) async fn insert_text<'e, DB, E>(
+    t: &OutboxTable,
+    executor: E,
+    events: &[NewEvent],
+    one: &str,
+    many: &str,
+) -> Result<(), Error>
+where
+    DB: Database,
+    E: Executor<'e, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+{
+    let query = if let [e] = events {
+        text_values(e)?
+            .into_iter()
+            .fold(sqlx::query(one), |q, v| q.bind(v))
+    } else {
+        sqlx::query(many).bind(text_values_json(events)?)
+    };
+    query.execute(executor).await.map_err(|e| db_error(t, e))?;
+    Ok(())
+}
+
+/// A new event's values as text, in the order of the insert's columns: id, aggregate type,
+/// aggregate id, event type, payload, headers.
+fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
+    Ok([
+        e.id.hyphenated().to_string(),
+        e.aggregate_type.clone(),
+        e.aggregate_id.clone(),
+        e.event_type.clone(),
+        serde_json::to_string(&e.payload)?,
+        serde_json::to_string(&e.headers)?,
+    ])
+}
+
+/// New events as one JSON array of [`text_values`] arrays, for a single insert statement
+/// (no limit on bound parameters).
+fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
+    let rows = events
+        .iter()
+        .map(|e| text_values(e).map(|v| serde_json::json!(v)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(serde_json::Value::Array(rows).to_string())
+}

@@ -1,0 +1,84 @@
+//! The claim on SQLite: one statement that leases in `seq` order (`UPDATE ... RETURNING`;
+//! claims never overlap, as it takes the write lock up front), then the dead-lettering of
+//! the claimed rows that do not decode.
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::schema::{table, NOW_MS};
+use super::{id_list, millis, SqliteStore};
+use crate::error::Error;
+use crate::store::undecodable::{self, Decoded};
+use crate::store::{Claim, ClaimParams, Ordering};
+use crate::OutboxEvent;
+
+impl SqliteStore {
+    /// One `UPDATE ... RETURNING` statement, which takes the write lock up front; then the
+    /// rows that do not decode are dead-lettered.
+    pub(super) async fn claim_events(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
+        let started = Instant::now();
+        let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
+        let sql = if p.ordering.is_ordered() {
+            &self.q.claim_ordered
+        } else {
+            &self.q.claim
+        };
+        let rows = sqlx::query(sql)
+            .bind(limit)
+            .bind(millis(p.lease))
+            .bind(p.relay_id)
+            .bind(p.token.hyphenated().to_string())
+            .bind(p.ordering == Ordering::OrderedHold)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
+        if !bad.is_empty() {
+            self.bury_undecodable(p.token, &bad, &held).await;
+        }
+        if !events.is_empty() {
+            self.poll.busy();
+        }
+        Ok(Claim::leased(p.token, events, started + p.lease))
+    }
+
+    /// Dead-letter the claimed rows that do not decode, and give back (`held`) the events of
+    /// the claim that a dead letter holds back; fenced by the claim token. On failure they
+    /// stay leased, and are claimed again when the lease runs out.
+    async fn bury_undecodable(&self, token: Uuid, bad: &[Decoded], held: &[OutboxEvent]) {
+        let token = token.hyphenated().to_string();
+        let rows = undecodable::bad_rows_json(bad);
+        let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
+        let sql = format!(
+            "UPDATE {} AS e SET dead_at = {NOW_MS}, last_error = f.err,
+                locked_until = NULL, locked_by = NULL, lock_token = NULL
+             FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS err
+                   FROM json_each(?1)) AS f
+             WHERE e.seq = f.seq AND e.lock_token = ?2",
+            table(&self.table)
+        );
+        let result = async {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::query(&sql)
+                .bind(rows)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?;
+            if !held.is_empty() {
+                sqlx::query(&self.q.release)
+                    .bind(id_list(&held))
+                    .bind(&token)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => undecodable::count_dead(bad),
+            Err(e) => tracing::warn!(error = %self.err(e),
+                "could not dead-letter rows that do not decode; they are claimed again after their lease"),
+        }
+    }
+}
