@@ -40,6 +40,8 @@ impl Default for Outbox {
 }
 
 impl Outbox {
+    /// A writer for the outbox in `table`. Nothing is checked here: a missing table shows up as
+    /// [`Error::NotMigrated`] on the first enqueue.
     pub fn new(table: OutboxTable) -> Self {
         Self {
             table,
@@ -61,6 +63,7 @@ impl Outbox {
         }
     }
 
+    /// The schema and table this writer inserts into.
     pub fn table(&self) -> &OutboxTable {
         &self.table
     }

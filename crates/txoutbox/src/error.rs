@@ -8,40 +8,58 @@ use crate::ident::IdentError;
 pub enum Error {
     /// The outbox table (or its schema) is missing.
     #[error("the outbox table {table} does not exist: run `txoutbox migrate` (or `txoutbox::migrate`) first")]
-    NotMigrated { table: String },
+    NotMigrated {
+        /// The outbox table as `schema.table`.
+        table: String,
+    },
     /// The schema is older than this build expects.
     #[error("the outbox table {table} is at schema version {found}, this build needs {expected}: run `txoutbox migrate`")]
     SchemaTooOld {
+        /// The outbox table as `schema.table`.
         table: String,
+        /// The version recorded in the database.
         found: i32,
+        /// The newest version this build's migrations reach.
         expected: i32,
     },
     /// The schema is newer than this build knows: an older binary against a newer database.
     #[error("the outbox table {table} is at schema version {found}, newer than this build knows ({expected}): upgrade txoutbox")]
     SchemaTooNew {
+        /// The outbox table as `schema.table`.
         table: String,
+        /// The version recorded in the database.
         found: i32,
+        /// The newest version this build's migrations reach.
         expected: i32,
     },
     /// Relays of both modes on one table would break the ordering guarantee.
     #[error("relay {other} runs in {other_mode} mode on {table}; all relays of one table must use the same --mode (stop it, or start this one with --mode {other_mode})")]
     ModeConflict {
+        /// The outbox table as `schema.table`.
         table: String,
+        /// The relay id of a live relay of the other mode.
         other: String,
+        /// That relay's mode: `ordered` or `unordered`.
         other_mode: String,
     },
     /// SQLite: another relay holds the database file's relay lease.
     #[error("relay {other} already runs on {table} (SQLite: one relay per database file); stop it, or wait until its lease runs out ({remaining_secs:.0}s) if it died")]
     RelayRunning {
+        /// The outbox table as `schema.table`.
         table: String,
+        /// The relay id that holds the lease.
         other: String,
+        /// Seconds until that lease runs out if it is not renewed.
         remaining_secs: f64,
     },
     /// Another live process already runs a relay with this id.
     #[error("relay id {relay_id} is held by another live process on {table}; give each relay process its own --relay-id (or leave it unset), or wait until the other one's lease runs out ({remaining_secs:.0}s) if it died")]
     RelayIdInUse {
+        /// The outbox table as `schema.table`.
         table: String,
+        /// The relay id asked for.
         relay_id: String,
+        /// Seconds until the other process's lease on the id runs out if it is not renewed.
         remaining_secs: f64,
     },
     /// A claim given back to a store that did not make it (its fence is of another kind).
@@ -50,8 +68,11 @@ pub enum Error {
     /// Something this database does not do (e.g. schemas on SQLite).
     #[error("{0}")]
     Unsupported(String),
+    /// A schema or table name from configuration is not a valid identifier.
     #[error(transparent)]
     Ident(#[from] IdentError),
+    /// An event's payload or headers could not be serialised to JSON text (MySQL and SQLite
+    /// store them as text).
     #[error("event payload is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
     /// A relay task panicked or was aborted.

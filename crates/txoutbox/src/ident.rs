@@ -16,8 +16,11 @@ pub struct Ident(String);
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("invalid {what} {value:?}: {reason}")]
 pub struct IdentError {
+    /// What the identifier was for (e.g. `schema`, `table`).
     pub what: &'static str,
+    /// The refused value, as given.
     pub value: String,
+    /// Which rule it broke.
     pub reason: String,
 }
 
@@ -49,6 +52,7 @@ impl Ident {
         Ok(Self(value.to_string()))
     }
 
+    /// The identifier unquoted, as validated.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -8,8 +8,11 @@ use rand::Rng;
 /// "equal jitter" (a random point in the upper half), so a burst of failures spreads out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
+    /// The delay after the first failure (default 1 s).
     pub base: Duration,
+    /// The longest delay, whatever the number of failures (default 60 s).
     pub max: Duration,
+    /// Randomise each delay within the upper half of its ceiling (default on).
     pub jitter: bool,
 }
 

@@ -27,9 +27,13 @@ impl OutboxTable {
         })
     }
 
+    /// The schema: a PostgreSQL schema, a MySQL database (`public`: the connection's own); SQLite
+    /// has none and accepts only `public` or `main`.
     pub fn schema(&self) -> &Ident {
         &self.schema
     }
+    /// The table's name, at most [`MAX_TABLE_LEN`] bytes; the
+    /// outbox's other objects are named after it.
     pub fn table(&self) -> &Ident {
         &self.table
     }

@@ -11,21 +11,29 @@ use crate::event::OutboxEvent;
 /// dedup field (`Nats-Msg-Id`, AMQP `message_id`, a Kafka header), the rest onto headers.
 #[derive(Debug, Clone)]
 pub struct Message {
+    /// The event's id: the broker's dedup id.
     pub id: Uuid,
+    /// The event's position in the outbox's insert order.
     pub seq: i64,
+    /// The kind of entity the event is about.
     pub aggregate_type: String,
+    /// Which entity of that type.
     pub aggregate_id: String,
+    /// What happened.
     pub event_type: String,
     /// The payload as JSON bytes: the message body.
     pub body: Vec<u8>,
     /// User headers (e.g. `traceparent`).
     pub headers: BTreeMap<String, String>,
+    /// When the event was enqueued (the database's clock).
     pub created_at: DateTime<Utc>,
     /// Which delivery attempt this is, starting at 1.
     pub attempt: i32,
 }
 
 impl Message {
+    /// The message for `event`'s next delivery attempt. A payload that does not serialise gives an
+    /// empty body.
     pub fn from_event(event: &OutboxEvent) -> Self {
         Self {
             id: event.id,

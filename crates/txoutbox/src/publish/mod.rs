@@ -136,6 +136,7 @@ pub struct PublishError {
 }
 
 impl PublishError {
+    /// A failure of `kind`, with no source and no retry-after hint.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
@@ -144,12 +145,16 @@ impl PublishError {
             retry_after: None,
         }
     }
+    /// Retry with backoff; counts towards `max_attempts` ([`ErrorKind::Transient`]).
     pub fn transient(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Transient, message)
     }
+    /// The broker cannot be reached: retry with backoff, never dead-letter for it
+    /// ([`ErrorKind::Unavailable`]).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unavailable, message)
     }
+    /// Can never succeed as it is: dead-letter now ([`ErrorKind::Permanent`]).
     pub fn permanent(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Permanent, message)
     }
@@ -158,6 +163,7 @@ impl PublishError {
         self.source = Some(Box::new(source));
         self
     }
+    /// What the relay does next: retry, retry without counting the attempt, or dead-letter.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -166,11 +172,12 @@ impl PublishError {
         self.retry_after = Some(after);
         self
     }
-    /// How long the broker asked us to wait before the next attempt, if it said so. (The
-    /// relay does not use this yet: it backs off by its own schedule.)
+    /// How long the broker asked us to wait before the next attempt, if it said so. The relay
+    /// honours it, capped at the longest backoff, where it is longer than its own delay.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
+    /// Is the kind [`ErrorKind::Permanent`] (the event is dead-lettered at once)?
     pub fn is_permanent(&self) -> bool {
         self.kind == ErrorKind::Permanent
     }
@@ -194,19 +201,45 @@ impl PublishError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// The URL does not parse, or lacks what its scheme needs (e.g. a host).
     #[error("publisher URL {url:?} is not a valid URL: {reason}")]
-    BadUrl { url: String, reason: String },
+    BadUrl {
+        /// The URL with its secrets redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No publisher has this scheme.
     #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, stdout, file, null)")]
-    UnknownScheme { scheme: String },
+    UnknownScheme {
+        /// The URL's scheme, as given.
+        scheme: String,
+    },
+    /// The scheme's publisher was compiled out of this build.
     #[error("publisher scheme `{scheme}` needs the cargo feature `{feature}`, which this build does not include")]
     FeatureNotEnabled {
+        /// The URL's scheme.
         scheme: String,
+        /// The cargo feature of txoutbox that adds it (e.g. `kafka`).
         feature: &'static str,
     },
+    /// A query parameter has a value this publisher cannot use.
     #[error("publisher URL parameter `{name}`: {reason}")]
-    BadParam { name: String, reason: String },
+    BadParam {
+        /// The parameter's name.
+        name: String,
+        /// What is wrong with its value, and what is accepted.
+        reason: String,
+    },
+    /// A query parameter this publisher does not know (a typo must not be ignored).
     #[error("publisher URL has unknown parameter `{name}` (known: {known})")]
-    UnknownParam { name: String, known: String },
+    UnknownParam {
+        /// The parameter's name, as given.
+        name: String,
+        /// The parameters this scheme accepts, comma-separated (`none` if it takes none).
+        known: String,
+    },
+    /// A destination template in the URL does not parse.
     #[error(transparent)]
     Template(#[from] TemplateError),
 }
@@ -280,8 +313,10 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
 /// Why [`connect`] failed: the URL itself, or reaching the broker.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    /// The URL is unusable; retrying will not help.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The broker could not be reached or refused the connection.
     #[error(transparent)]
     Publish(#[from] PublishError),
 }

@@ -20,6 +20,8 @@ enum Part {
     Id,
 }
 
+/// A destination template was refused: an unknown placeholder, an unbalanced brace, or an empty
+/// template. The message quotes the template.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[error("template {template:?}: {reason}")]
 pub struct TemplateError {
@@ -28,6 +30,7 @@ pub struct TemplateError {
 }
 
 impl Template {
+    /// Parse and check `source`; every error is found here, so rendering cannot fail.
     pub fn parse(source: &str) -> Result<Self, TemplateError> {
         let err = |reason: String| TemplateError {
             template: source.to_string(),
@@ -74,6 +77,7 @@ impl Template {
         })
     }
 
+    /// The template as it was written.
     pub fn as_str(&self) -> &str {
         &self.source
     }

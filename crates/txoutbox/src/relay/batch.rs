@@ -18,9 +18,13 @@ use crate::store::{Claim, ClaimParams, Failure, ReleaseParams, SettleParams};
 /// What one cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchReport {
+    /// Events the claim returned.
     pub claimed: usize,
+    /// Events the broker acknowledged.
     pub published: usize,
+    /// Events whose publish failed (dead letters included).
     pub failed: usize,
+    /// Of the failed ones, how many were dead-lettered.
     pub dead: usize,
     /// Claimed but given back unattempted (shutdown, lease running out, ack outstanding).
     pub released: usize,

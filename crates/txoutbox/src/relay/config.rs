@@ -19,6 +19,7 @@ pub struct RelayConfig {
     pub lease: Duration,
     /// Failed attempts (transient errors) before an event is dead-lettered.
     pub max_attempts: u32,
+    /// Delay before an event is retried after a failure (default 1 s doubling to 60 s, jittered).
     pub backoff: Backoff,
     /// On shutdown, how long to wait for in-flight acknowledgements before giving up on them
     /// (they are released and will be redelivered).

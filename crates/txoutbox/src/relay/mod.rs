@@ -56,10 +56,15 @@ pub struct Relay {
 /// Totals over a relay's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayStats {
+    /// Claim -> publish -> settle cycles finished.
     pub batches: u64,
+    /// Events acknowledged by the broker.
     pub published: u64,
+    /// Failed publishes (dead letters included).
     pub failed: u64,
+    /// Events dead-lettered.
     pub dead: u64,
+    /// Events claimed and given back unattempted.
     pub released: u64,
 }
 
@@ -76,15 +81,21 @@ impl RelayStats {
 /// Why the relay stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    /// A [`RelayConfig`] value is out of range (checked when the relay starts).
     #[error("invalid relay setting: {0}")]
     Config(#[from] InvalidSetting),
+    /// A store error that is not transient (transient ones are retried with backoff), or a
+    /// membership conflict a heartbeat found (e.g. another process holds the relay id).
     #[error(transparent)]
     Store(#[from] Error),
+    /// A relay task panicked or was aborted.
     #[error("relay task panicked or was aborted: {0}")]
     Join(String),
 }
 
 impl Relay {
+    /// A relay over `store` and `publisher`. The config is validated when [`Relay::run`] starts,
+    /// not here.
     pub fn new(store: impl Store, publisher: Box<dyn Publisher>, config: RelayConfig) -> Self {
         Self {
             store: Arc::new(store),
@@ -97,6 +108,7 @@ impl Relay {
         }
     }
 
+    /// The settings this relay was built with.
     pub fn config(&self) -> &RelayConfig {
         &self.config
     }

@@ -36,11 +36,16 @@ use crate::OutboxEvent;
 /// Claim up to `limit` available events, leasing them to `relay_id` under `token`.
 #[derive(Debug, Clone)]
 pub struct ClaimParams<'a> {
+    /// The claiming relay's id, written to `locked_by` (row leases) or checked against partition
+    /// ownership (ordered PostgreSQL claims).
     pub relay_id: &'a str,
     /// Per-claim fencing token for row leases: only a settle that presents it takes effect.
     pub token: Uuid,
+    /// At most this many events.
     pub limit: usize,
+    /// How long the claimed events stay leased; after it another relay may claim them.
     pub lease: Duration,
+    /// The relay's mode: which events are claimable.
     pub ordering: Ordering,
     /// This relay's claims not yet settled or released. An ordered claim that leases no rows
     /// (PostgreSQL's: it holds events by partition ownership) skips their aggregates, so the
@@ -58,6 +63,7 @@ pub struct ClaimParams<'a> {
 pub struct Claim {
     /// In claim order (`seq`); empty when nothing was claimable.
     pub events: Vec<OutboxEvent>,
+    /// What the settle and release of this claim must present.
     pub fence: Fence,
     /// Publishing must stop before this instant (this process's clock, taken before the claim
     /// was sent, so never later than the database's): after it another relay may hold these
@@ -71,7 +77,10 @@ pub struct Claim {
 pub enum Fence {
     /// The rows are leased under this token (`lock_token`); a settle presenting another token,
     /// or after the lease passed to another relay, changes nothing.
-    Lease { token: Uuid },
+    Lease {
+        /// The token the claim wrote to `lock_token`.
+        token: Uuid,
+    },
     /// PostgreSQL's ordered claims lease no rows: the relay holds the events because it owns
     /// their partitions, and a settle takes effect only while it still owns each of them at
     /// the epoch it owned it at when claiming.
@@ -81,9 +90,11 @@ pub enum Fence {
 /// The fence of an ordered claim held by partition ownership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionFence {
+    /// The claiming relay.
     pub relay_id: String,
     /// The partitions the claim came from, ascending, and their ownership epochs.
     pub partitions: Vec<i32>,
+    /// The ownership epoch of each partition in `partitions`, index for index.
     pub epochs: Vec<i64>,
     /// The claim's aggregate hashes (`partition_key`), ascending, without repeats: the next
     /// ordered claim skips them while this one is in flight.
@@ -130,6 +141,7 @@ pub enum Ordering {
 }
 
 impl Ordering {
+    /// Is this one of the per-aggregate modes (`Ordered`, `OrderedHold`)?
     pub fn is_ordered(self) -> bool {
         !matches!(self, Ordering::Unordered)
     }
@@ -146,10 +158,13 @@ impl Ordering {
 /// A relay's heartbeat: keep its partitions, and take or give up some to share them fairly.
 #[derive(Debug, Clone)]
 pub struct RebalanceParams<'a> {
+    /// The relay sending the heartbeat.
     pub relay_id: &'a str,
     /// This process's own random id (one per [`crate::relay::Relay`]): a relay id that a live
     /// process with another instance holds is refused ([`Error::RelayIdInUse`]).
     pub instance: Uuid,
+    /// The relay's mode; relays of another mode on the table make this fail with
+    /// [`Error::ModeConflict`].
     pub ordering: Ordering,
     /// How long partitions (and the relay's liveness) last without a heartbeat.
     pub lease: Duration,
@@ -169,25 +184,36 @@ pub struct Membership {
     pub owned: Vec<i32>,
     /// The fair share it aims at.
     pub target: usize,
+    /// Partitions taken by this heartbeat, ascending.
     pub acquired: Vec<i32>,
+    /// Partitions given up by this heartbeat.
     pub released: Vec<i32>,
 }
 
 /// A relay as `txoutbox status` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RelayInfo {
+    /// The relay's id (`--relay-id`).
     pub relay_id: String,
+    /// `ordered` or `unordered` (see [`Ordering::mode_name`]).
     pub mode: String,
+    /// When the relay registered (the database's clock).
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Its last heartbeat.
     pub heartbeat_at: chrono::DateTime<chrono::Utc>,
+    /// Has it sent a heartbeat within its lease? A dead relay stays listed for a while, then is
+    /// removed.
     pub alive: bool,
+    /// Partitions it owns, ascending (empty for an unordered relay, and always on SQLite).
     pub partitions: Vec<i32>,
 }
 
 /// One failed event and what to do with it.
 #[derive(Debug, Clone)]
 pub struct Failure {
+    /// The event that failed.
     pub id: Uuid,
+    /// The error chain, secrets redacted; stored as the event's `last_error`.
     pub error: String,
     /// When it may be claimed again.
     pub retry_in: Duration,
@@ -200,21 +226,27 @@ pub struct Failure {
 /// Report the outcome of a claim: published ids and failures.
 #[derive(Debug, Clone)]
 pub struct SettleParams<'a> {
+    /// The claim being settled; its fence decides whether the settle takes effect.
     pub claim: &'a Claim,
+    /// Events the broker acknowledged: marked published (or deleted, with `Retention::Delete`).
     pub published: &'a [Uuid],
+    /// Events that failed: backed off or dead-lettered.
     pub failed: &'a [Failure],
 }
 
 /// How many rows a settle changed (fewer than asked: the lease was lost to another relay).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SettleOutcome {
+    /// Published events that were marked (or deleted).
     pub published: u64,
+    /// Failed events that were backed off or dead-lettered.
     pub failed: u64,
 }
 
 /// Wait for work a relay can take.
 #[derive(Debug, Clone, Copy)]
 pub struct WaitParams<'a> {
+    /// The waiting relay.
     pub relay_id: &'a str,
     /// The relay's mode: an ordered relay waits only for events in its own partitions that
     /// no earlier event of their aggregate holds back.
@@ -227,14 +259,19 @@ pub struct WaitParams<'a> {
 /// found another process holding its relay id) never strips the holder.
 #[derive(Debug, Clone, Copy)]
 pub struct DeregisterParams<'a> {
+    /// The leaving relay.
     pub relay_id: &'a str,
+    /// The leaving process's instance (as in [`RebalanceParams::instance`]); a relay id held by
+    /// another instance is left alone.
     pub instance: Uuid,
 }
 
 /// Give events back unattempted (shutdown, or lease about to run out before sending).
 #[derive(Debug, Clone)]
 pub struct ReleaseParams<'a> {
+    /// The claim the events came from; its fence decides whether the release takes effect.
     pub claim: &'a Claim,
+    /// The events to give back (a subset of the claim's).
     pub ids: &'a [Uuid],
 }
 
@@ -286,6 +323,7 @@ pub trait Store: Send + Sync + 'static {
     /// Forget the relay: release its events and partitions, remove it from the live relays,
     /// and stop writers notifying for it. Does nothing while another instance holds the id.
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error>;
+    /// How many events are in each state, and the oldest pending one's age.
     async fn counts(&self) -> Result<Counts, Error>;
 }
 
@@ -324,6 +362,9 @@ impl<S: Store + ?Sized> Store for Box<S> {
 pub enum Wake {
     /// Work was already claimable; no sleep.
     Ready,
+    /// A writer's wake-up arrived (LISTEN/NOTIFY on PostgreSQL; an in-process wake-up on MySQL
+    /// and SQLite).
     Notified,
+    /// `max` passed, or the earliest backed-off event this relay can claim became due.
     Timeout,
 }

@@ -37,17 +37,29 @@ const POLL: Duration = Duration::from_millis(20);
 /// One outbox row as the checks look at it, whatever the database stores it as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowState {
+    /// The event's id.
     pub id: Uuid,
+    /// Its insert order.
     pub seq: i64,
+    /// Its event type.
     pub event_type: String,
+    /// Failed attempts so far.
     pub attempts: i32,
+    /// Of those, failures because the broker was unavailable.
     pub attempts_unavailable: i32,
+    /// Not claimable before this.
     pub available_at: DateTime<Utc>,
+    /// The relay id of the row lease, if any.
     pub locked_by: Option<String>,
+    /// The row lease's end, if any.
     pub locked_until: Option<DateTime<Utc>>,
+    /// The row lease's fencing token, if any.
     pub lock_token: Option<Uuid>,
+    /// The last failure's error, if any.
     pub last_error: Option<String>,
+    /// When it was published, if it was.
     pub processed_at: Option<DateTime<Utc>>,
+    /// When it was dead-lettered, if it was.
     pub dead_at: Option<DateTime<Utc>>,
     /// The database's clock when the row was read.
     pub db_now: DateTime<Utc>,
@@ -66,6 +78,7 @@ impl RowState {
 /// A row written by [`Harness::insert_malformed`].
 #[derive(Debug, Clone)]
 pub struct Malformed {
+    /// The row's `seq`.
     pub seq: i64,
     /// What was done to it, for assertion messages.
     pub what: &'static str,
@@ -79,12 +92,17 @@ pub struct Malformed {
 /// A row read without decoding anything that a malformed row could break.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawRow {
+    /// The row's `seq`.
     pub seq: i64,
     /// The id as text (it may not be a UUID).
     pub id: String,
+    /// `dead_at` is set.
     pub dead: bool,
+    /// `processed_at` is set.
     pub processed: bool,
+    /// `locked_until` is in the future (by the database's clock).
     pub leased: bool,
+    /// The row's `last_error`.
     pub last_error: Option<String>,
 }
 
@@ -92,6 +110,7 @@ pub struct RawRow {
 /// database or a file), removed by [`Harness::cleanup`].
 #[async_trait::async_trait(?Send)]
 pub trait Harness: Send + Sync + Sized + 'static {
+    /// The backend's store, with its operator side.
     type Store: Operator;
     /// A new outbox, migrated.
     async fn new() -> Self;

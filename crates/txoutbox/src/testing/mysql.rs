@@ -14,6 +14,7 @@ use crate::store::mysql::{MySqlStore, Wakeup};
 use crate::store::Retention;
 use crate::{migrate, NewEvent, Outbox, OutboxTable};
 
+/// The server the MySQL harness uses: `MYSQL_URL`, or `mysql://root@127.0.0.1:3306/test`.
 pub fn mysql_url() -> String {
     std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
@@ -45,9 +46,14 @@ async fn drop_database(database: &str) {
     admin.close().await;
 }
 
+/// A fresh MySQL/MariaDB database per test (`txo_conf_<random>`), migrated; dropped by
+/// [`Harness::cleanup`], or on drop if the test panicked first.
 pub struct MySqlHarness {
+    /// A pool on the test's database.
     pub pool: MySqlPool,
+    /// The test's database name.
     pub database: String,
+    /// The outbox table (the default name, in the test's database).
     pub table: OutboxTable,
     cleaned: bool,
 }

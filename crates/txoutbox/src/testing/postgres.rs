@@ -13,6 +13,8 @@ use crate::store::postgres::{relay_connect_options, PgStore};
 use crate::store::Retention;
 use crate::{migrate, NewEvent, Outbox, OutboxTable};
 
+/// The server the PostgreSQL harness uses: `DATABASE_URL`, or
+/// `postgres://postgres@127.0.0.1:5432/test`.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
@@ -29,9 +31,14 @@ async fn pool(max: u32) -> PgPool {
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", database_url()))
 }
 
+/// A fresh PostgreSQL schema per test (`txo_conf_<random>`), migrated; dropped by
+/// [`Harness::cleanup`], or on drop if the test panicked first.
 pub struct PgHarness {
+    /// A pool on the server, with the relay's connection options.
     pub pool: PgPool,
+    /// The test's schema name.
     pub schema: String,
+    /// `outbox_events` in the test's schema.
     pub table: OutboxTable,
     cleaned: bool,
 }

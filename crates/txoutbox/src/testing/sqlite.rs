@@ -12,10 +12,16 @@ use crate::store::sqlite::{connect, SqliteStore, Wakeup};
 use crate::store::Retention;
 use crate::{migrate, NewEvent, Outbox, OutboxTable};
 
+/// A fresh SQLite database file per test in the temporary directory, migrated; removed (with
+/// its `-wal` and `-shm` files) by [`Harness::cleanup`], or on drop if the test panicked first.
 pub struct SqliteHarness {
+    /// The database file.
     pub path: PathBuf,
+    /// `sqlite://` and the file's path.
     pub url: String,
+    /// A pool on the file, opened as the store opens it.
     pub pool: SqlitePool,
+    /// The outbox table (the default name).
     pub table: OutboxTable,
     cleaned: bool,
 }

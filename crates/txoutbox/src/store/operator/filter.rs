@@ -15,10 +15,15 @@ pub const DEFAULT_PAGE: i64 = 100;
 /// Which events an operator query acts on. Every field narrows the set; none means "all".
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EventFilter {
+    /// Only events in this state (as [`OutboxEvent::state`] computes it).
     pub state: Option<EventState>,
+    /// Only the event with this id.
     pub id: Option<Uuid>,
+    /// Only events of this `event_type` (exact match).
     pub event_type: Option<String>,
+    /// Only events of this `aggregate_type` (exact match).
     pub aggregate_type: Option<String>,
+    /// Only events of this `aggregate_id` (exact match).
     pub aggregate_id: Option<String>,
     /// `created_at >= created_after`
     pub created_after: Option<DateTime<Utc>>,
@@ -29,7 +34,9 @@ pub struct EventFilter {
 /// Keyset pagination on `seq`: events with `seq > after_seq`, at most `limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Page {
+    /// Start after this `seq` (the previous page's `next_after_seq`); `None`: from the start.
     pub after_seq: Option<i64>,
+    /// At most this many events: 1 to [`MAX_PAGE`] when parsed; default [`DEFAULT_PAGE`].
     pub limit: i64,
 }
 
@@ -45,6 +52,7 @@ impl Default for Page {
 /// One page of events, in `seq` order, and the cursor for the next page.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct EventPage {
+    /// At most `limit` events, in `seq` order.
     pub events: Vec<OutboxEvent>,
     /// Pass as `after_seq` to get the next page; `None` when this page is the last.
     pub next_after_seq: Option<i64>,
@@ -54,10 +62,22 @@ pub struct EventPage {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FilterError {
+    /// A known filter or page parameter with a value that cannot be used.
     #[error("filter `{name}`: {reason}")]
-    Invalid { name: String, reason: String },
+    Invalid {
+        /// The parameter's name.
+        name: String,
+        /// What is wrong with the value, and what is accepted.
+        reason: String,
+    },
+    /// A parameter name that is not a filter (a typo must not widen the query to every event).
     #[error("unknown filter `{name}` (known: {known})")]
-    Unknown { name: String, known: &'static str },
+    Unknown {
+        /// The parameter's name, as given.
+        name: String,
+        /// The names accepted: [`FILTER_PARAMS`].
+        known: &'static str,
+    },
 }
 
 impl FilterError {

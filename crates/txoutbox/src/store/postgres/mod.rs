@@ -95,10 +95,13 @@ pub struct PgStore {
 }
 
 impl PgStore {
+    /// A store on `table` that keeps published events ([`Retention::Mark`]). Nothing is checked
+    /// here; see [`PgStore::check_schema`].
     pub fn new(pool: PgPool, table: OutboxTable) -> Self {
         Self::with_retention(pool, table, Retention::Mark)
     }
 
+    /// A store on `table` with the given retention for published events.
     pub fn with_retention(pool: PgPool, table: OutboxTable, retention: Retention) -> Self {
         Self {
             q: Queries::new(&table, retention),
@@ -115,9 +118,11 @@ impl PgStore {
         }
     }
 
+    /// The pool the store runs its statements on.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+    /// The schema and table the store works on.
     pub fn table(&self) -> &OutboxTable {
         &self.table
     }
