@@ -32,6 +32,7 @@
 //! [`relay::OnDeadLetter`], for command lines that take them).
 //! `stdout:`, `file:` and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod enqueue;

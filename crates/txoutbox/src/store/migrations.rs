@@ -140,7 +140,7 @@ pub(crate) fn assert_rendered(
 /// The schema version this build needs.
 pub const SCHEMA_VERSION: i32 = 3;
 
-/// What [`migrate`] did.
+/// What [`crate::migrate()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrateReport {
     /// Versions applied by this call, in order (empty when already up to date).

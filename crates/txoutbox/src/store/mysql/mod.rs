@@ -82,10 +82,13 @@ fn marks(n: usize) -> String {
 }
 
 impl MySqlStore {
+    /// A store on `table` that keeps published events ([`Retention::Mark`]). `wakeup` wakes
+    /// the relay when this process's writers enqueue (give the same one to their `Outbox`).
     pub fn new(pool: MySqlPool, table: OutboxTable, wakeup: Wakeup) -> Self {
         Self::with_retention(pool, table, wakeup, Retention::Mark)
     }
 
+    /// A store on `table` with the given retention for published events.
     pub fn with_retention(
         pool: MySqlPool,
         table: OutboxTable,
@@ -102,9 +105,11 @@ impl MySqlStore {
         }
     }
 
+    /// The pool the store runs its statements on.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
+    /// The database (`schema`) and table the store works on.
     pub fn table(&self) -> &OutboxTable {
         &self.table
     }
@@ -117,10 +122,12 @@ impl MySqlStore {
         db_error(&self.table, e)
     }
 
+    /// Fail with "run `txoutbox migrate`" unless the schema is in place at this build's version.
     pub async fn check_schema(&self) -> Result<(), Error> {
         schema::check_schema(&self.pool, &self.table).await
     }
 
+    /// The relays registered on the table, with the partitions each owns.
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
         partitions::relays(&self.pool, &self.table).await
     }

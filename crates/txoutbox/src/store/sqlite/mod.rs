@@ -66,6 +66,7 @@ impl SqliteStore {
         Self::with_retention(pool, table, wakeup, Retention::Mark)
     }
 
+    /// A store with the given retention for published events.
     pub fn with_retention(
         pool: SqlitePool,
         table: OutboxTable,
@@ -94,12 +95,15 @@ impl SqliteStore {
         Ok(Self::with_retention(pool, table, wakeup, retention))
     }
 
+    /// The pool the store runs its statements on; its commits wake this relay.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+    /// The table the store works on (SQLite has no schemas: always the `main` file).
     pub fn table(&self) -> &OutboxTable {
         &self.table
     }
+    /// The wake-up the pool's commit hooks fire (see [`connect`]).
     pub fn wakeup(&self) -> &Wakeup {
         &self.wakeup
     }
