@@ -129,7 +129,7 @@ impl PgStore {
 
     /// Fail with "run `txoutbox migrate`" unless the schema is in place.
     pub async fn check_schema(&self) -> Result<(), Error> {
-        crate::migrate::check_schema(&self.pool, &self.table).await
+        schema::check_schema(&self.pool, &self.table).await
     }
 
     /// How many partitions the aggregate-hash space has (fixed by the migrations; read once).
