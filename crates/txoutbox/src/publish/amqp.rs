@@ -33,7 +33,9 @@
 //! lapin does not reconnect by itself: a closed channel is reopened (and a dead connection
 //! re-established) on the next `send`.
 
+mod properties;
 mod returns;
+mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,28 +48,15 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
+use properties::{judge_confirmation, map_confirm_error, properties, unroutable};
+use settings::Settings;
+
 use super::tls::TlsFiles;
 use super::url::PublisherUrl;
 use super::{
     Ack, ConfigError, ConnectError, ErrorKind, Message, PublishError, Publisher, Template,
 };
 
-const PARAMS: &[&str] = &[
-    "exchange",
-    "routing_key",
-    "exchange_type",
-    "declare",
-    "confirm_timeout",
-    "connect_timeout",
-    "bind_queue",
-    "bind_key",
-    "unroutable",
-    "cloudevents",
-    "ce_source",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-];
 /// AMQP short strings (exchange, routing key, message id, type, header names) hold at most
 /// this many bytes.
 pub const MAX_SHORTSTR: usize = 255;
@@ -97,182 +86,6 @@ struct Link {
     channel: Channel,
     /// Confirms and returns of this channel (see `returns`).
     returns: Arc<returns::Returns>,
-}
-
-struct Settings {
-    /// The URL without query parameters; holds the password, never print it.
-    uri: String,
-    exchange: String,
-    exchange_kind: ExchangeKind,
-    routing_key: Template,
-    declare: bool,
-    /// Declare this durable queue and bind it to the exchange (simple setups, benchmarks).
-    bind_queue: Option<(String, String)>,
-    /// `cloudevents=true`: CloudEvents AMQP binding (`cloudEvents:`-prefixed headers).
-    cloudevents: Option<super::cloudevents::CloudEvents>,
-    confirm_timeout: Duration,
-    connect_timeout: Duration,
-    /// The kind of error for a message no queue takes (unroutable, or a missing exchange).
-    unroutable: ErrorKind,
-    /// `amqps://` with `tls_ca`: the CA certificates (PEM) to verify the broker with.
-    tls_ca: Option<String>,
-    /// `amqps://` with `tls_cert` and `tls_key`: the client certificate and its key.
-    tls_identity: Option<ClientIdentity>,
-}
-
-/// A client certificate chain and its private key (PEM), checked to belong together. No
-/// `Debug`: it holds the key.
-struct ClientIdentity {
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
-}
-
-impl Settings {
-    fn from_url(url: &PublisherUrl) -> Result<Self, ConfigError> {
-        url.only_params(PARAMS)?;
-        let exchange = url.param("exchange").unwrap_or("outbox").to_string();
-        validate_exchange_name(&exchange).map_err(|reason| ConfigError::BadParam {
-            name: "exchange".into(),
-            reason,
-        })?;
-        let routing_key = Template::parse(url.param("routing_key").unwrap_or("{event_type}"))?;
-        let exchange_kind = match url.param("exchange_type").unwrap_or("topic") {
-            "topic" => ExchangeKind::Topic,
-            "direct" => ExchangeKind::Direct,
-            "fanout" => ExchangeKind::Fanout,
-            "headers" => ExchangeKind::Headers,
-            other if !other.is_empty() && other.len() <= MAX_SHORTSTR => {
-                ExchangeKind::Custom(other.to_string())
-            }
-            other => {
-                return Err(ConfigError::BadParam {
-                    name: "exchange_type".into(),
-                    reason: format!("{other:?} is not an exchange type"),
-                })
-            }
-        };
-        let declare = url.bool_param("declare", true)?;
-        let bind_queue = match url.param("bind_queue") {
-            None => None,
-            Some(q) => {
-                validate_exchange_name(q).map_err(|reason| ConfigError::BadParam {
-                    name: "bind_queue".into(),
-                    reason: reason.replace("exchange", "queue"),
-                })?;
-                if q.is_empty() || exchange.is_empty() {
-                    return Err(ConfigError::BadParam {
-                        name: "bind_queue".into(),
-                        reason: "needs a queue name and a named exchange".into(),
-                    });
-                }
-                Some((
-                    q.to_string(),
-                    url.param("bind_key").unwrap_or("#").to_string(),
-                ))
-            }
-        };
-        let confirm_timeout = url.duration_param("confirm_timeout", Duration::from_secs(10))?;
-        let connect_timeout = url.duration_param("connect_timeout", Duration::from_secs(10))?;
-        let unroutable = url.choice_param(
-            "unroutable",
-            &[
-                ("unavailable", ErrorKind::Unavailable),
-                ("transient", ErrorKind::Transient),
-                ("permanent", ErrorKind::Permanent),
-            ],
-            ErrorKind::Unavailable,
-        )?;
-        if url.url().host_str().unwrap_or_default().is_empty() {
-            return Err(ConfigError::BadUrl {
-                url: url.redacted(),
-                reason: "amqp:// needs a host, e.g. amqp://guest:guest@127.0.0.1:5672/%2f".into(),
-            });
-        }
-        let tls = TlsFiles::from_url(url, url.scheme() == "amqps", "amqps://")?;
-        let (tls_ca, tls_client) = match tls {
-            Some(t) => (t.ca, t.client),
-            None => (None, None),
-        };
-        let tls_identity = match tls_client {
-            Some((cert_pem, key_pem)) => Some(ClientIdentity::check(cert_pem, key_pem)?),
-            None => None,
-        };
-        let tls_ca = match tls_ca {
-            Some(pem) => Some(String::from_utf8(pem).map_err(|_| ConfigError::BadParam {
-                name: "tls_ca".into(),
-                reason: "not a UTF-8 PEM file".into(),
-            })?),
-            None => None,
-        };
-        Ok(Self {
-            tls_ca,
-            tls_identity,
-            uri: url.base().to_string(),
-            exchange,
-            exchange_kind,
-            routing_key,
-            declare,
-            bind_queue,
-            cloudevents: super::cloudevents::CloudEvents::from_url(url)?,
-            confirm_timeout,
-            connect_timeout,
-            unroutable,
-        })
-    }
-
-    /// Should we declare the exchange? Never the default exchange or the reserved `amq.*`.
-    fn declares(&self) -> bool {
-        self.declare && !self.exchange.is_empty() && !self.exchange.starts_with("amq.")
-    }
-}
-
-impl ClientIdentity {
-    /// Check that `key_pem` holds a private key rustls can sign with (PKCS#8, PKCS#1 or SEC1)
-    /// for the first certificate of `cert_pem`, as the TLS handshake will need. The errors name
-    /// the parameter, never the content.
-    fn check(cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Result<Self, ConfigError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let bad = |name: &str, reason: String| ConfigError::BadParam {
-            name: name.into(),
-            reason,
-        };
-        let chain = CertificateDer::pem_slice_iter(&cert_pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| bad("tls_cert", "is not a PEM certificate chain".into()))?;
-        if chain.is_empty() {
-            return Err(bad("tls_cert", "holds no certificate".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| {
-            bad(
-                "tls_key",
-                "holds no PEM private key (PKCS#8 `BEGIN PRIVATE KEY`, PKCS#1 \
-                 `BEGIN RSA PRIVATE KEY` or SEC1 `BEGIN EC PRIVATE KEY`)"
-                    .into(),
-            )
-        })?;
-        // The provider lapin's rustls connector will use: the process's default if one is
-        // installed, else ring (lapin is built with `rustls--ring`).
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        match rustls::sign::CertifiedKey::from_der(chain, key, &provider) {
-            Ok(_) => Ok(Self { cert_pem, key_pem }),
-            // rustls's errors describe the problem, never the bytes.
-            Err(rustls::Error::InconsistentKeys(_)) => Err(bad(
-                "tls_key",
-                "is not the private key of the (first) certificate in tls_cert".into(),
-            )),
-            Err(rustls::Error::InvalidCertificate(e)) => Err(bad(
-                "tls_cert",
-                format!("holds a certificate that does not parse ({e})"),
-            )),
-            Err(e) => Err(bad(
-                "tls_key",
-                format!("is not a usable RSA, ECDSA or Ed25519 private key ({e})"),
-            )),
-        }
-    }
 }
 
 impl AmqpPublisher {
@@ -617,187 +430,11 @@ impl Publisher for AmqpPublisher {
     }
 }
 
-/// The AMQP properties of one message: persistent, JSON, with id, type, timestamp and the
-/// contract and user headers. Refuses what AMQP cannot carry.
-fn properties(
-    m: &Message,
-    routing_key: &str,
-    cloudevents: Option<&super::cloudevents::CloudEvents>,
-) -> Result<BasicProperties, PublishError> {
-    let too_long = |what: &str, len: usize| {
-        PublishError::permanent(format!(
-            "event {}: {what} is {len} bytes long; AMQP allows at most {MAX_SHORTSTR}",
-            m.id
-        ))
-    };
-    if routing_key.len() > MAX_SHORTSTR {
-        return Err(too_long("routing key", routing_key.len()));
-    }
-    if m.event_type.len() > MAX_SHORTSTR {
-        return Err(too_long(
-            "event type (the AMQP `type` property)",
-            m.event_type.len(),
-        ));
-    }
-    let contract = m.contract_headers();
-    let mut headers = FieldTable::default();
-    for (name, value) in &contract {
-        headers.insert(
-            ShortString::from(*name),
-            AMQPValue::LongString(LongString::from(value.as_str())),
-        );
-    }
-    for (name, value) in &m.headers {
-        if contract.iter().any(|(c, _)| name.eq_ignore_ascii_case(c)) {
-            tracing::debug!(event = %m.id, header = %name, "user header shadows a contract header; dropped");
-            continue;
-        }
-        if name.is_empty() {
-            return Err(PublishError::permanent(format!(
-                "event {}: a header with an empty name cannot be carried by AMQP",
-                m.id
-            )));
-        }
-        if name.len() > MAX_SHORTSTR {
-            return Err(too_long(
-                &format!("header name {:?}…", truncate(name, 32)),
-                name.len(),
-            ));
-        }
-        headers.insert(
-            ShortString::from(name.as_str()),
-            AMQPValue::LongString(LongString::from(value.as_str())),
-        );
-    }
-    if let Some(ce) = cloudevents {
-        // The AMQP protocol binding, binary mode: `cloudEvents:` application properties; the
-        // content type is the message's own property.
-        for (name, value) in ce.attributes(m) {
-            if name != "datacontenttype" {
-                headers.insert(
-                    ShortString::from(format!("cloudEvents:{name}")),
-                    AMQPValue::LongString(LongString::from(value.as_str())),
-                );
-            }
-        }
-    }
-    Ok(BasicProperties::default()
-        .with_content_type(ShortString::from("application/json"))
-        .with_delivery_mode(2)
-        .with_message_id(ShortString::from(m.id.to_string()))
-        .with_type(ShortString::from(m.event_type.as_str()))
-        .with_timestamp(u64::try_from(m.created_at.timestamp()).unwrap_or(0))
-        .with_app_id(ShortString::from("txoutbox"))
-        .with_headers(headers))
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    let mut end = max.min(s.len());
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The broker's ack or nack. A returned message attached to it is ignored here: returns are
-/// matched by message id (see `returns`), since lapin may attach one to the wrong confirm.
-fn judge_confirmation(sent: &Sent, confirmation: Confirmation) -> Result<(), PublishError> {
-    match confirmation {
-        Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
-        Confirmation::Nack(_) => Err(PublishError::transient(format!(
-            "event {}: the broker refused (nacked) the message",
-            sent.id
-        ))),
-    }
-}
-
-fn unroutable(sent: &Sent, code: u16, text: &str) -> PublishError {
-    PublishError::new(sent.unroutable, format!(
-        "event {}: unroutable: no queue bound to exchange {:?} with routing key {:?} ({code} {text})",
-        sent.id, sent.exchange, sent.routing_key
-    ))
-}
-
-/// A confirm that failed because the channel or connection went away.
-fn map_confirm_error(sent: &Sent, e: lapin::Error) -> PublishError {
-    let id = sent.id;
-    let err = match e.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) => {
-            let code = amqp.get_id();
-            match amqp.kind() {
-                AMQPErrorKind::Hard(_) => PublishError::unavailable(format!(
-                    "event {id}: the broker closed the connection ({code})"
-                )),
-                AMQPErrorKind::Soft(_)
-                    if code == PRECONDITION_FAILED
-                        && is_too_large(amqp.get_message().as_str(), sent.body_len) =>
-                {
-                    PublishError::permanent(format!(
-                        "event {id}: message of {} bytes is too large for the broker",
-                        sent.body_len
-                    ))
-                }
-                AMQPErrorKind::Soft(_) if code == NOT_FOUND => PublishError::new(
-                    sent.unroutable,
-                    format!(
-                        "event {id}: the broker closed the channel ({code} NOT_FOUND: exchange \
-                         {:?} does not exist)",
-                        sent.exchange
-                    ),
-                ),
-                AMQPErrorKind::Soft(_) => PublishError::transient(format!(
-                    "event {id}: the broker closed the channel ({code})"
-                )),
-            }
-        }
-        lapin::ErrorKind::IOError(_)
-        | lapin::ErrorKind::RuntimeShutdownError(_)
-        | lapin::ErrorKind::InvalidConnectionState(_)
-        | lapin::ErrorKind::MissingHeartbeatError => PublishError::unavailable(format!(
-            "event {id}: connection to the broker lost before the confirm"
-        )),
-        _ => PublishError::transient(format!("event {id}: channel failed before the confirm")),
-    };
-    err.with_source(e)
-}
-
-/// Does RabbitMQ's PRECONDITION_FAILED text say that *this* message (of `body_len` bytes) is
-/// over the size limit? (`message size 134217729 is larger than configured max size 134217728`.)
-/// Other messages in flight on the closed channel get the same text, so the size must match.
-fn is_too_large(text: &str, body_len: usize) -> bool {
-    let number_after = |marker: &str| -> Option<usize> {
-        let start = text.find(marker)? + marker.len();
-        let digits: String = text[start..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().ok()
-    };
-    let size = number_after("message size ");
-    let max = number_after("max size ");
-    size == Some(body_len) || (size.is_none() && max.is_some_and(|m| body_len > m))
-}
-
-/// Exchange names: at most 255 bytes of letters, digits, `-`, `_`, `.` and `:`.
-fn validate_exchange_name(name: &str) -> Result<(), String> {
-    if name.len() > MAX_SHORTSTR {
-        return Err(format!(
-            "exchange name is {} bytes long; at most {MAX_SHORTSTR}",
-            name.len()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
-    {
-        return Err(format!("exchange name {name:?} contains {c:?}"));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::properties::is_too_large;
+    use super::settings::{validate_exchange_name, ClientIdentity};
     use super::*;
 
     fn msg() -> Message {
