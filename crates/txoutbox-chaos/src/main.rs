@@ -13,6 +13,7 @@
 
 mod amqp_consumer;
 mod amqp_tap;
+mod audit;
 mod broker;
 mod check;
 mod cluster;

@@ -1,0 +1,165 @@
+//! The claim audit: triggers that record every claim (row leases and partition leases), and
+//! the check that no relay sent an event outside a lease its slot held.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::check::FinalTruth;
+use crate::relays::RelaySlot;
+
+/// Record every claim (who, from when, until when) with triggers, so the checker can tell
+/// from the outside whether a relay ever sent an event it did not hold: row leases
+/// (unordered claims) on the outbox table, and partition leases (ordered claims hold their
+/// events by partition) on the partitions table.
+pub(crate) async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
+    for sql in [
+        "CREATE TABLE chaos_partition_leases (partition int NOT NULL, owner text, at timestamptz NOT NULL, lease_until timestamptz)",
+        "CREATE FUNCTION chaos_partition_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO chaos_partition_leases VALUES (NEW.partition, NEW.owner, clock_timestamp(), NEW.lease_until);
+           RETURN NULL;
+         END $$",
+        "CREATE TRIGGER chaos_partition_audit AFTER UPDATE ON public.outbox_partitions FOR EACH ROW EXECUTE FUNCTION chaos_partition_audit()",
+        "CREATE TABLE chaos_claims (id uuid NOT NULL, relay text NOT NULL, claimed_at timestamptz NOT NULL, locked_until timestamptz NOT NULL)",
+        "CREATE FUNCTION chaos_claim_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.lock_token IS NOT NULL AND NEW.lock_token IS DISTINCT FROM OLD.lock_token THEN
+             INSERT INTO chaos_claims VALUES (NEW.id, NEW.locked_by, clock_timestamp(), NEW.locked_until);
+           END IF;
+           RETURN NULL;
+         END $$",
+        "CREATE TRIGGER chaos_claim_audit AFTER UPDATE ON public.outbox_events FOR EACH ROW EXECUTE FUNCTION chaos_claim_audit()",
+    ] {
+        sqlx::query(sql).execute(pool).await.context("install the claim audit")?;
+    }
+    Ok(())
+}
+
+fn epoch(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Sends seen on a relay's wire that fall outside every lease a process of that relay slot
+/// held on the event: a zombie publishing what it no longer owns. A send counts as covered
+/// from its claim (less 50 ms of clock-read slack) to the claim's `locked_until`.
+///
+/// One exception, counted apart: a relay frozen (SIGSTOP) in the middle of a send completes
+/// that send when it is thawed (its NATS client already held the message), after its lease.
+/// So a send within a second after a SIGCONT, of an event whose claim by that slot covered the
+/// SIGSTOP, is "in flight at the freeze", at most one per aggregate in ordered mode (an
+/// aggregate has one send in flight at a time; a second one was started after the lease).
+/// Returns (outside a lease, in flight at a freeze).
+pub(crate) async fn unfenced_sends(
+    pool: &PgPool,
+    slots: &[RelaySlot],
+    truth: &FinalTruth,
+    ordered: bool,
+) -> anyhow::Result<(usize, usize)> {
+    let rows: Vec<(Uuid, String, f64, f64)> = sqlx::query_as(
+        "SELECT id, relay, extract(epoch FROM claimed_at)::float8, extract(epoch FROM locked_until)::float8 FROM chaos_claims",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the claim audit")?;
+    let mut claims: HashMap<Uuid, Vec<(String, f64, f64)>> = HashMap::new();
+    for (id, relay, from, until) in rows {
+        claims.entry(id).or_default().push((relay, from, until));
+    }
+    // An ordered claim holds its events for as long as the relay holds their partition: from
+    // each acquisition or renewal to its lease's end, or to the moment the partition went to
+    // someone else (or no one) if that came first.
+    let log: Vec<(i32, Option<String>, f64, Option<f64>)> = sqlx::query_as(
+        "SELECT partition, owner, extract(epoch FROM at)::float8, extract(epoch FROM lease_until)::float8
+         FROM chaos_partition_leases ORDER BY partition, at",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the partition lease audit")?;
+    let mut held: HashMap<i32, Vec<(String, f64, f64)>> = HashMap::new();
+    for (i, (partition, owner, at, until)) in log.iter().enumerate() {
+        let (Some(owner), Some(until)) = (owner, until) else {
+            continue;
+        };
+        let handed_over = log[i + 1..]
+            .iter()
+            .take_while(|next| next.0 == *partition)
+            .find(|next| next.1.as_deref() != Some(owner.as_str()))
+            .map(|next| next.2)
+            .unwrap_or(f64::INFINITY);
+        held.entry(*partition)
+            .or_default()
+            .push((owner.clone(), *at, until.min(handed_over)));
+    }
+    let partitions: Vec<(Uuid, i32)> = sqlx::query_as(
+        "SELECT e.id, e.partition_key % (SELECT count(*) FROM public.outbox_partitions)::int
+         FROM public.outbox_events e",
+    )
+    .fetch_all(pool)
+    .await
+    .context("read the events' partitions")?;
+    for (id, partition) in partitions {
+        if let Some(leases) = held.get(&partition) {
+            claims.entry(id).or_default().extend(leases.iter().cloned());
+        }
+    }
+    let (mut outside, mut in_flight) = (0, 0);
+    let mut shown = 0;
+    for s in slots {
+        let prefix = format!("chaos-r{}-", s.index);
+        let Some(tap) = s.broker.tap() else { continue };
+        let log = tap.lock().map(|l| l.clone()).unwrap_or_default();
+        let freezes: Vec<(f64, f64)> = s
+            .freezes
+            .iter()
+            .map(|(a, b)| (epoch(*a), epoch(*b)))
+            .collect();
+        // (freeze, aggregate) pairs that already had their one in-flight send.
+        let mut thawed: HashSet<(usize, String)> = HashSet::new();
+        for (id, at) in log {
+            let t = epoch(at);
+            let id = Uuid::parse_str(&id).ok();
+            let mine: Vec<&(String, f64, f64)> = id
+                .and_then(|id| claims.get(&id))
+                .map(|cs| cs.iter().filter(|c| c.0.starts_with(&prefix)).collect())
+                .unwrap_or_default();
+            if mine
+                .iter()
+                .any(|(_, from, until)| t + 0.05 >= *from && t <= *until)
+            {
+                continue;
+            }
+            let freeze = freezes.iter().position(|(stop, cont)| {
+                t >= *cont
+                    && t <= cont + 1.0
+                    && mine
+                        .iter()
+                        .any(|(_, from, until)| from <= stop && stop <= until)
+            });
+            let aggregate = id
+                .and_then(|id| truth.committed.get(&id))
+                .map(|(a, _)| a.clone())
+                .unwrap_or_default();
+            if let Some(f) = freeze {
+                if !ordered || thawed.insert((f, aggregate)) {
+                    in_flight += 1;
+                    continue;
+                }
+            }
+            outside += 1;
+            if shown < 5 {
+                shown += 1;
+                eprintln!(
+                    "chaos: relay slot {} sent {id:?} at {t:.3} outside any lease it held: {mine:?}",
+                    s.index
+                );
+            }
+        }
+    }
+    Ok((outside, in_flight))
+}
