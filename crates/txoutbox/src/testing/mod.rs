@@ -118,10 +118,19 @@ pub trait Harness: Send + Sync + Sized + 'static {
     async fn store(&self, retention: Retention) -> Self::Store;
     /// `Outbox::enqueue_many` in a committed transaction of the backend's pool.
     async fn enqueue(&self, events: &[NewEvent]) -> Vec<Uuid>;
-    /// `Outbox::enqueue` and `enqueue_many` in one transaction that is rolled back.
+    /// `Outbox::enqueue` and `enqueue_many` in one transaction that is rolled back, then
+    /// `enqueue` in one that is dropped without a commit.
     async fn enqueue_rolled_back(&self, events: &[NewEvent]);
     /// Every row, in `seq` order.
     async fn rows(&self) -> Vec<RowState>;
+    /// The row of event `id`; panics if there is none.
+    async fn row(&self, id: Uuid) -> RowState {
+        self.rows()
+            .await
+            .into_iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no row {id}"))
+    }
     /// Make every row available now (ends backoffs).
     async fn make_available(&self);
     /// Write, by plain SQL, rows of aggregate `("bad", aggregate_id)` that the schema allows

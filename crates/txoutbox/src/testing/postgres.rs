@@ -32,7 +32,8 @@ async fn pool(max: u32) -> PgPool {
 }
 
 /// A fresh PostgreSQL schema per test (`txo_conf_<random>`), migrated; dropped by
-/// [`Harness::cleanup`], or on drop if the test panicked first.
+/// [`Harness::cleanup`], or on drop if the test panicked first. Beside the suite's
+/// [`Harness`], it serves the PostgreSQL-only tests (see its inherent methods).
 pub struct PgHarness {
     /// A pool on the server, with the relay's connection options.
     pub pool: PgPool,
@@ -50,21 +51,119 @@ async fn drop_schema(pool: &PgPool, schema: &str) {
     }
 }
 
+/// What the PostgreSQL-only tests need beyond [`Harness`]: a schema not migrated yet, a store
+/// on the harness's own pool, plain SQL, and counts of the outbox's rows by condition.
+impl PgHarness {
+    /// A schema name reserved for this test (`txo_conf_<random>`), neither created nor
+    /// migrated; dropped like that of [`Harness::new`] if something created it.
+    pub async fn unmigrated() -> Self {
+        let schema = format!("txo_conf_{}", &Uuid::new_v4().simple().to_string()[..16]);
+        let table = OutboxTable::new(&schema, "outbox_events").unwrap();
+        Self {
+            pool: pool(10).await,
+            schema,
+            table,
+            cleaned: false,
+        }
+    }
+
+    /// The write side on the test's table.
+    pub fn outbox(&self) -> Outbox {
+        Outbox::new(self.table.clone())
+    }
+
+    /// A store on the harness's own pool (where [`Harness::store`] opens a pool of its own).
+    pub fn pool_store(&self) -> PgStore {
+        self.pool_store_with(Retention::Mark)
+    }
+
+    /// [`PgHarness::pool_store`] with the given retention.
+    pub fn pool_store_with(&self, retention: Retention) -> PgStore {
+        PgStore::with_retention(self.pool.clone(), self.table.clone(), retention)
+    }
+
+    /// Run `sql` (one or more statements, no parameters) on the harness's pool.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn count_in(&self, table: &str, cond: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table} WHERE {cond}");
+        sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// `SELECT count(*) FROM <outbox> WHERE <cond>`.
+    pub async fn count_where(&self, cond: &str) -> i64 {
+        self.count_in(&self.table.qualified(), cond).await
+    }
+
+    /// `SELECT count(*) FROM <relays> WHERE <cond>` (the relay registry).
+    pub async fn count_relays(&self, cond: &str) -> i64 {
+        self.count_in(&self.table.derived("relays"), cond).await
+    }
+
+    /// `SELECT count(*) FROM <partitions> WHERE <cond>` (the ordered mode's partitions).
+    pub async fn count_partitions(&self, cond: &str) -> i64 {
+        self.count_in(&self.table.derived("partitions"), cond).await
+    }
+
+    /// The rows of the waiters table (relays waiting for a commit's notification).
+    pub async fn waiter_count(&self) -> i64 {
+        self.count_in(&self.table.derived("waiters"), "true").await
+    }
+
+    /// Every row of the outbox.
+    pub async fn total(&self) -> i64 {
+        self.count_where("true").await
+    }
+
+    /// The published rows.
+    pub async fn processed(&self) -> i64 {
+        self.count_where("processed_at IS NOT NULL").await
+    }
+
+    /// The rows neither published nor dead-lettered.
+    pub async fn pending(&self) -> i64 {
+        self.count_where("processed_at IS NULL AND dead_at IS NULL")
+            .await
+    }
+
+    /// The dead letters.
+    pub async fn dead(&self) -> i64 {
+        self.count_where("dead_at IS NOT NULL AND processed_at IS NULL")
+            .await
+    }
+
+    /// The rows with any column of a row lease set.
+    pub async fn locked(&self) -> i64 {
+        self.count_where(
+            "locked_by IS NOT NULL OR locked_until IS NOT NULL OR lock_token IS NOT NULL",
+        )
+        .await
+    }
+}
+
 #[async_trait::async_trait(?Send)]
 impl Harness for PgHarness {
     type Store = PgStore;
 
     async fn new() -> Self {
-        let schema = format!("txo_conf_{}", &Uuid::new_v4().simple().to_string()[..16]);
-        let table = OutboxTable::new(&schema, "outbox_events").unwrap();
-        let pool = pool(10).await;
-        migrate(&pool, &table).await.unwrap();
-        Self {
-            pool,
-            schema,
-            table,
-            cleaned: false,
-        }
+        let h = Self::unmigrated().await;
+        let report = migrate(&h.pool, &h.table)
+            .await
+            .unwrap_or_else(|e| panic!("migrate {}: {e}", h.table.display()));
+        assert_eq!(
+            report.applied,
+            (1..=crate::SCHEMA_VERSION).collect::<Vec<_>>(),
+            "a fresh schema gets every migration"
+        );
+        h
     }
 
     async fn store(&self, retention: Retention) -> PgStore {
@@ -90,6 +189,9 @@ impl Harness for PgHarness {
             .unwrap();
         outbox.enqueue_many(&mut *tx, events).await.unwrap();
         tx.rollback().await.unwrap();
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox.enqueue(&mut *tx, &events[0]).await.unwrap();
+        drop(tx); // dropped without a commit: rolled back as well
     }
 
     async fn rows(&self) -> Vec<RowState> {

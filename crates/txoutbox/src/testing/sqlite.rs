@@ -87,6 +87,9 @@ impl Harness for SqliteHarness {
             .unwrap();
         outbox.enqueue_many(&mut *tx, events).await.unwrap();
         tx.rollback().await.unwrap();
+        let mut tx = self.pool.begin().await.unwrap();
+        outbox.enqueue(&mut *tx, &events[0]).await.unwrap();
+        drop(tx); // dropped without a commit: rolled back as well
     }
 
     async fn rows(&self) -> Vec<RowState> {

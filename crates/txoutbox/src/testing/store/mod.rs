@@ -74,8 +74,8 @@ async fn count<H: Harness>(h: &H, f: impl Fn(&RowState) -> bool) -> usize {
     h.rows().await.iter().filter(|r| f(r)).count()
 }
 
-/// `enqueue_many` keeps slice order in `seq`; payload and headers come back as written; a
-/// rolled-back transaction leaves nothing.
+/// `enqueue_many` keeps slice order in `seq`; payload and headers come back as written; an
+/// empty slice writes nothing; a rolled-back (or dropped) transaction leaves nothing.
 pub async fn enqueue_keeps_slice_order_and_rollback_leaves_nothing<H: Harness>(h: &H) {
     let store = h.store(Retention::Mark).await;
     // Ids in random (v4) order, so an order by id could not pass by accident.
@@ -100,6 +100,8 @@ pub async fn enqueue_keeps_slice_order_and_rollback_leaves_nothing<H: Harness>(h
         assert_eq!(e.attempts, 0);
     }
     let before = h.rows().await.len();
+    assert!(h.enqueue(&[]).await.is_empty(), "ids for an empty slice");
+    assert_eq!(h.rows().await.len(), before, "an empty slice wrote rows");
     h.enqueue_rolled_back(&(0..10).map(event).collect::<Vec<_>>())
         .await;
     assert_eq!(
@@ -203,10 +205,20 @@ pub async fn claims_are_leased_fenced_and_expire<H: Harness>(h: &H) {
         .unwrap();
     assert_eq!((out.published, out.failed), (5, 0));
     assert_eq!(count(h, |r| r.processed_at.is_some()).await, 5);
-    assert_eq!(count(h, |r| r.lock_token.is_some()).await, 0);
+    assert_eq!(
+        count(h, holds_a_lease).await,
+        0,
+        "a settle clears the lease"
+    );
 }
 
-/// Released rows are claimable at once and keep their attempt count.
+/// Any of the row lease's columns is set.
+fn holds_a_lease(r: &RowState) -> bool {
+    r.locked_by.is_some() || r.locked_until.is_some() || r.lock_token.is_some()
+}
+
+/// Released rows are claimable at once and keep their attempt count; a deregister gives back
+/// the rows an unordered claim of the relay leased.
 pub async fn release_gives_rows_back_unattempted<H: Harness>(h: &H) {
     let store = h.store(Retention::Mark).await;
     let ids = enqueue_n(h, 3).await;
@@ -221,10 +233,7 @@ pub async fn release_gives_rows_back_unattempted<H: Harness>(h: &H) {
         .unwrap();
     assert_eq!(n, 3);
     for r in h.rows().await {
-        assert_eq!(
-            (r.locked_by, r.locked_until, r.lock_token),
-            (None, None, None)
-        );
+        assert!(!holds_a_lease(&r), "released, yet leased: {r:?}");
         assert_eq!(r.attempts, 0);
     }
     let again = store
@@ -233,6 +242,15 @@ pub async fn release_gives_rows_back_unattempted<H: Harness>(h: &H) {
         .unwrap()
         .events;
     assert_eq!(again.len(), 3, "released rows are claimable at once");
+    let freed = store
+        .deregister(crate::store::DeregisterParams {
+            relay_id: "other",
+            instance: Uuid::nil(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(freed, 3, "deregister gives back the relay's leased rows");
+    assert_eq!(count(h, holds_a_lease).await, 0);
 }
 
 /// One settle: published rows are marked, failures back off (counting `unavailable` apart)
