@@ -10,11 +10,13 @@ use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::{Ordering, RebalanceParams, Store};
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_waiting_for_the_window_does_not_send_past_the_deadline() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             NewEvent::new(
@@ -33,7 +35,7 @@ async fn a_chain_waiting_for_the_window_does_not_send_past_the_deadline() {
     cfg.lease = Duration::from_secs(2);
     cfg.partition_lease = Duration::from_secs(10);
     cfg.max_in_flight = 1; // ten chains, one slot
-    let store = db.store();
+    let store = db.pool_store();
     store
         .rebalance(RebalanceParams {
             relay_id: "deadline",

@@ -14,6 +14,8 @@ use txoutbox::publish::{Ack, Message, PublishError, Publisher};
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::retry::Backoff;
 use txoutbox::store::Ordering;
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
 use uuid::Uuid;
 
@@ -102,7 +104,7 @@ fn event(aggregate: &str, n: usize) -> NewEvent {
 }
 
 /// X1, X2 (one aggregate) and Y1, committed together, so they are claimed in one batch.
-async fn write(db: &TestDb) -> (Uuid, Uuid, Uuid) {
+async fn write(db: &PgHarness) -> (Uuid, Uuid, Uuid) {
     let mut tx = db.pool.begin().await.unwrap();
     let ids = db
         .outbox()
@@ -113,10 +115,10 @@ async fn write(db: &TestDb) -> (Uuid, Uuid, Uuid) {
     (ids[0], ids[1], ids[2])
 }
 
-async fn drain(db: &TestDb, p: &KeyOrdered, cfg: RelayConfig) {
+async fn drain(db: &PgHarness, p: &KeyOrdered, cfg: RelayConfig) {
     let stats = tokio::time::timeout(
         DEADLINE,
-        Relay::new(db.store(), Box::new(p.clone()), cfg)
+        Relay::new(db.pool_store(), Box::new(p.clone()), cfg)
             .spawn()
             .join(),
     )
@@ -142,7 +144,7 @@ fn position(sends: &[Uuid], id: Uuid) -> Vec<usize> {
 /// settled as published ahead of X1, and must be sent again after X1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_ack_holds_back_the_aggregates_later_acks() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (x1, x2, y1) = write(&db).await;
     let p = KeyOrdered::default();
     // Acks arrive later than the next sends, as Kafka's delivery reports do.
@@ -172,7 +174,7 @@ async fn a_failed_ack_holds_back_the_aggregates_later_acks() {
 /// X1's `send` fails at once: X2 (same batch) must not be sent before X1 is settled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_send_stops_the_aggregates_later_sends() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (x1, x2, y1) = write(&db).await;
     let p = KeyOrdered::default();
     p.fail_send_once(x1);
@@ -206,7 +208,7 @@ async fn a_failed_send_stops_the_aggregates_later_sends() {
 /// on, in the same batch, as with per-aggregate chains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skip_mode_goes_on_past_a_permanent_failure() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (x1, x2, _) = write(&db).await;
     let p = KeyOrdered::default();
     p.inner.set_ack_delay(Duration::from_millis(50));
@@ -233,7 +235,7 @@ async fn kafka_relay_recovers_from_a_fatal_producer_error_in_order() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (x1, x2, y1) = write(&db).await;
     let mock = MockCluster::new(1).unwrap();
     mock.create_topic("outbox.account", 1, 1).unwrap();
@@ -248,9 +250,13 @@ async fn kafka_relay_recovers_from_a_fatal_producer_error_in_order() {
     );
     let stats = tokio::time::timeout(
         DEADLINE,
-        Relay::new(db.store(), publisher, config("kafka", Ordering::Ordered))
-            .spawn()
-            .join(),
+        Relay::new(
+            db.pool_store(),
+            publisher,
+            config("kafka", Ordering::Ordered),
+        )
+        .spawn()
+        .join(),
     )
     .await
     .expect("drained in time")

@@ -9,7 +9,9 @@ use crate::common::*;
 use txoutbox::publish::{FaultyPublisher, Message};
 use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::retry::Backoff;
-use txoutbox::store::{EventFilter, Operator, Ordering, Store};
+use txoutbox::store::{EventFilter, Operator, Ordering, Retention, Store};
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
 use uuid::Uuid;
 
@@ -32,7 +34,7 @@ fn ordered(relay_id: &str) -> RelayConfig {
 }
 
 /// `n` events spread round-robin over `aggregates` aggregates, written in transactions of 50.
-async fn write(db: &TestDb, n: usize, aggregates: usize) -> Vec<Uuid> {
+async fn write(db: &PgHarness, n: usize, aggregates: usize) -> Vec<Uuid> {
     let outbox = db.outbox();
     let mut ids = Vec::new();
     let events: Vec<NewEvent> = (0..n)
@@ -80,14 +82,16 @@ fn faulty(p: &RecordingPublisher, seed: u64) -> Box<dyn txoutbox::publish::Publi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_relay_keeps_each_aggregates_order_under_faults() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let ids = write(&db, 2000, 40).await;
     let p = RecordingPublisher::new();
     let mut cfg = ordered("solo");
     cfg.exit_when_drained = true;
     let stats = tokio::time::timeout(
         Duration::from_secs(60),
-        Relay::new(db.store(), faulty(&p, 1), cfg).spawn().join(),
+        Relay::new(db.pool_store(), faulty(&p, 1), cfg)
+            .spawn()
+            .join(),
     )
     .await
     .expect("drained in time")
@@ -110,18 +114,23 @@ async fn one_relay_keeps_each_aggregates_order_under_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_a_crash_and_a_late_joiner_keep_order() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let ids = write(&db, 6000, 200).await;
     let p = RecordingPublisher::new();
     // Slow acks keep the run going long enough for the crash and the join to land mid-way.
     p.set_ack_delay(Duration::from_millis(2));
-    let a = Relay::new(db.separate_store().await, faulty(&p, 1), ordered("a")).spawn();
-    let b = Relay::new(db.separate_store().await, faulty(&p, 2), ordered("b")).spawn();
+    let a = Relay::new(db.store(Retention::Mark).await, faulty(&p, 1), ordered("a")).spawn();
+    let b = Relay::new(db.store(Retention::Mark).await, faulty(&p, 2), ordered("b")).spawn();
     wait_until("a third delivered", || async { p.acked_count() > 2000 }).await;
     a.abort(); // crash: nothing released
-    let c = Relay::new(db.separate_store().await, faulty(&p, 3), ordered("c")).spawn();
+    let c = Relay::new(db.store(Retention::Mark).await, faulty(&p, 3), ordered("c")).spawn();
     wait_until("two thirds delivered", || async { p.acked_count() > 4000 }).await;
-    let a2 = Relay::new(db.separate_store().await, faulty(&p, 4), ordered("a2")).spawn();
+    let a2 = Relay::new(
+        db.store(Retention::Mark).await,
+        faulty(&p, 4),
+        ordered("a2"),
+    )
+    .spawn();
     wait_until_for("everything published", Duration::from_secs(90), || async {
         db.processed().await == 6000
     })
@@ -141,7 +150,7 @@ async fn three_relays_a_crash_and_a_late_joiner_keep_order() {
 }
 
 /// Who owns what, from the database: (owner -> partitions), and unowned partitions.
-async fn ownership(db: &TestDb) -> (HashMap<String, usize>, usize) {
+async fn ownership(db: &PgHarness) -> (HashMap<String, usize>, usize) {
     let rows: Vec<(Option<String>,)> = sqlx::query_as(&format!(
         "SELECT CASE WHEN lease_until > now() THEN owner END FROM \"{}\".outbox_partitions",
         db.schema
@@ -169,16 +178,16 @@ fn balanced(by: &HashMap<String, usize>, free: usize, relays: &[&str]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_shared_and_taken_over() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let p = RecordingPublisher::new();
-    let a = Relay::new(db.store(), p.boxed(), ordered("a")).spawn();
+    let a = Relay::new(db.pool_store(), p.boxed(), ordered("a")).spawn();
     wait_until("a owns everything", || async {
         let (by, free) = ownership(&db).await;
         balanced(&by, free, &["a"])
     })
     .await;
-    let b = Relay::new(db.store(), p.boxed(), ordered("b")).spawn();
-    let c = Relay::new(db.store(), p.boxed(), ordered("c")).spawn();
+    let b = Relay::new(db.pool_store(), p.boxed(), ordered("b")).spawn();
+    let c = Relay::new(db.pool_store(), p.boxed(), ordered("c")).spawn();
     wait_until("three relays share", || async {
         let (by, free) = ownership(&db).await;
         balanced(&by, free, &["a", "b", "c"])
@@ -198,7 +207,7 @@ async fn partitions_are_shared_and_taken_over() {
         balanced(&by, free, &["a"])
     })
     .await;
-    let relays = db.store().relays().await.unwrap();
+    let relays = db.pool_store().relays().await.unwrap();
     let a_info = relays.iter().find(|r| r.relay_id == "a").unwrap();
     assert!(a_info.alive);
     assert_eq!(a_info.partitions.len(), 64);
@@ -213,7 +222,7 @@ async fn partitions_are_shared_and_taken_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_failure_holds_back_only_its_own_aggregate() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let outbox = db.outbox();
     let ev = |agg: &str, i: usize| {
         NewEvent::new(
@@ -232,7 +241,7 @@ async fn a_transient_failure_holds_back_only_its_own_aggregate() {
     p.fail_id_times(x[0].id(), Fail::Transient, Some(3));
     let mut cfg = ordered("hold-back");
     cfg.exit_when_drained = true;
-    Relay::new(db.store(), p.boxed(), cfg)
+    Relay::new(db.pool_store(), p.boxed(), cfg)
         .spawn()
         .join()
         .await
@@ -258,7 +267,7 @@ async fn a_transient_failure_holds_back_only_its_own_aggregate() {
 }
 
 async fn dead_head(hold: bool) {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let outbox = db.outbox();
     let ev = |agg: &str, i: usize| {
         NewEvent::new(
@@ -284,7 +293,7 @@ async fn dead_head(hold: bool) {
     };
     tokio::time::timeout(
         Duration::from_secs(30),
-        Relay::new(db.store(), p.boxed(), cfg.clone())
+        Relay::new(db.pool_store(), p.boxed(), cfg.clone())
             .spawn()
             .join(),
     )
@@ -304,7 +313,7 @@ async fn dead_head(hold: bool) {
         );
         // The operator fixes the cause and retries the dead head: x goes out in order.
         p.clear_failures();
-        let store = db.store();
+        let store = db.pool_store();
         let n = store
             .retry_dead(&EventFilter {
                 id: Some(x[0].id()),
@@ -313,7 +322,7 @@ async fn dead_head(hold: bool) {
             .await
             .unwrap();
         assert_eq!(n, 1);
-        Relay::new(db.store(), p.boxed(), cfg)
+        Relay::new(db.pool_store(), p.boxed(), cfg)
             .spawn()
             .join()
             .await
@@ -332,8 +341,11 @@ async fn dead_head(hold: bool) {
     db.cleanup().await;
 }
 
-async fn store_has_unfinished(db: &TestDb) -> bool {
-    db.store().has_unfinished(Ordering::Ordered).await.unwrap()
+async fn store_has_unfinished(db: &PgHarness) -> bool {
+    db.pool_store()
+        .has_unfinished(Ordering::Ordered)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,16 +360,16 @@ async fn a_dead_head_holds_its_aggregate_in_hold_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_of_different_modes_are_refused() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let p = RecordingPublisher::new();
-    let a = Relay::new(db.store(), p.boxed(), ordered("ordered-one")).spawn();
+    let a = Relay::new(db.pool_store(), p.boxed(), ordered("ordered-one")).spawn();
     wait_until("a registered", || async {
-        !db.store().relays().await.unwrap().is_empty()
+        !db.pool_store().relays().await.unwrap().is_empty()
     })
     .await;
     let mut cfg = ordered("unordered-one");
     cfg.ordering = Ordering::Unordered;
-    let err = Relay::new(db.store(), p.boxed(), cfg)
+    let err = Relay::new(db.pool_store(), p.boxed(), cfg)
         .spawn()
         .join()
         .await
@@ -377,7 +389,7 @@ async fn relays_of_different_modes_are_refused() {
 /// them. With slow acks and a pipeline of two, every event is sent exactly once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_skips_the_aggregates_of_the_batch_in_flight() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     // Many aggregates, few events each, small batches: claims ahead find work besides the
     // batch in flight, and would find the in-flight events too if nothing held them back.
     let ids = write(&db, 120, 30).await;
@@ -389,7 +401,7 @@ async fn a_claim_ahead_skips_the_aggregates_of_the_batch_in_flight() {
     cfg.exit_when_drained = true;
     tokio::time::timeout(
         Duration::from_secs(60),
-        Relay::new(db.store(), p.boxed(), cfg).spawn().join(),
+        Relay::new(db.pool_store(), p.boxed(), cfg).spawn().join(),
     )
     .await
     .expect("drained in time")

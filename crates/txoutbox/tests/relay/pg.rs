@@ -15,9 +15,11 @@ use txoutbox::relay::{Relay, RelayConfig, RelayHandle, RelayStats};
 use txoutbox::retry::Backoff;
 use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{
-    ClaimParams, Counts, EventFilter, Operator, ReleaseParams, SettleOutcome, SettleParams, Store,
-    Wake,
+    ClaimParams, Counts, EventFilter, Operator, ReleaseParams, Retention, SettleOutcome,
+    SettleParams, Store, Wake,
 };
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::{Harness, RowState};
 use txoutbox::NewEvent;
 use uuid::Uuid;
 
@@ -84,13 +86,13 @@ fn assert_no_duplicates(ids: &[Uuid]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivers_everything_once_in_order_with_the_message_contract() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     // One batch in flight at a time, so that even unordered the relay sends in seq order
     // (with more, batches interleave; ordering_pg checks per-aggregate order with those).
     let mut cfg = config("happy");
     cfg.pipeline = 1;
-    let handle = Relay::new(db.store(), publisher.boxed(), cfg).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
 
     let mut written: Vec<NewEvent> = Vec::new();
     for chunk in (0..1000).collect::<Vec<_>>().chunks(125) {
@@ -149,9 +151,9 @@ async fn delivers_everything_once_in_order_with_the_message_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolled_back_transactions_publish_nothing() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
-    let handle = Relay::new(db.store(), publisher.boxed(), config("rollback")).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), config("rollback")).spawn();
 
     let mut committed = HashSet::new();
     let mut rolled_back = HashSet::new();
@@ -202,12 +204,12 @@ async fn rolled_back_transactions_publish_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_backs_off_without_dead_letters_then_drains() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     publisher.set_down(true);
     let cfg = config("outage");
     let backoff = cfg.backoff;
-    let handle = Relay::new(db.store(), publisher.boxed(), cfg).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
     let ids = db
         .outbox()
         .enqueue_many(&db.pool, &(0..20).map(event).collect::<Vec<_>>())
@@ -288,10 +290,10 @@ async fn a_broker_outage_backs_off_without_dead_letters_then_drains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn a_transient_failure_after_an_outage_is_not_dead_lettered() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     publisher.set_down(true);
-    let handle = Relay::new(db.store(), publisher.boxed(), config("after-outage")).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), config("after-outage")).spawn();
     let id = db.outbox().enqueue(&db.pool, &event(1)).await.unwrap();
     wait_until("the outage outlasts max_attempts", || async {
         db.row(id).await.attempts >= 4
@@ -317,7 +319,7 @@ async fn a_transient_failure_after_an_outage_is_not_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_events_are_dead_lettered_and_others_flow() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     let mut events: Vec<NewEvent> = (0..30).map(event).collect();
     events[10] = typed(10, "order.flaky");
@@ -325,7 +327,7 @@ async fn poison_events_are_dead_lettered_and_others_flow() {
     let flaky = events[10].id();
     publisher.fail_id(permanent, Fail::Permanent);
     publisher.fail_type("order.flaky", Fail::Transient);
-    let handle = Relay::new(db.store(), publisher.boxed(), config("poison")).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), config("poison")).spawn();
     db.outbox().enqueue_many(&db.pool, &events).await.unwrap();
 
     wait_until("28 published and 2 dead", || async {
@@ -354,7 +356,7 @@ async fn poison_events_are_dead_lettered_and_others_flow() {
     // The operator fixes the cause and retries the flaky one: it is delivered.
     publisher.clear_failures();
     publisher.fail_id(permanent, Fail::Permanent);
-    let admin = db.store();
+    let admin = db.pool_store();
     let n = admin
         .retry_dead(&EventFilter {
             event_type: Some("order.flaky".into()),
@@ -380,7 +382,7 @@ async fn poison_events_are_dead_lettered_and_others_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_share_a_table_without_double_delivery() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let ids = db
         .outbox()
         .enqueue_many(&db.pool, &(0..1000).map(event).collect::<Vec<_>>())
@@ -397,8 +399,18 @@ async fn two_relays_share_a_table_without_double_delivery() {
         c.exit_when_drained = true;
         c
     };
-    let a = Relay::new(db.separate_store().await, pa.boxed(), relay("relay-a")).spawn();
-    let b = Relay::new(db.separate_store().await, pb.boxed(), relay("relay-b")).spawn();
+    let a = Relay::new(
+        db.store(Retention::Mark).await,
+        pa.boxed(),
+        relay("relay-a"),
+    )
+    .spawn();
+    let b = Relay::new(
+        db.store(Retention::Mark).await,
+        pb.boxed(),
+        relay("relay-b"),
+    )
+    .spawn();
     let (sa, sb) = tokio::join!(join(a), join(b));
 
     let (ia, ib) = (pa.acked_ids(), pb.acked_ids());
@@ -422,14 +434,14 @@ async fn two_relays_share_a_table_without_double_delivery() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_when_drained_returns_once_everything_is_settled() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     let mut cfg = config("drain");
     cfg.exit_when_drained = true;
     cfg.max_attempts = 5;
 
     // Nothing to do: returns at once.
-    let relay = Relay::new(db.store(), publisher.boxed(), cfg.clone());
+    let relay = Relay::new(db.pool_store(), publisher.boxed(), cfg.clone());
     let stats = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
         .await
         .expect("did not return on an empty outbox")
@@ -442,7 +454,7 @@ async fn exit_when_drained_returns_once_everything_is_settled() {
     // One event backs off twice before it goes through; one is a dead letter.
     publisher.fail_id_times(ids[3], Fail::Transient, Some(2));
     publisher.fail_type("order.poison", Fail::Permanent);
-    let relay = Relay::new(db.store(), publisher.boxed(), cfg);
+    let relay = Relay::new(db.pool_store(), publisher.boxed(), cfg);
     let stats = tokio::time::timeout(DEADLINE, relay.run(CancellationToken::new()))
         .await
         .expect("exit_when_drained did not return")
@@ -462,7 +474,7 @@ async fn exit_when_drained_returns_once_everything_is_settled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let total = 2000;
     db.outbox()
         .enqueue_many(&db.pool, &(0..total).map(event).collect::<Vec<_>>())
@@ -473,7 +485,7 @@ async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
     let mut cfg = config("graceful");
     cfg.batch_size = 50;
     cfg.max_in_flight = 10;
-    let handle = Relay::new(db.store(), publisher.boxed(), cfg).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
     wait_until("the backlog is draining", || async {
         publisher.acked_count() >= 100 && db.count_where("locked_by IS NOT NULL").await > 0
     })
@@ -509,7 +521,7 @@ async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
     let next = RecordingPublisher::new();
     let mut cfg = config("graceful-2");
     cfg.exit_when_drained = true;
-    join(Relay::new(db.store(), next.boxed(), cfg).spawn()).await;
+    join(Relay::new(db.pool_store(), next.boxed(), cfg).spawn()).await;
     assert_eq!(db.processed().await, total as i64);
     assert!(next.acked_ids().iter().all(|id| !acked.contains(id)));
     db.cleanup().await;
@@ -517,11 +529,11 @@ async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_relay_is_woken_by_a_commit() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     let mut cfg = config("notify");
     cfg.poll_interval = Duration::from_secs(60);
-    let handle = Relay::new(db.store(), publisher.boxed(), cfg).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
 
     for round in 1..=3usize {
         wait_until("the relay is idle and waiting", || async {
@@ -567,14 +579,14 @@ async fn an_idle_relay_is_woken_by_a_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn a_commit_after_the_relay_fell_asleep_wakes_it() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let publisher = RecordingPublisher::new();
     let mut cfg = config("late-commit");
     cfg.poll_interval = Duration::from_secs(60);
 
     let mut tx = db.pool.begin().await.unwrap();
     let id = db.outbox().enqueue(&mut *tx, &event(1)).await.unwrap();
-    let handle = Relay::new(db.store(), publisher.boxed(), cfg).spawn();
+    let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
     wait_until("the relay is idle and waiting", || async {
         db.waiter_count().await == 1
     })
@@ -597,7 +609,7 @@ async fn a_commit_after_the_relay_fell_asleep_wakes_it() {
 
 #[tokio::test]
 async fn inserts_notify_only_while_a_relay_waits() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let channel = db.table.channel();
     let mut listener = PgListener::connect_with(&db.pool).await.unwrap();
     listener.listen(&channel).await.unwrap();
@@ -611,7 +623,7 @@ async fn inserts_notify_only_while_a_relay_waits() {
     // A relay waits: one notification, on our channel.
     db.exec(&format!(
         "INSERT INTO {} (relay_id, waiting_until) VALUES ('test', now() + interval '1 minute')",
-        db.waiters()
+        db.table.derived("waiters")
     ))
     .await;
     db.outbox().enqueue(&db.pool, &event(2)).await.unwrap();
@@ -639,7 +651,7 @@ async fn inserts_notify_only_while_a_relay_waits() {
     // A waiter whose time has passed (a relay that died) does not count.
     db.exec(&format!(
         "UPDATE {} SET waiting_until = now() - interval '1 second'",
-        db.waiters()
+        db.table.derived("waiters")
     ))
     .await;
     db.outbox().enqueue(&db.pool, &event(4)).await.unwrap();
@@ -651,7 +663,7 @@ async fn inserts_notify_only_while_a_relay_waits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_acks_hang_gives_up_before_its_lease_ends() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let ids = db
         .outbox()
         .enqueue_many(&db.pool, &(0..10).map(event).collect::<Vec<_>>())
@@ -662,7 +674,7 @@ async fn a_relay_whose_acks_hang_gives_up_before_its_lease_ends() {
     hanging.set_ack_delay(Duration::from_secs(30));
     let mut cfg = config("relay-a");
     cfg.lease = lease;
-    let relay_a = Arc::new(Relay::new(db.store(), hanging.boxed(), cfg));
+    let relay_a = Arc::new(Relay::new(db.pool_store(), hanging.boxed(), cfg));
     let started = Instant::now();
     let a = {
         let relay_a = relay_a.clone();
@@ -673,7 +685,7 @@ async fn a_relay_whose_acks_hang_gives_up_before_its_lease_ends() {
     })
     .await;
     let fast = RecordingPublisher::new();
-    let b = Relay::new(db.store(), fast.boxed(), config("relay-b")).spawn();
+    let b = Relay::new(db.pool_store(), fast.boxed(), config("relay-b")).spawn();
 
     let report = tokio::time::timeout(DEADLINE, a)
         .await
@@ -769,7 +781,7 @@ impl Store for PausedStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_relays_late_settle_is_fenced_off() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             if i % 2 == 0 {
@@ -786,7 +798,7 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let settling = Arc::new(AtomicBool::new(false));
     let store_a = PausedStore {
-        inner: db.store(),
+        inner: db.pool_store(),
         gate: gate.clone(),
         settling: settling.clone(),
         freeze_heartbeat: false,
@@ -807,7 +819,7 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
 
     // Relay B takes over once A's lease has run out, and delivers everything.
     let pb = RecordingPublisher::new();
-    let b = Relay::new(db.store(), pb.boxed(), config("relay-b")).spawn();
+    let b = Relay::new(db.pool_store(), pb.boxed(), config("relay-b")).spawn();
     wait_until("relay B delivers everything", || async {
         db.processed().await == 10
     })
@@ -844,7 +856,7 @@ async fn a_paused_relays_late_settle_is_fenced_off() {
 /// effect, and the other relay's results stand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_ordered_relays_late_settle_is_fenced_off() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             if i % 2 == 0 {
@@ -867,7 +879,7 @@ async fn a_paused_ordered_relays_late_settle_is_fenced_off() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let settling = Arc::new(AtomicBool::new(false));
     let store_a = PausedStore {
-        inner: db.store(),
+        inner: db.pool_store(),
         gate: gate.clone(),
         settling: settling.clone(),
         freeze_heartbeat: true,
@@ -888,7 +900,7 @@ async fn a_paused_ordered_relays_late_settle_is_fenced_off() {
     // events and dead-letters the flaky ones (they fail for good at B).
     let pb = RecordingPublisher::new();
     pb.fail_type("order.flaky", Fail::Permanent);
-    let b = Relay::new(db.store(), pb.boxed(), ordered("relay-b")).spawn();
+    let b = Relay::new(db.pool_store(), pb.boxed(), ordered("relay-b")).spawn();
     wait_until("relay B settles everything", || async {
         db.processed().await == 5 && db.dead().await == 5
     })
@@ -939,12 +951,12 @@ impl txoutbox::publish::Publisher for SaysRetryAfter {
 
 #[tokio::test]
 async fn a_brokers_retry_after_is_honoured() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let id = db.outbox().enqueue(&db.pool, &event(1)).await.unwrap();
     let mut cfg = config("retry-after");
     cfg.backoff.max = Duration::from_secs(60);
     let relay = Relay::new(
-        db.store(),
+        db.pool_store(),
         Box::new(SaysRetryAfter(Duration::from_secs(30))),
         cfg,
     );

@@ -12,8 +12,10 @@ use txoutbox::relay::{Relay, RelayConfig};
 use txoutbox::store::postgres::PgStore;
 use txoutbox::store::{
     Claim, ClaimParams, Counts, DeregisterParams, Failure, Membership, Ordering, RebalanceParams,
-    ReleaseParams, SettleOutcome, SettleParams, Store, WaitParams, Wake,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
 use txoutbox::{Error, NewEvent};
 use uuid::Uuid;
 
@@ -49,7 +51,7 @@ fn config(relay_id: &str) -> RelayConfig {
     c
 }
 
-async fn enqueue(db: &TestDb, aggregate: &str, n: usize) -> Vec<Uuid> {
+async fn enqueue(db: &PgHarness, aggregate: &str, n: usize) -> Vec<Uuid> {
     let outbox = db.outbox();
     let mut ids = Vec::new();
     for i in 0..n {
@@ -60,7 +62,7 @@ async fn enqueue(db: &TestDb, aggregate: &str, n: usize) -> Vec<Uuid> {
 }
 
 /// Let `relay_id`'s partitions and liveness run out now, as if it had paused.
-async fn expire(db: &TestDb, relay_id: &str) {
+async fn expire(db: &PgHarness, relay_id: &str) {
     db.exec(&format!(
         "UPDATE {p} SET lease_until = now() - interval '1 second' WHERE owner = '{relay_id}';
          UPDATE {r} SET alive_until = now() - interval '1 second' WHERE relay_id = '{relay_id}';",
@@ -72,8 +74,8 @@ async fn expire(db: &TestDb, relay_id: &str) {
 
 /// Relay A claims E; B takes the partitions over and dead-letters E; they come back to A.
 /// Returns (A's store, A's claim, E). A's settle must now change nothing.
-async fn round_trip(db: &TestDb) -> (PgStore, Claim, Uuid) {
-    let (a, b) = (db.store(), db.store());
+async fn round_trip(db: &PgHarness) -> (PgStore, Claim, Uuid) {
+    let (a, b) = (db.pool_store(), db.pool_store());
     let (ia, ib) = (Uuid::new_v4(), Uuid::new_v4());
     let e = enqueue(db, "x", 1).await[0];
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
@@ -112,7 +114,7 @@ async fn round_trip(db: &TestDb) -> (PgStore, Claim, Uuid) {
 
 #[tokio::test]
 async fn a_late_ordered_success_after_an_ownership_round_trip_changes_nothing() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (a, claim_a, e) = round_trip(&db).await;
     let out = a
         .settle(SettleParams {
@@ -131,7 +133,7 @@ async fn a_late_ordered_success_after_an_ownership_round_trip_changes_nothing() 
 
 #[tokio::test]
 async fn a_late_ordered_failure_after_an_ownership_round_trip_does_not_revive_a_dead_letter() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (a, claim_a, e) = round_trip(&db).await;
     let retry = Failure {
         id: e,
@@ -157,8 +159,8 @@ async fn a_late_ordered_failure_after_an_ownership_round_trip_does_not_revive_a_
 
 #[tokio::test]
 async fn a_settle_within_one_ownership_still_lands() {
-    let db = TestDb::new().await;
-    let a = db.store();
+    let db = PgHarness::new().await;
+    let a = db.pool_store();
     let ia = Uuid::new_v4();
     let e = enqueue(&db, "x", 1).await[0];
     a.rebalance(join("A", ia, Ordering::Ordered)).await.unwrap();
@@ -182,10 +184,10 @@ async fn a_settle_within_one_ownership_still_lands() {
 /// Ordered and unordered relays registering at the same moment: at most one may pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relays_of_both_modes_registering_at_once_never_both_pass() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let (a, b) = (
-        Arc::new(db.separate_store().await),
-        Arc::new(db.separate_store().await),
+        Arc::new(db.store(Retention::Mark).await),
+        Arc::new(db.store(Retention::Mark).await),
     );
     for round in 0..40 {
         let (ro, ru) = (format!("o{round}"), format!("u{round}"));
@@ -225,8 +227,13 @@ async fn relays_of_both_modes_registering_at_once_never_both_pass() {
 
 #[tokio::test]
 async fn a_mode_conflict_found_by_a_later_heartbeat_stops_the_relay() {
-    let db = TestDb::new().await;
-    let relay = Relay::new(db.store(), RecordingPublisher::new().boxed(), config("ord")).spawn();
+    let db = PgHarness::new().await;
+    let relay = Relay::new(
+        db.pool_store(),
+        RecordingPublisher::new().boxed(),
+        config("ord"),
+    )
+    .spawn();
     wait_until("the relay registered", || async {
         db.count_relays("relay_id = 'ord'").await == 1
     })
@@ -251,9 +258,9 @@ async fn a_mode_conflict_found_by_a_later_heartbeat_stops_the_relay() {
 
 #[tokio::test]
 async fn a_relay_id_held_by_a_live_process_is_refused_and_its_exit_strips_nobody() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let first = Relay::new(
-        db.store(),
+        db.pool_store(),
         RecordingPublisher::new().boxed(),
         config("same"),
     )
@@ -263,7 +270,7 @@ async fn a_relay_id_held_by_a_live_process_is_refused_and_its_exit_strips_nobody
     })
     .await;
     let second = Relay::new(
-        db.store(),
+        db.pool_store(),
         RecordingPublisher::new().boxed(),
         config("same"),
     );
@@ -277,7 +284,7 @@ async fn a_relay_id_held_by_a_live_process_is_refused_and_its_exit_strips_nobody
         other => panic!("expected the relay id to be refused, got {other:?}"),
     }
     // The refused process (and a deregister by any other instance) leaves the holder alone.
-    db.store()
+    db.pool_store()
         .deregister(DeregisterParams {
             relay_id: "same",
             instance: Uuid::new_v4(),
@@ -341,14 +348,14 @@ impl Store for Counting {
 /// Runs `relay_id` with `ordering` on a counting store for `window` once it has settled in,
 /// and returns (claims, waits) in that window.
 async fn calls_while_idle(
-    db: &TestDb,
+    db: &PgHarness,
     cfg: RelayConfig,
     ready: impl Fn() -> futures::future::BoxFuture<'static, bool>,
     window: Duration,
 ) -> (u64, u64) {
     let (claims, waits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let store = Counting {
-        inner: db.store(),
+        inner: db.pool_store(),
         claims: claims.clone(),
         waits: waits.clone(),
     };
@@ -369,9 +376,9 @@ async fn calls_while_idle(
 
 #[tokio::test]
 async fn an_idle_ordered_relay_beside_a_backlog_in_another_relays_partitions_stays_idle() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     // "busy" owns the partitions of a backlog it is slow to drain (here: not running at all).
-    db.store()
+    db.pool_store()
         .rebalance(RebalanceParams {
             lease: Duration::from_secs(3600),
             ..join("busy", Uuid::new_v4(), Ordering::Ordered)
@@ -386,7 +393,7 @@ async fn an_idle_ordered_relay_beside_a_backlog_in_another_relays_partitions_sta
         "UPDATE {p} SET owner = NULL, lease_until = NULL
          WHERE partition NOT IN (SELECT DISTINCT partition_key % 64 FROM {q})",
         p = db.table.derived("partitions"),
-        q = db.q(),
+        q = db.table.qualified(),
     ))
     .await;
     let cfg = config("idle");
@@ -422,11 +429,11 @@ async fn an_idle_ordered_relay_beside_a_backlog_in_another_relays_partitions_sta
 
 #[tokio::test]
 async fn an_idle_relay_does_not_wake_for_events_held_behind_a_dead_letter() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let ids = enqueue(&db, "held", 20).await;
     db.exec(&format!(
         "UPDATE {} SET dead_at = now(), last_error = 'poison' WHERE id = '{}'",
-        db.q(),
+        db.table.qualified(),
         ids[0]
     ))
     .await;
@@ -462,7 +469,7 @@ async fn an_idle_relay_does_not_wake_for_events_held_behind_a_dead_letter() {
 }
 
 /// An aggregate id of type "order" whose partition `relay_id` owns now.
-async fn aggregate_owned_by(db: &TestDb, relay_id: &str) -> String {
+async fn aggregate_owned_by(db: &PgHarness, relay_id: &str) -> String {
     let sql = format!(
         "SELECT a FROM generate_series(1, 10000) g, LATERAL (SELECT 'own' || g AS a) x
          WHERE ((('x' || left(md5('order/' || a), 8))::bit(32)::int & 2147483647) % 64)
@@ -479,9 +486,9 @@ async fn aggregate_owned_by(db: &TestDb, relay_id: &str) -> String {
 
 #[tokio::test]
 async fn commits_to_another_relays_partitions_neither_notify_nor_wake_an_idle_relay() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     // "busy" owns the partitions of aggregate "a" (and keeps them: it never runs here).
-    db.store()
+    db.pool_store()
         .rebalance(RebalanceParams {
             lease: Duration::from_secs(3600),
             ..join("busy", Uuid::new_v4(), Ordering::Ordered)
@@ -493,7 +500,7 @@ async fn commits_to_another_relays_partitions_neither_notify_nor_wake_an_idle_re
         "UPDATE {p} SET owner = NULL, lease_until = NULL
          WHERE partition NOT IN (SELECT DISTINCT partition_key % 64 FROM {q})",
         p = db.table.derived("partitions"),
-        q = db.q(),
+        q = db.table.qualified(),
     ))
     .await;
     // The poll is long: only a wake-up can deliver quickly.
@@ -501,7 +508,7 @@ async fn commits_to_another_relays_partitions_neither_notify_nor_wake_an_idle_re
     cfg.poll_interval = Duration::from_secs(30);
     let (claims, waits) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let store = Counting {
-        inner: db.store(),
+        inner: db.pool_store(),
         claims: claims.clone(),
         waits: waits.clone(),
     };

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use crate::common::*;
 use sqlx::{Connection, Row};
-use txoutbox::store::{
-    ClaimParams, EventFilter, Failure, Operator, ReleaseParams, Retention, SettleParams, Store,
-};
+use txoutbox::store::{ClaimParams, EventFilter, Operator, SettleParams, Store};
+use txoutbox::testing::postgres::{database_url, PgHarness};
+use txoutbox::testing::store::bury;
+use txoutbox::testing::Harness;
 use txoutbox::{check_schema, migrate, Error, Inbox, NewEvent, OutboxTable};
 use uuid::Uuid;
 
@@ -37,28 +38,23 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
     }
 }
 
-/// A row-lease claim under `token`, for a settle or release fenced by that token alone.
-fn leased(token: Uuid) -> txoutbox::store::Claim {
-    txoutbox::store::Claim::leased(token, Vec::new(), std::time::Instant::now() + LEASE)
-}
-
-async fn enqueue_n(db: &TestDb, n: usize) -> Vec<Uuid> {
+async fn enqueue_n(db: &PgHarness, n: usize) -> Vec<Uuid> {
     let events: Vec<NewEvent> = (0..n).map(event).collect();
     db.outbox().enqueue_many(&db.pool, &events).await.unwrap()
 }
 
 #[tokio::test]
 async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     // Second run on a migrated schema: nothing to do.
     let again = migrate(&db.pool, &db.table).await.unwrap();
     assert!(again.applied.is_empty(), "{again:?}");
     assert_eq!(again.version, txoutbox::SCHEMA_VERSION);
     check_schema(&db.pool, &db.table).await.unwrap();
-    db.store().check_schema().await.unwrap();
+    db.pool_store().check_schema().await.unwrap();
 
     // Two migrators racing on a fresh schema: both succeed, exactly one applies version 1.
-    let fresh = TestDb::unmigrated().await;
+    let fresh = PgHarness::unmigrated().await;
     // (Joined on one task: `migrate`'s future is not `Send` enough for `tokio::spawn`.)
     let (a, b) = tokio::join!(
         migrate(&fresh.pool, &fresh.table),
@@ -92,7 +88,7 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
         .await
         .unwrap();
     let got = fresh
-        .store()
+        .pool_store()
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
         .unwrap()
@@ -104,7 +100,7 @@ async fn migrations_are_idempotent_and_safe_to_run_concurrently() {
 
 #[tokio::test]
 async fn the_seeds_literal_insert_works_unchanged() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     const SEED: &str =
         "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) \
                         VALUES ('order', '1', 'order.created', '{\"a\":1}')";
@@ -129,7 +125,7 @@ async fn the_seeds_literal_insert_works_unchanged() {
     drop(conn);
 
     let got = db
-        .store()
+        .pool_store()
         .claim(claim("r", Uuid::new_v4(), 10, LEASE))
         .await
         .unwrap()
@@ -156,7 +152,7 @@ async fn bad_names_are_refused_and_a_missing_table_says_run_migrate() {
     assert!(text.contains("outbox; DROP TABLE x"), "{text}");
     assert!(OutboxTable::new("pub\"lic", "outbox_events").is_err());
 
-    let db = TestDb::unmigrated().await;
+    let db = PgHarness::unmigrated().await;
     let assert_not_migrated = |e: Error| {
         let text = e.to_string();
         assert!(matches!(e, Error::NotMigrated { .. }), "{e:?}");
@@ -168,10 +164,10 @@ async fn bad_names_are_refused_and_a_missing_table_says_run_migrate() {
     // The schema exists, the table does not.
     db.exec(&format!("CREATE SCHEMA \"{}\"", db.schema)).await;
     assert_not_migrated(check_schema(&db.pool, &db.table).await.unwrap_err());
-    assert_not_migrated(db.store().check_schema().await.unwrap_err());
+    assert_not_migrated(db.pool_store().check_schema().await.unwrap_err());
     // Using the store or the outbox on it says the same.
     assert_not_migrated(
-        db.store()
+        db.pool_store()
             .claim(claim("r", Uuid::new_v4(), 1, LEASE))
             .await
             .unwrap_err(),
@@ -185,389 +181,14 @@ async fn bad_names_are_refused_and_a_missing_table_says_run_migrate() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn enqueue_many_keeps_slice_order_and_rollback_leaves_nothing() {
-    let db = TestDb::new().await;
-    // Ids in random (v4) order, so an order by id could not pass by accident.
-    let events: Vec<NewEvent> = (0..50)
-        .map(|i| event(i).with_id(Uuid::new_v4()).header("n", i.to_string()))
-        .collect();
-    let mut tx = db.pool.begin().await.unwrap();
-    let ids = db.outbox().enqueue_many(&mut *tx, &events).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(ids, events.iter().map(|e| e.id()).collect::<Vec<_>>());
-    let by_seq: Vec<Uuid> = db.rows().await.iter().map(|r| r.id).collect();
-    assert_eq!(by_seq, ids, "seq follows slice order");
-    let claimed = db
-        .store()
-        .claim(claim("r", Uuid::new_v4(), 100, LEASE))
-        .await
-        .unwrap()
-        .events;
-    for (i, e) in claimed.iter().enumerate() {
-        assert_eq!(e.id, ids[i]);
-        assert_eq!(e.payload, serde_json::json!({ "i": i }));
-        assert_eq!(e.headers.get("n"), Some(&i.to_string()));
-    }
-    assert_eq!(
-        db.outbox()
-            .enqueue_many(&db.pool, &[] as &[NewEvent])
-            .await
-            .unwrap(),
-        Vec::<Uuid>::new()
-    );
-
-    // Rolled back: neither a single nor a batch enqueue leaves a row.
-    let before = db.total().await;
-    let mut tx = db.pool.begin().await.unwrap();
-    db.outbox().enqueue(&mut *tx, &event(1)).await.unwrap();
-    db.outbox()
-        .enqueue_many(&mut *tx, &(0..10).map(event).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    db.outbox().enqueue(&mut *tx, &event(2)).await.unwrap();
-    drop(tx); // dropped without commit: rolled back too
-    assert_eq!(db.total().await, before);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn claims_are_leased_fenced_and_expire() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let ids = enqueue_n(&db, 5).await;
-
-    let token_a = Uuid::new_v4();
-    let a = store
-        .claim(claim("relay-a", token_a, 3, Duration::from_secs(1)))
-        .await
-        .unwrap()
-        .events;
-    assert_eq!(
-        a.iter().map(|e| e.id).collect::<Vec<_>>(),
-        ids[..3],
-        "limit and seq order"
-    );
-    for e in &a {
-        assert_eq!(e.locked_by.as_deref(), Some("relay-a"));
-        assert!(e.locked_until.is_some());
-    }
-    let rest = store
-        .claim(claim("relay-a", token_a, 10, Duration::from_secs(1)))
-        .await
-        .unwrap()
-        .events;
-    assert_eq!(rest.iter().map(|e| e.id).collect::<Vec<_>>(), ids[3..]);
-    for r in db.rows().await {
-        assert_eq!(r.locked_by.as_deref(), Some("relay-a"));
-        assert_eq!(r.lock_token, Some(token_a));
-        assert!(r.locked_until.unwrap() > r.db_now);
-    }
-    // A second relay gets nothing while the lease holds.
-    let token_b = Uuid::new_v4();
-    let b = store
-        .claim(claim("relay-b", token_b, 10, LEASE))
-        .await
-        .unwrap()
-        .events;
-    assert!(b.is_empty(), "leased rows were claimed twice: {b:?}");
-
-    // Once the 1 s leases run out (the two claims' a moment apart), the second relay gets
-    // them all.
-    let b = std::sync::Mutex::new(Vec::<Uuid>::new());
-    wait_until("relay-b claims the expired rows", || async {
-        let got = store
-            .claim(claim("relay-b", token_b, 10, LEASE))
-            .await
-            .unwrap()
-            .events;
-        let mut b = b.lock().unwrap();
-        b.extend(got.iter().map(|e| e.id));
-        b.len() >= 5
-    })
-    .await;
-    let mut b = b.into_inner().unwrap();
-    b.sort();
-    assert_eq!(b, ids, "each expired row claimed once");
-    let held_by_b = db.rows().await;
-
-    // Relay A wakes up and settles with its old token: nothing changes.
-    let failed: Vec<Failure> = ids[3..]
-        .iter()
-        .map(|&id| Failure {
-            id,
-            error: "late".into(),
-            retry_in: Duration::from_secs(60),
-            dead: true,
-            unavailable: false,
-        })
-        .collect();
-    let out = store
-        .settle(SettleParams {
-            claim: &leased(token_a),
-            published: &ids[..3],
-            failed: &failed,
-        })
-        .await
-        .unwrap();
-    assert_eq!((out.published, out.failed), (0, 0));
-    let released = store
-        .release(ReleaseParams {
-            claim: &leased(token_a),
-            ids: &ids,
-        })
-        .await
-        .unwrap();
-    assert_eq!(released, 0);
-    let after: Vec<RowState> = db.rows().await.iter().map(RowState::without_now).collect();
-    let before: Vec<RowState> = held_by_b.iter().map(RowState::without_now).collect();
-    assert_eq!(after, before, "a stale token changed rows");
-
-    // The holder's token works.
-    let out = store
-        .settle(SettleParams {
-            claim: &leased(token_b),
-            published: &ids,
-            failed: &[],
-        })
-        .await
-        .unwrap();
-    assert_eq!((out.published, out.failed), (5, 0));
-    assert_eq!(db.processed().await, 5);
-    assert_eq!(db.locked().await, 0);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn release_gives_rows_back_unattempted() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let ids = enqueue_n(&db, 3).await;
-    let token = Uuid::new_v4();
-    store.claim(claim("r", token, 10, LEASE)).await.unwrap();
-    let n = store
-        .release(ReleaseParams {
-            claim: &leased(token),
-            ids: &ids,
-        })
-        .await
-        .unwrap();
-    assert_eq!(n, 3);
-    assert_eq!(db.locked().await, 0);
-    assert_eq!(db.count_where("attempts = 0").await, 3);
-    let again = store
-        .claim(claim("other", Uuid::new_v4(), 10, LEASE))
-        .await
-        .unwrap()
-        .events;
-    assert_eq!(again.len(), 3, "released rows are claimable at once");
-    // Deregister frees what a relay holds.
-    assert_eq!(
-        store
-            .deregister(txoutbox::store::DeregisterParams {
-                relay_id: "other",
-                instance: uuid::Uuid::nil()
-            })
-            .await
-            .unwrap(),
-        3
-    );
-    assert_eq!(db.locked().await, 0);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn settle_marks_published_and_backs_off_or_buries_failures() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let ids = enqueue_n(&db, 4).await;
-    let token = Uuid::new_v4();
-    assert_eq!(
-        store
-            .claim(claim("r", token, 10, LEASE))
-            .await
-            .unwrap()
-            .events
-            .len(),
-        4
-    );
-    let failed = vec![
-        Failure {
-            id: ids[1],
-            error: "broker said no".into(),
-            retry_in: Duration::from_secs(60),
-            dead: false,
-            unavailable: false,
-        },
-        Failure {
-            id: ids[2],
-            error: "too large".into(),
-            retry_in: Duration::ZERO,
-            dead: true,
-            unavailable: false,
-        },
-        Failure {
-            id: ids[3],
-            error: "try again soon".into(),
-            retry_in: Duration::from_millis(300),
-            dead: false,
-            unavailable: true,
-        },
-    ];
-    let out = store
-        .settle(SettleParams {
-            claim: &leased(token),
-            published: &ids[..1],
-            failed: &failed,
-        })
-        .await
-        .unwrap();
-    assert_eq!((out.published, out.failed), (1, 3));
-    let rows = db.rows().await;
-    let (ok, backoff, dead, soon) = (&rows[0], &rows[1], &rows[2], &rows[3]);
-    assert!(ok.processed_at.is_some() && ok.dead_at.is_none());
-    assert_eq!(ok.attempts, 0);
-    assert!(backoff.processed_at.is_none() && backoff.dead_at.is_none());
-    assert_eq!(backoff.attempts, 1);
-    assert_eq!(backoff.last_error.as_deref(), Some("broker said no"));
-    assert!(
-        backoff.available_at > backoff.db_now + chrono::Duration::seconds(50),
-        "available_at {} not ~60 s after {}",
-        backoff.available_at,
-        backoff.db_now
-    );
-    assert!(dead.dead_at.is_some() && dead.processed_at.is_none());
-    assert_eq!(dead.attempts, 1);
-    assert_eq!(dead.last_error.as_deref(), Some("too large"));
-    assert_eq!(soon.attempts, 1);
-    let unavailable: Vec<i32> = sqlx::query_scalar(&format!(
-        "SELECT attempts_unavailable FROM {} ORDER BY seq",
-        db.table.qualified()
-    ))
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        unavailable,
-        vec![0, 0, 0, 1],
-        "only the unavailable failure is counted as such"
-    );
-    for r in &rows {
-        assert_eq!(
-            (r.locked_by.as_ref(), r.locked_until, r.lock_token),
-            (None, None, None)
-        );
-    }
-    // Nothing is claimable right now: published, dead, backing off.
-    let none = store
-        .claim(claim("r", Uuid::new_v4(), 10, LEASE))
-        .await
-        .unwrap()
-        .events;
-    assert!(none.is_empty(), "{none:?}");
-    // The short backoff runs out and only that event comes back, with its attempt count.
-    let again = wait_for("the 300 ms backoff to pass", || async {
-        let got = store
-            .claim(claim("r", Uuid::new_v4(), 10, LEASE))
-            .await
-            .unwrap()
-            .events;
-        (!got.is_empty()).then_some(got)
-    })
-    .await;
-    assert_eq!(again.len(), 1);
-    assert_eq!(again[0].id, ids[3]);
-    assert_eq!(again[0].attempts, 1);
-    assert_eq!(again[0].last_error.as_deref(), Some("try again soon"));
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn delete_retention_deletes_on_settle() {
-    let db = TestDb::new().await;
-    let store = db.store_with(Retention::Delete);
-    let ids = enqueue_n(&db, 3).await;
-    let token = Uuid::new_v4();
-    store.claim(claim("r", token, 10, LEASE)).await.unwrap();
-    let out = store
-        .settle(SettleParams {
-            claim: &leased(token),
-            published: &ids[..2],
-            failed: &[Failure {
-                id: ids[2],
-                error: "nope".into(),
-                retry_in: Duration::from_secs(60),
-                dead: false,
-                unavailable: false,
-            }],
-        })
-        .await
-        .unwrap();
-    assert_eq!((out.published, out.failed), (2, 1));
-    let rows = db.rows().await;
-    assert_eq!(rows.len(), 1, "published rows are gone");
-    assert_eq!(rows[0].id, ids[2]);
-    assert_eq!(rows[0].attempts, 1);
-    // Fenced as well: a stale token deletes nothing.
-    let token2 = Uuid::new_v4();
-    db.exec(&format!("UPDATE {} SET available_at = now()", db.q()))
-        .await;
-    store.claim(claim("r", token2, 10, LEASE)).await.unwrap();
-    let out = store
-        .settle(SettleParams {
-            claim: &leased(token),
-            published: &ids[2..],
-            failed: &[],
-        })
-        .await
-        .unwrap();
-    assert_eq!(out.published, 0);
-    assert_eq!(db.total().await, 1);
-    db.cleanup().await;
-}
-
-/// Dead-letter rows by claiming them and settling them as dead.
-async fn bury(db: &TestDb, ids: &[Uuid]) {
-    let store = db.store();
-    let token = Uuid::new_v4();
-    store.claim(claim("r", token, 1000, LEASE)).await.unwrap();
-    let failed: Vec<Failure> = ids
-        .iter()
-        .map(|&id| Failure {
-            id,
-            error: "poison".into(),
-            retry_in: Duration::ZERO,
-            dead: true,
-            unavailable: false,
-        })
-        .collect();
-    store
-        .settle(SettleParams {
-            claim: &leased(token),
-            published: &[],
-            failed: &failed,
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams {
-            claim: &leased(token),
-            ids: &db.rows().await.iter().map(|r| r.id).collect::<Vec<_>>(),
-        })
-        .await
-        .unwrap();
-}
-
 /// The seed's `outbox_dead_letters` view follows dead-lettering, retry and discard (the
 /// operator calls themselves are in the conformance suite).
 #[tokio::test]
 async fn the_dead_letters_view_follows_the_dead_letters() {
-    let db = TestDb::new().await;
-    let store = db.store();
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
     let ids = enqueue_n(&db, 3).await;
-    bury(&db, &ids[..2]).await; // ids[2] stays pending
+    bury(&db, &store, &ids[..2]).await; // ids[2] stays pending
     let view = format!("\"{}\".outbox_dead_letters", db.schema);
     let in_view = || async {
         sqlx::query(&format!("SELECT id FROM {view} ORDER BY seq"))
@@ -593,7 +214,7 @@ async fn the_dead_letters_view_follows_the_dead_letters() {
 
 #[tokio::test]
 async fn inbox_marks_each_event_once_even_concurrently() {
-    let db = TestDb::new().await;
+    let db = PgHarness::new().await;
     let inbox = Inbox::new(db.table.clone());
     let id = Uuid::now_v7();
     assert!(inbox.mark_processed(&db.pool, id).await.unwrap());
@@ -670,78 +291,13 @@ async fn inbox_marks_each_event_once_even_concurrently() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn counts_reflect_every_state() {
-    let db = TestDb::new().await;
-    let store = db.store();
-    let c = store.counts().await.unwrap();
-    assert_eq!((c.pending, c.leased, c.dead, c.processed), (0, 0, 0, 0));
-    assert_eq!(c.oldest_pending_age_secs, None);
-    assert!(!store
-        .has_unfinished(txoutbox::store::Ordering::Ordered)
-        .await
-        .unwrap());
-
-    let ids = enqueue_n(&db, 8).await;
-    // 3 published, 1 dead, 1 backing off, 2 leased, 1 untouched.
-    let token = Uuid::new_v4();
-    store.claim(claim("r", token, 6, LEASE)).await.unwrap();
-    store
-        .settle(SettleParams {
-            claim: &leased(token),
-            published: &ids[..3],
-            failed: &[
-                Failure {
-                    id: ids[3],
-                    error: "dead".into(),
-                    retry_in: Duration::ZERO,
-                    dead: true,
-                    unavailable: false,
-                },
-                Failure {
-                    id: ids[4],
-                    error: "later".into(),
-                    retry_in: Duration::from_secs(60),
-                    dead: false,
-                    unavailable: false,
-                },
-            ],
-        })
-        .await
-        .unwrap();
-    store
-        .release(ReleaseParams {
-            claim: &leased(token),
-            ids: &ids[5..6],
-        })
-        .await
-        .unwrap();
-    let leased = store
-        .claim(claim("r2", Uuid::new_v4(), 2, LEASE))
-        .await
-        .unwrap()
-        .events;
-    assert_eq!(leased.iter().map(|e| e.id).collect::<Vec<_>>(), ids[5..7]);
-    let c = store.counts().await.unwrap();
-    assert_eq!(c.pending, 2, "{c:?}"); // ids[4] (backing off) and ids[7]
-    assert_eq!(c.leased, 2, "{c:?}");
-    assert_eq!(c.dead, 1, "{c:?}");
-    assert_eq!(c.processed, 3, "{c:?}");
-    assert!(c.oldest_pending_age_secs.unwrap() >= 0.0);
-    assert!(store
-        .has_unfinished(txoutbox::store::Ordering::Ordered)
-        .await
-        .unwrap());
-    db.cleanup().await;
-}
-
 /// Unordered claims skip the already-drained front of the pending index while they come back
 /// full; an event committed late with a lower `seq` (and one released behind the cursor) must
 /// still be found once a claim comes back short.
 #[tokio::test]
 async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases() {
-    let db = TestDb::new().await;
-    let store = db.store();
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
     // A transaction takes its seq first and commits last.
     let mut late = db.pool.begin().await.unwrap();
     let late_id = db.outbox().enqueue(&mut *late, &event(0)).await.unwrap();
@@ -765,7 +321,7 @@ async fn unordered_claims_past_the_cursor_still_find_late_commits_and_releases()
     assert_eq!(again.len(), 10, "a full claim past the cursor");
     sqlx::query(&format!(
         "UPDATE {} SET locked_until = NULL, locked_by = NULL, lock_token = NULL WHERE id = $1",
-        db.q()
+        db.table.qualified()
     ))
     .bind(released)
     .execute(&db.pool)
@@ -832,8 +388,8 @@ async fn relay_connect_options_turn_jit_off_unless_the_url_sets_it() {
 #[tokio::test]
 async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
     use txoutbox::store::{Ordering, RebalanceParams};
-    let db = TestDb::new().await;
-    let store = db.store();
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
     let outbox = txoutbox::Outbox::new(db.table.clone());
     // 20 events of aggregate a, then one of b.
     let mut ids = Vec::new();
