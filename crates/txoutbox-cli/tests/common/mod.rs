@@ -1,16 +1,15 @@
-//! Support for the CLI tests: a fresh schema per test, the real binary, real brokers.
+//! Support for the CLI tests: a fresh schema per test (the library's PostgreSQL harness), the
+//! real binary, real brokers.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::process::{Child, Command};
+pub use txoutbox::testing::postgres::database_url;
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
 pub fn nats_url() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
@@ -25,26 +24,22 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// A schema of its own in the test database, dropped by `cleanup`.
-pub struct TestSchema {
-    pub schema: String,
-    pub pool: PgPool,
-    cleaned: bool,
+/// A schema of its own in the test database: the library's PostgreSQL harness
+/// (`txoutbox::testing::postgres::PgHarness`, whose `pool` and `schema` it derefs to),
+/// dropped by `cleanup` or, should the test panic first, on drop.
+pub struct TestSchema(PgHarness);
+
+impl std::ops::Deref for TestSchema {
+    type Target = PgHarness;
+    fn deref(&self) -> &PgHarness {
+        &self.0
+    }
 }
 
 impl TestSchema {
     /// A fresh, empty schema name (not yet migrated).
     pub async fn new() -> Self {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&database_url())
-            .await
-            .expect("connect to the test database");
-        Self {
-            schema: unique("txo_cli"),
-            pool,
-            cleaned: false,
-        }
+        Self(PgHarness::unmigrated().await)
     }
 
     /// A fresh schema, migrated with the binary.
@@ -56,7 +51,7 @@ impl TestSchema {
     }
 
     pub fn table(&self) -> String {
-        format!("\"{}\".outbox_events", self.schema)
+        self.0.table.qualified()
     }
 
     /// The binary with DATABASE_URL and TXOUTBOX_SCHEMA set for this test.
@@ -120,14 +115,7 @@ impl TestSchema {
     }
 
     pub async fn cleanup(self) {
-        sqlx::query(&format!(
-            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await
-        .expect("drop schema");
-        self.pool.close().await;
+        self.0.cleanup().await;
     }
 }
 

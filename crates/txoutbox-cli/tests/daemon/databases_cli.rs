@@ -226,25 +226,12 @@ async fn scheme_errors_are_clear() {
     );
 }
 
-fn mysql_url(database: &str) -> String {
-    let base =
-        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    let mut u = url::Url::parse(&base).unwrap();
-    u.set_path(&format!("/{database}"));
-    u.to_string()
-}
-
 /// migrate, enqueue, relay --drain, status, dlq and demo on a mysql:// URL.
 #[tokio::test]
 async fn migrate_enqueue_relay_status_and_demo_on_mysql() {
     let dir = Dir::new();
-    let name = unique("txo_cli");
-    let admin = sqlx::MySqlPool::connect(&mysql_url("")).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE `{name}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let url = mysql_url(&name);
+    let h = txoutbox::testing::mysql::MySqlHarness::unmigrated().await;
+    let url = h.url();
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
@@ -319,10 +306,7 @@ async fn migrate_enqueue_relay_status_and_demo_on_mysql() {
             .count(),
         20
     );
-    sqlx::query(&format!("DROP DATABASE `{name}`"))
-        .execute(&admin)
-        .await
-        .unwrap();
+    h.cleanup().await;
 }
 
 /// Each check once per database: `mod postgres`, `mod mysql`, `mod sqlite`.

@@ -58,11 +58,10 @@ pub struct MySqlHarness {
     cleaned: bool,
 }
 
-#[async_trait::async_trait(?Send)]
-impl Harness for MySqlHarness {
-    type Store = MySqlStore;
-
-    async fn new() -> Self {
+impl MySqlHarness {
+    /// The test's database, created but not migrated (for tests of `migrate` itself);
+    /// dropped like that of [`Harness::new`].
+    pub async fn unmigrated() -> Self {
         let database = format!("txo_conf_{}", &Uuid::new_v4().simple().to_string()[..16]);
         let admin = pool(&url_for(""), 1).await;
         sqlx::query(&format!("CREATE DATABASE `{database}`"))
@@ -70,15 +69,23 @@ impl Harness for MySqlHarness {
             .await
             .unwrap();
         admin.close().await;
-        let table = OutboxTable::default();
-        let pool = pool(&url_for(&database), 10).await;
-        migrate(&pool, &table).await.unwrap();
         Self {
-            pool,
+            pool: pool(&url_for(&database), 10).await,
             database,
-            table,
+            table: OutboxTable::default(),
             cleaned: false,
         }
+    }
+}
+
+#[async_trait::async_trait(?Send)]
+impl Harness for MySqlHarness {
+    type Store = MySqlStore;
+
+    async fn new() -> Self {
+        let h = Self::unmigrated().await;
+        migrate(&h.pool, &h.table).await.unwrap();
+        h
     }
 
     async fn store(&self, retention: Retention) -> MySqlStore {
