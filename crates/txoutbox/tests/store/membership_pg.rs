@@ -51,6 +51,15 @@ fn config(relay_id: &str) -> RelayConfig {
     c
 }
 
+/// A relay `relay_id` on the harness's pool, publishing to a recording publisher.
+fn relay(db: &PgHarness, relay_id: &str) -> Relay {
+    Relay::new(
+        db.pool_store(),
+        RecordingPublisher::new().boxed(),
+        config(relay_id),
+    )
+}
+
 async fn enqueue(db: &PgHarness, aggregate: &str, n: usize) -> Vec<Uuid> {
     let outbox = db.outbox();
     let mut ids = Vec::new();
@@ -228,12 +237,7 @@ async fn relays_of_both_modes_registering_at_once_never_both_pass() {
 #[tokio::test]
 async fn a_mode_conflict_found_by_a_later_heartbeat_stops_the_relay() {
     let db = PgHarness::new().await;
-    let relay = Relay::new(
-        db.pool_store(),
-        RecordingPublisher::new().boxed(),
-        config("ord"),
-    )
-    .spawn();
+    let relay = relay(&db, "ord").spawn();
     wait_until("the relay registered", || async {
         db.count_relays("relay_id = 'ord'").await == 1
     })
@@ -259,21 +263,12 @@ async fn a_mode_conflict_found_by_a_later_heartbeat_stops_the_relay() {
 #[tokio::test]
 async fn a_relay_id_held_by_a_live_process_is_refused_and_its_exit_strips_nobody() {
     let db = PgHarness::new().await;
-    let first = Relay::new(
-        db.pool_store(),
-        RecordingPublisher::new().boxed(),
-        config("same"),
-    )
-    .spawn();
+    let first = relay(&db, "same").spawn();
     wait_until("the first relay owns partitions", || async {
         db.count_partitions("owner = 'same'").await == 64
     })
     .await;
-    let second = Relay::new(
-        db.pool_store(),
-        RecordingPublisher::new().boxed(),
-        config("same"),
-    );
+    let second = relay(&db, "same");
     let result = tokio::time::timeout(DEADLINE, second.run(Default::default()))
         .await
         .expect("the second relay gives up at once");
