@@ -13,11 +13,15 @@ mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod rows;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod text;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod undecodable;
 pub mod wakeup;

@@ -136,7 +136,7 @@ pub(crate) async fn rebalance<C: Coordinator>(
 }
 
 /// The statements of a heartbeat that differ between databases in their SQL only, each
-/// binding text in the order given.
+/// binding text in the order given. Built by [`shared_sql`] from the database's files.
 #[derive(Debug)]
 pub(crate) struct SharedSql {
     /// Take the registration lock ([`Coordinator::lock`]).
@@ -150,6 +150,33 @@ pub(crate) struct SharedSql {
     pub partition_count: String,
     /// `mode` -> the number of live relays.
     pub live_relays: String,
+}
+
+/// The [`SharedSql`] of database `$db`: its files `sql/partitions_lock.sql`,
+/// `partitions_other_mode`, `partitions_unregister`, `partitions_forget_dead`,
+/// `partition_count` and `partitions_live_relays`, filled by `$fill` (a `store::sql::Fill`).
+macro_rules! shared_sql {
+    ($db:literal, $fill:expr) => {{
+        use $crate::store::sql::sql_file;
+        let f = $fill;
+        $crate::store::partitions::SharedSql {
+            lock: f.fill(sql_file!($db, "partitions_lock")),
+            other_mode: f.fill(sql_file!($db, "partitions_other_mode")),
+            unregister: f.fill(sql_file!($db, "partitions_unregister")),
+            forget_dead: f.fill(sql_file!($db, "partitions_forget_dead")),
+            partition_count: f.fill(sql_file!($db, "partition_count")),
+            live_relays: f.fill(sql_file!($db, "partitions_live_relays")),
+        }
+    }};
+}
+pub(crate) use shared_sql;
+
+/// A database's heartbeat statements, filled once when its store is built: the shared ones,
+/// and its own (`S`, which runs them: [`OwnSql`]).
+#[derive(Debug)]
+pub(crate) struct HeartbeatSql<S> {
+    pub shared: SharedSql,
+    pub own: S,
 }
 
 /// The statements of a heartbeat whose parameters or steps differ between databases; as on
@@ -190,32 +217,50 @@ pub(crate) trait OwnSql<DB: Database> {
     ) -> Result<Vec<i32>, sqlx::Error>;
 }
 
-/// A heartbeat's transaction on a database that supplies [`SharedSql`] and [`OwnSql`].
+/// A heartbeat's transaction on a database that supplies its [`HeartbeatSql`].
 pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
     pub tx: Transaction<'c, DB>,
     pub table: &'a OutboxTable,
-    pub shared: SharedSql,
-    pub own: S,
+    pub sql: &'a HeartbeatSql<S>,
 }
 
-impl<DB: Database, S> InTransaction<'_, '_, DB, S> {
-    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
-        |e| db_error(self.table, e)
+impl<'a, DB: Database, S> InTransaction<'_, 'a, DB, S> {
+    fn err(&self) -> impl Fn(sqlx::Error) -> Error + 'a {
+        let t = self.table;
+        move |e| db_error(t, e)
+    }
+
+    /// What a step of [`OwnSql`] runs with: the statements, the transaction, the error.
+    fn own(&mut self) -> (&'a S, &mut DB::Connection, impl Fn(sqlx::Error) -> Error + 'a) {
+        let err = self.err();
+        (&self.sql.own, &mut *self.tx, err)
+    }
+
+    /// A statement of [`SharedSql`] with `binds`, on the transaction.
+    async fn shared<'q>(
+        &mut self,
+        sql: impl FnOnce(&'a SharedSql) -> &'a str,
+        binds: &[&'q str],
+        fetch: bool,
+    ) -> Result<Option<DB::Row>, Error>
+    where
+        for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+        for<'x> DB::Arguments<'x>: IntoArguments<'x, DB>,
+        for<'x> &'x str: Encode<'x, DB> + Type<DB>,
+    {
+        let q = binds
+            .iter()
+            .fold(sqlx::query::<DB>(sql(&self.sql.shared)), |q, b| q.bind(*b));
+        let err = self.err();
+        if fetch {
+            q.fetch_optional(&mut *self.tx).await.map_err(err)
+        } else {
+            q.execute(&mut *self.tx).await.map_err(err).map(|_| None)
+        }
     }
 }
 
-/// `sql` with `binds`, on `conn`.
-fn query_text<'q, DB: Database>(
-    sql: &'q str,
-    binds: &[&'q str],
-) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
-where
-    &'q str: Encode<'q, DB> + Type<DB>,
-{
-    binds.iter().fold(sqlx::query(sql), |q, b| q.bind(*b))
-}
-
-impl<DB, S> Coordinator for InTransaction<'_, '_, DB, S>
+impl<'a, DB, S> Coordinator for InTransaction<'_, 'a, DB, S>
 where
     DB: Database,
     S: OwnSql<DB>,
@@ -227,9 +272,7 @@ where
     usize: ColumnIndex<DB::Row>,
 {
     async fn lock(&mut self) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.lock, &[]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+        self.shared(|s| &s.lock, &[], false).await.map(drop)
     }
 
     async fn held_elsewhere(
@@ -237,11 +280,8 @@ where
         relay_id: &str,
         instance: &str,
     ) -> Result<Option<f64>, Error> {
-        let t = self.table;
-        self.own
-            .held_elsewhere(&mut self.tx, relay_id, instance)
-            .await
-            .map_err(|e| db_error(t, e))
+        let (own, conn, err) = self.own();
+        own.held_elsewhere(conn, relay_id, instance).await.map_err(err)
     }
 
     async fn register(
@@ -251,11 +291,8 @@ where
         instance: &str,
         lease: Duration,
     ) -> Result<(), Error> {
-        let t = self.table;
-        self.own
-            .register(&mut self.tx, relay_id, mode, instance, lease)
-            .await
-            .map_err(|e| db_error(t, e))
+        let (own, conn, err) = self.own();
+        own.register(conn, relay_id, mode, instance, lease).await.map_err(err)
     }
 
     async fn other_mode(
@@ -263,50 +300,37 @@ where
         relay_id: &str,
         mode: &str,
     ) -> Result<Option<(String, String)>, Error> {
-        let q = query_text::<DB>(&self.shared.other_mode, &[relay_id, mode]);
-        let row = q.fetch_optional(&mut *self.tx).await.map_err(self.err())?;
+        let row = self.shared(|s| &s.other_mode, &[relay_id, mode], true).await?;
         let pair = row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)));
         pair.transpose().map_err(Error::Database)
     }
 
     async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.unregister, &[relay_id]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+        self.shared(|s| &s.unregister, &[relay_id], false).await.map(drop)
     }
 
     async fn forget_dead(&mut self) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.forget_dead, &[]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+        self.shared(|s| &s.forget_dead, &[], false).await.map(drop)
     }
 
     async fn partition_count(&mut self) -> Result<i64, Error> {
-        let q = query_text::<DB>(&self.shared.partition_count, &[]);
-        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
-        row.try_get(0).map_err(Error::Database)
+        let row = self.shared(|s| &s.partition_count, &[], true).await?;
+        count(row)
     }
 
     async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
-        let q = query_text::<DB>(&self.shared.live_relays, &[mode]);
-        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
-        row.try_get(0).map_err(Error::Database)
+        let row = self.shared(|s| &s.live_relays, &[mode], true).await?;
+        count(row)
     }
 
     async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
-        let t = self.table;
-        self.own
-            .renew(&mut self.tx, relay_id, lease)
-            .await
-            .map_err(|e| db_error(t, e))
+        let (own, conn, err) = self.own();
+        own.renew(conn, relay_id, lease).await.map_err(err)
     }
 
     async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
-        let t = self.table;
-        self.own
-            .give_up(&mut self.tx, relay_id, parts)
-            .await
-            .map_err(|e| db_error(t, e))
+        let (own, conn, err) = self.own();
+        own.give_up(conn, relay_id, parts).await.map_err(err)
     }
 
     async fn take(
@@ -315,22 +339,30 @@ where
         lease: Duration,
         want: i64,
     ) -> Result<Vec<i32>, Error> {
-        let t = self.table;
-        self.own
-            .take(&mut self.tx, relay_id, lease, want)
-            .await
-            .map_err(|e| db_error(t, e))
+        let (own, conn, err) = self.own();
+        own.take(conn, relay_id, lease, want).await.map_err(err)
     }
 
     async fn commit(self) -> Result<(), Error> {
-        self.tx.commit().await.map_err(|e| db_error(self.table, e))
+        let err = self.err();
+        self.tx.commit().await.map_err(err)
     }
 
     async fn rollback(self) -> Result<(), Error> {
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| db_error(self.table, e))
+        let err = self.err();
+        self.tx.rollback().await.map_err(err)
+    }
+}
+
+/// The count in the first column of a `count(*)` row (which always comes back).
+fn count<R: Row>(row: Option<R>) -> Result<i64, Error>
+where
+    usize: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    match row {
+        Some(r) => r.try_get(0).map_err(Error::Database),
+        None => Err(Error::Database(sqlx::Error::RowNotFound)),
     }
 }
 

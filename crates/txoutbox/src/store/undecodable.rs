@@ -321,6 +321,19 @@ where
     Ok(c.finish(event, event_type, aggregate))
 }
 
+/// A row of a text-row store as an event, with placeholders where a column does not decode
+/// (operator listings).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn text_event<'r, R: Row>(r: &'r R) -> Result<OutboxEvent, Error>
+where
+    &'static str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database>,
+{
+    Ok(decode_text_row(r)?.event)
+}
+
 /// A claim's rows on a text-row store ([`decode_text_row`]), [`split`].
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn split_text_rows<'r, R: Row>(rows: &'r [R], ordering: Ordering) -> Result<Split, Error>

@@ -90,11 +90,7 @@ impl Operator for PgStore {
     }
 
     async fn get_event(&self, id: Uuid) -> Result<Option<OutboxEvent>, Error> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE id = $1",
-            self.table().qualified()
-        );
-        let row = sqlx::query(&sql)
+        let row = sqlx::query(&self.q.event)
             .bind(id)
             .fetch_optional(self.pool())
             .await
@@ -135,20 +131,9 @@ impl Operator for PgStore {
         Ok(done.rows_affected())
     }
 
-    /// Rows another transaction holds are skipped.
+    /// One statement, its locks bounded by the batch (see `sql/purge.sql`).
     async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        // ctid = ANY(ARRAY(...)) is a TID scan: the DELETE touches exactly the rows the
-        // sub-select picked, and the sub-select's LIMIT bounds the locks and the WAL of one
-        // statement. The condition is repeated so a row changed in between is left alone.
-        let q = self.table().qualified();
-        let sql = format!(
-            "DELETE FROM {q} WHERE ctid = ANY(ARRAY(
-                SELECT ctid FROM {q}
-                WHERE processed_at < now() - $1 * interval '1 millisecond'
-                LIMIT $2 FOR UPDATE SKIP LOCKED
-             )) AND processed_at < now() - $1 * interval '1 millisecond'"
-        );
-        let done = sqlx::query(&sql)
+        let done = sqlx::query(&self.q.purge)
             .bind(crate::store::operator::millis(older_than) as f64)
             .bind(batch.max(1))
             .execute(self.pool())

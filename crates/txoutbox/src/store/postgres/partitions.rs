@@ -1,44 +1,41 @@
 //! The partition coordinator on PostgreSQL (the algorithm: `store::partitions`): the
-//! heartbeat's statements, and the relay listing.
+//! heartbeat's own statements (`sql/partitions_*.sql`), and the relay listing.
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, Postgres, Row};
 
+use super::PgStore;
 use crate::error::{db_error, Error};
-use crate::store::partitions::{self as shared, InTransaction, OwnSql, SharedSql};
+use crate::store::partitions::{self as shared, shared_sql, HeartbeatSql, InTransaction, OwnSql};
+use crate::store::sql::{sql_file, Fill};
 use crate::store::{Membership, RebalanceParams, RelayInfo};
-use crate::OutboxTable;
 
 fn ms(d: Duration) -> f64 {
     d.as_millis() as f64
 }
 
 /// PostgreSQL's own heartbeat statements, on the outbox's `relays` and `partitions` tables.
-struct Pg {
-    relays: String,
-    partitions: String,
+#[derive(Debug)]
+pub(super) struct Pg {
+    held_elsewhere: String,
+    register: String,
+    renew: String,
+    give_up: String,
+    take: String,
 }
 
-impl Pg {
-    fn shared(&self) -> SharedSql {
-        let (relays, partitions) = (&self.relays, &self.partitions);
-        SharedSql {
-            // Conflicts with itself and with writes, not with readers (`txoutbox status`).
-            lock: format!("LOCK TABLE {relays} IN SHARE ROW EXCLUSIVE MODE"),
-            other_mode: format!(
-                "SELECT relay_id, mode FROM {relays}
-                 WHERE relay_id <> $1 AND mode <> $2 AND alive_until > now() LIMIT 1"
-            ),
-            unregister: format!("DELETE FROM {relays} WHERE relay_id = $1"),
-            forget_dead: format!(
-                "DELETE FROM {relays} WHERE alive_until < now() - interval '1 hour'"
-            ),
-            partition_count: format!("SELECT count(*) FROM {partitions}"),
-            live_relays: format!(
-                "SELECT count(*) FROM {relays} WHERE mode = $1 AND alive_until > now()"
-            ),
-        }
+/// The heartbeat's statements, filled by `f`.
+pub(super) fn heartbeat_sql(f: &Fill) -> HeartbeatSql<Pg> {
+    HeartbeatSql {
+        shared: shared_sql!("postgres", f),
+        own: Pg {
+            held_elsewhere: f.fill(sql_file!("postgres", "partitions_held_elsewhere")),
+            register: f.fill(sql_file!("postgres", "partitions_register")),
+            renew: f.fill(sql_file!("postgres", "partitions_renew")),
+            give_up: f.fill(sql_file!("postgres", "partitions_give_up")),
+            take: f.fill(sql_file!("postgres", "partitions_take")),
+        },
     }
 }
 
@@ -49,13 +46,8 @@ impl OwnSql<Postgres> for Pg {
         relay_id: &str,
         instance: &str,
     ) -> Result<Option<f64>, sqlx::Error> {
-        let sql = format!(
-            "SELECT extract(epoch FROM alive_until - now())::float8 FROM {}
-             WHERE relay_id = $1 AND alive_until > now() AND instance IS DISTINCT FROM $2",
-            self.relays
-        );
-        let q = sqlx::query_scalar(&sql).bind(relay_id).bind(instance);
-        q.fetch_optional(conn).await
+        let q = sqlx::query_scalar(&self.held_elsewhere).bind(relay_id);
+        q.bind(instance).fetch_optional(conn).await
     }
 
     async fn register(
@@ -66,16 +58,8 @@ impl OwnSql<Postgres> for Pg {
         instance: &str,
         lease: Duration,
     ) -> Result<(), sqlx::Error> {
-        let sql = format!(
-            "INSERT INTO {} (relay_id, mode, instance, heartbeat_at, alive_until)
-             VALUES ($1, $2, $4, now(), now() + $3 * interval '1 millisecond')
-             ON CONFLICT (relay_id) DO UPDATE
-             SET mode = EXCLUDED.mode, instance = EXCLUDED.instance, heartbeat_at = now(),
-                 alive_until = EXCLUDED.alive_until",
-            self.relays
-        );
-        let q = sqlx::query(&sql).bind(relay_id).bind(mode).bind(ms(lease));
-        q.bind(instance).execute(conn).await?;
+        let q = sqlx::query(&self.register).bind(relay_id).bind(mode);
+        q.bind(ms(lease)).bind(instance).execute(conn).await?;
         Ok(())
     }
 
@@ -85,13 +69,8 @@ impl OwnSql<Postgres> for Pg {
         relay_id: &str,
         lease: Duration,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET lease_until = now() + $2 * interval '1 millisecond'
-             WHERE owner = $1 AND lease_until > now() RETURNING partition",
-            self.partitions
-        );
-        let q = sqlx::query_scalar(&sql).bind(relay_id).bind(ms(lease));
-        q.fetch_all(conn).await
+        let q = sqlx::query_scalar(&self.renew).bind(relay_id);
+        q.bind(ms(lease)).fetch_all(conn).await
     }
 
     async fn give_up(
@@ -100,20 +79,11 @@ impl OwnSql<Postgres> for Pg {
         relay_id: &str,
         parts: &[i32],
     ) -> Result<(), sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET owner = NULL, lease_until = NULL
-             WHERE owner = $1 AND partition = ANY($2)",
-            self.partitions
-        );
-        sqlx::query(&sql)
-            .bind(relay_id)
-            .bind(parts)
-            .execute(conn)
-            .await?;
+        let q = sqlx::query(&self.give_up).bind(relay_id);
+        q.bind(parts).execute(conn).await?;
         Ok(())
     }
 
-    /// A new owner bumps the partition's epoch: claims fenced by the old epoch fail.
     async fn take(
         &self,
         conn: &mut PgConnection,
@@ -121,68 +91,43 @@ impl OwnSql<Postgres> for Pg {
         lease: Duration,
         want: i64,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {p} SET owner = $1, lease_until = now() + $2 * interval '1 millisecond',
-                 epoch = epoch + 1
-             WHERE partition IN (
-                SELECT partition FROM {p}
-                WHERE owner IS NULL OR lease_until IS NULL OR lease_until <= now()
-                ORDER BY partition LIMIT $3
-                FOR UPDATE SKIP LOCKED
-             )
-             RETURNING partition",
-            p = self.partitions
-        );
-        let q = sqlx::query_scalar(&sql).bind(relay_id).bind(ms(lease));
+        let q = sqlx::query_scalar(&self.take).bind(relay_id).bind(ms(lease));
         q.bind(want).fetch_all(conn).await
     }
 }
 
-pub(super) async fn rebalance(
-    pool: &PgPool,
-    t: &OutboxTable,
-    p: RebalanceParams<'_>,
-) -> Result<Membership, Error> {
-    let own = Pg {
-        relays: t.derived("relays"),
-        partitions: t.derived("partitions"),
-    };
-    let c = InTransaction {
-        tx: pool.begin().await.map_err(|e| db_error(t, e))?,
-        table: t,
-        shared: own.shared(),
-        own,
-    };
-    shared::rebalance(c, t, p).await
+impl PgStore {
+    pub(super) async fn rebalance_partitions(
+        &self,
+        p: RebalanceParams<'_>,
+    ) -> Result<Membership, Error> {
+        let c = InTransaction {
+            tx: self.pool.begin().await.map_err(|e| self.err(e))?,
+            table: &self.table,
+            sql: &self.q.heartbeat,
+        };
+        shared::rebalance(c, &self.table, p).await
+    }
+
+    /// The relays registered on this table, with the partitions each owns.
+    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        let rows = sqlx::query(&self.q.relays)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_error(&self.table, e))?;
+        rows.iter()
+            .map(|r| {
+                Ok(RelayInfo {
+                    relay_id: r.try_get("relay_id")?,
+                    mode: r.try_get("mode")?,
+                    started_at: r.try_get("started_at")?,
+                    heartbeat_at: r.try_get("heartbeat_at")?,
+                    alive: r.try_get("alive")?,
+                    partitions: r.try_get("partitions")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::Database)
+    }
 }
 
-pub(super) async fn relays(pool: &PgPool, t: &OutboxTable) -> Result<Vec<RelayInfo>, Error> {
-    let err = |e| db_error(t, e);
-    let rows = sqlx::query(&format!(
-        "SELECT r.relay_id, r.mode, r.started_at, r.heartbeat_at, r.alive_until > now() AS alive,
-                coalesce(array_agg(p.partition ORDER BY p.partition)
-                         FILTER (WHERE p.partition IS NOT NULL), '{{}}') AS partitions
-         FROM {} r
-         LEFT JOIN {} p ON p.owner = r.relay_id AND p.lease_until > now()
-         GROUP BY r.relay_id
-         ORDER BY r.started_at",
-        t.derived("relays"),
-        t.derived("partitions")
-    ))
-    .fetch_all(pool)
-    .await
-    .map_err(err)?;
-    rows.iter()
-        .map(|r| {
-            Ok(RelayInfo {
-                relay_id: r.try_get("relay_id")?,
-                mode: r.try_get("mode")?,
-                started_at: r.try_get("started_at")?,
-                heartbeat_at: r.try_get("heartbeat_at")?,
-                alive: r.try_get("alive")?,
-                partitions: r.try_get("partitions")?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Error::Database)
-}

@@ -3,10 +3,10 @@
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
+use super::queries::names;
 use crate::error::{db_error, Error};
+use crate::store::sql::sql_file;
 use crate::{NewEvent, OutboxTable};
-
-const COLS: &str = "id, aggregate_type, aggregate_id, event_type, payload, headers";
 
 /// One event: a plain insert. Several: one statement through `unnest`, `WITH ORDINALITY`
 /// keeping `seq` in slice order.
@@ -15,11 +15,8 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
     executor: E,
     events: &[NewEvent],
 ) -> Result<(), Error> {
-    let q = t.qualified();
     if let [event] = events {
-        sqlx::query(&format!(
-            "INSERT INTO {q} ({COLS}) VALUES ($1, $2, $3, $4, $5, $6)"
-        ))
+        sqlx::query(&names(t).fill(sql_file!("postgres", "insert_one")))
         .bind(event.id)
         .bind(&event.aggregate_type)
         .bind(&event.aggregate_id)
@@ -48,12 +45,7 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         pl.push(sqlx::types::Json(&e.payload));
         hd.push(sqlx::types::Json(&e.headers));
     }
-    sqlx::query(&format!(
-        "INSERT INTO {q} ({COLS}) SELECT {COLS} \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) \
-           WITH ORDINALITY AS e({COLS}, n) \
-         ORDER BY n"
-    ))
+    sqlx::query(&names(t).fill(sql_file!("postgres", "insert_many")))
     .bind(&ids)
     .bind(&at)
     .bind(&ai)
@@ -71,10 +63,7 @@ pub(crate) async fn create_inbox<'e, E: PgExecutor<'e>>(
     t: &OutboxTable,
     executor: E,
 ) -> Result<(), Error> {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
-        t.processed_events()
-    ))
+    sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_create")))
     .execute(executor)
     .await
     .map_err(Error::Database)?;
@@ -88,10 +77,7 @@ pub(crate) async fn mark_processed<'e, E: PgExecutor<'e>>(
     executor: E,
     event_id: Uuid,
 ) -> Result<bool, Error> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
-        t.processed_events()
-    ))
+    let done = sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_mark")))
     .bind(event_id)
     .execute(executor)
     .await

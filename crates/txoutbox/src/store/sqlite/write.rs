@@ -3,9 +3,10 @@
 use sqlx::{Executor, Sqlite};
 use uuid::Uuid;
 
-use super::schema::{table, NOW_MS};
+use super::queries::names;
 use crate::error::{db_error, Error};
-use crate::store::rows::{insert_text, INSERT_COLUMNS};
+use crate::store::rows::insert_text;
+use crate::store::sql::sql_file;
 use crate::{NewEvent, OutboxTable};
 
 /// One event: a plain insert. Several: one statement over a JSON array of rows (`json_each`),
@@ -18,25 +19,17 @@ pub(crate) async fn insert<'e, E>(
 where
     E: Executor<'e, Database = Sqlite>,
 {
-    let q = table(t);
-    let one = format!("INSERT INTO {q} ({INSERT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
-    let many = format!(
-        "INSERT INTO {q} ({INSERT_COLUMNS})
-         SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-                json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
-         FROM json_each(?1) ORDER BY key"
-    );
+    let f = names(t);
+    let one = f.fill(sql_file!("sqlite", "insert_one"));
+    let many = f.fill(sql_file!("sqlite", "insert_many"));
     insert_text(t, executor, events, &one, &many).await
 }
 
-pub(crate) async fn create_inbox<'e, E>(_t: &OutboxTable, executor: E) -> Result<(), Error>
+pub(crate) async fn create_inbox<'e, E>(t: &OutboxTable, executor: E) -> Result<(), Error>
 where
     E: Executor<'e, Database = Sqlite>,
 {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS processed_events (event_id TEXT PRIMARY KEY, \
-         processed_at INTEGER NOT NULL DEFAULT ({NOW_MS}))"
-    ))
+    sqlx::query(&names(t).fill(sql_file!("sqlite", "inbox_create")))
     .execute(executor)
     .await
     .map_err(Error::Database)?;
@@ -53,9 +46,7 @@ pub(crate) async fn mark_processed<'e, E>(
 where
     E: Executor<'e, Database = Sqlite>,
 {
-    let done = sqlx::query(
-        "INSERT INTO processed_events (event_id) VALUES (?1) ON CONFLICT (event_id) DO NOTHING",
-    )
+    let done = sqlx::query(&names(t).fill(sql_file!("sqlite", "inbox_mark")))
     .bind(id.hyphenated().to_string())
     .execute(executor)
     .await
