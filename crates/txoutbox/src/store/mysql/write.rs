@@ -3,9 +3,10 @@
 use sqlx::{Executor, MySql};
 use uuid::Uuid;
 
-use super::schema::{plain, table};
+use super::queries::names;
 use crate::error::{db_error, Error};
-use crate::store::rows::{insert_text, INSERT_COLUMNS};
+use crate::store::rows::insert_text;
+use crate::store::sql::sql_file;
 use crate::{NewEvent, OutboxTable};
 
 /// One event: a plain insert. Several: one statement over a JSON array of rows (`JSON_TABLE`),
@@ -18,22 +19,9 @@ pub(crate) async fn insert<'e, E>(
 where
     E: Executor<'e, Database = MySql>,
 {
-    let q = table(t);
-    let one = format!("INSERT INTO {q} ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)");
-    let many = format!(
-        "INSERT INTO {q} ({INSERT_COLUMNS})
-         SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.headers
-         FROM JSON_TABLE(?, '$[*]' COLUMNS (
-             n FOR ORDINALITY,
-             id CHAR(36) PATH '$[0]',
-             aggregate_type VARCHAR(255) PATH '$[1]',
-             aggregate_id VARCHAR(255) PATH '$[2]',
-             event_type VARCHAR(255) PATH '$[3]',
-             payload LONGTEXT PATH '$[4]',
-             headers LONGTEXT PATH '$[5]'
-         )) AS j
-         ORDER BY j.n"
-    );
+    let f = names(t);
+    let one = f.fill(sql_file!("mysql", "insert_one"));
+    let many = f.fill(sql_file!("mysql", "insert_many"));
     insert_text(t, executor, events, &one, &many).await
 }
 
@@ -41,12 +29,7 @@ pub(crate) async fn create_inbox<'e, E>(t: &OutboxTable, executor: E) -> Result<
 where
     E: Executor<'e, Database = MySql>,
 {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {} (event_id CHAR(36) CHARACTER SET ascii NOT NULL PRIMARY KEY, \
-         processed_at BIGINT NOT NULL DEFAULT ({})) ENGINE = InnoDB",
-        plain(t, "processed_events"),
-        super::schema::NOW_MS
-    ))
+    sqlx::query(&names(t).fill(sql_file!("mysql", "inbox_create")))
     .execute(executor)
     .await
     .map_err(Error::Database)?;
@@ -63,10 +46,7 @@ pub(crate) async fn mark_processed<'e, E>(
 where
     E: Executor<'e, Database = MySql>,
 {
-    let done = sqlx::query(&format!(
-        "INSERT IGNORE INTO {} (event_id) VALUES (?)",
-        plain(t, "processed_events")
-    ))
+    let done = sqlx::query(&names(t).fill(sql_file!("mysql", "inbox_mark")))
     .bind(id.hyphenated().to_string())
     .execute(executor)
     .await
