@@ -7,10 +7,13 @@
 //!
 //! [`rebalance`] is that algorithm, once, over the steps of a [`Coordinator`] (one
 //! transaction). [`InTransaction`] is the coordinator of every database: it runs the
-//! statements that differ only in their SQL ([`SharedSql`]) itself, and leaves those whose
-//! parameters or steps differ ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL
-//! locks and then updates) to the database's own module. The databases supply SQL only.
+//! statements that differ only in their SQL ([`HeartbeatSql`], from each database's
+//! `sql/partitions_*.sql`) itself, and leaves those whose parameters or steps differ
+//! ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL locks and then updates) to
+//! the database's own module.
 
+use std::future::Future;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use sqlx::{
@@ -21,49 +24,46 @@ use crate::error::{db_error, Error};
 use crate::store::{Membership, RebalanceParams};
 use crate::OutboxTable;
 
-/// One heartbeat's transaction on one database. Every method runs in that transaction;
-/// `relay_id`, `mode` and `instance` are this relay's.
+/// The relay a heartbeat is for.
+#[derive(Debug, Clone)]
+pub(crate) struct Me<'a> {
+    pub relay_id: &'a str,
+    /// Its mode's name ([`crate::store::Ordering::mode_name`]).
+    pub mode: &'static str,
+    /// This process's instance id, as text.
+    pub instance: String,
+    /// How long its registration and partitions last without a heartbeat.
+    pub lease: Duration,
+}
+
+/// One heartbeat's transaction on one database, for relay `me`. Every method runs in that
+/// transaction.
 pub(crate) trait Coordinator {
     /// Take the table's registration lock, held until commit: one heartbeat at a time per
     /// table. Two relays registering at once would otherwise each miss the other's
     /// uncommitted row and both pass the checks of [`rebalance`] (an ordered and an unordered
     /// relay on one table, or two processes with one relay id).
     async fn lock(&mut self) -> Result<(), Error>;
-    /// Seconds left on `relay_id` if another live process (another `instance`) holds it.
-    async fn held_elsewhere(
-        &mut self,
-        relay_id: &str,
-        instance: &str,
-    ) -> Result<Option<f64>, Error>;
-    /// Insert or refresh this relay's row: alive for `lease` from now.
-    async fn register(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), Error>;
+    /// Seconds left on the relay id if another live process (another instance) holds it.
+    async fn held_elsewhere(&mut self, me: &Me<'_>) -> Result<Option<f64>, Error>;
+    /// Insert or refresh this relay's row: alive for its lease from now.
+    async fn register(&mut self, me: &Me<'_>) -> Result<(), Error>;
     /// Another live relay of another mode: its id and mode.
-    async fn other_mode(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error>;
+    async fn other_mode(&mut self, me: &Me<'_>) -> Result<Option<(String, String)>, Error>;
     /// Remove this relay's row.
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error>;
+    async fn unregister(&mut self, me: &Me<'_>) -> Result<(), Error>;
     /// Remove relays dead for more than an hour.
     async fn forget_dead(&mut self) -> Result<(), Error>;
     async fn partition_count(&mut self) -> Result<i64, Error>;
-    /// Live relays of `mode` (this one included).
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error>;
+    /// Live relays of this relay's mode (this one included).
+    async fn live_relays(&mut self, me: &Me<'_>) -> Result<i64, Error>;
     /// Extend the lease of the partitions this relay still owns; returns them.
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error>;
+    async fn renew(&mut self, me: &Me<'_>) -> Result<Vec<i32>, Error>;
     /// Give up `parts` (owned by this relay).
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error>;
+    async fn give_up(&mut self, me: &Me<'_>, parts: &[i32]) -> Result<(), Error>;
     /// Take up to `want` free or expired partitions, lowest first, skipping those another
     /// heartbeat is taking right now; returns them.
-    async fn take(&mut self, relay_id: &str, lease: Duration, want: i64)
-        -> Result<Vec<i32>, Error>;
+    async fn take(&mut self, me: &Me<'_>, want: i64) -> Result<Vec<i32>, Error>;
     async fn commit(self) -> Result<(), Error>;
     async fn rollback(self) -> Result<(), Error>;
 }
@@ -74,12 +74,16 @@ pub(crate) async fn rebalance<C: Coordinator>(
     table: &OutboxTable,
     p: RebalanceParams<'_>,
 ) -> Result<Membership, Error> {
-    let mode = p.ordering.mode_name();
-    let instance = p.instance.to_string();
+    let me = Me {
+        relay_id: p.relay_id,
+        mode: p.ordering.mode_name(),
+        instance: p.instance.to_string(),
+        lease: p.lease,
+    };
     c.lock().await?;
     // A relay id held by another live process: refuse it (its partitions would be shared by
     // two processes, and one's exit would strip the other's).
-    if let Some(left) = c.held_elsewhere(p.relay_id, &instance).await? {
+    if let Some(left) = c.held_elsewhere(&me).await? {
         c.rollback().await?;
         return Err(Error::RelayIdInUse {
             table: table.display(),
@@ -87,11 +91,11 @@ pub(crate) async fn rebalance<C: Coordinator>(
             remaining_secs: left.max(0.0),
         });
     }
-    c.register(p.relay_id, mode, &instance, p.lease).await?;
+    c.register(&me).await?;
     // Mixing modes on one table would break the ordering guarantee.
-    if let Some((other, other_mode)) = c.other_mode(p.relay_id, mode).await? {
+    if let Some((other, other_mode)) = c.other_mode(&me).await? {
         // Do not stay registered: the other relay must not see us as a conflict either.
-        c.unregister(p.relay_id).await?;
+        c.unregister(&me).await?;
         c.commit().await?;
         return Err(Error::ModeConflict {
             table: table.display(),
@@ -106,8 +110,8 @@ pub(crate) async fn rebalance<C: Coordinator>(
         return Ok(Membership::default());
     }
     let total = c.partition_count().await?;
-    let live = c.live_relays(mode).await?;
-    let mut owned = c.renew(p.relay_id, p.lease).await?;
+    let live = c.live_relays(&me).await?;
+    let mut owned = c.renew(&me).await?;
     owned.sort_unstable();
     let total_n = usize::try_from(total).unwrap_or(0);
     let live_n = usize::try_from(live).unwrap_or(1).max(1);
@@ -116,10 +120,10 @@ pub(crate) async fn rebalance<C: Coordinator>(
     let mut released = Vec::new();
     if owned.len() > target && p.may_release {
         released = owned.split_off(target);
-        c.give_up(p.relay_id, &released).await?;
+        c.give_up(&me, &released).await?;
     } else if owned.len() < target {
         let want = i64::try_from(target - owned.len()).unwrap_or(0);
-        acquired = c.take(p.relay_id, p.lease, want).await?;
+        acquired = c.take(&me, want).await?;
         acquired.sort_unstable();
         owned.extend(&acquired);
         owned.sort_unstable();
@@ -135,10 +139,23 @@ pub(crate) async fn rebalance<C: Coordinator>(
     })
 }
 
-/// The statements of a heartbeat that differ between databases in their SQL only, each
-/// binding text in the order given. Built by [`shared_sql`] from the database's files.
+/// The number of partitions, read (by `read`) once per store: the migrations fix it.
+pub(crate) async fn count_once<T: Copy>(
+    cell: &OnceLock<T>,
+    read: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    if let Some(n) = cell.get() {
+        return Ok(*n);
+    }
+    let n = read.await?;
+    Ok(*cell.get_or_init(|| n))
+}
+
+/// A database's heartbeat statements, filled once when its store is built ([`heartbeat_sql`]).
+/// Those that differ between databases in their SQL only bind text in the order given and
+/// are run here; the rest the database runs ([`OwnSql`], with `extra` statements of its own).
 #[derive(Debug)]
-pub(crate) struct SharedSql {
+pub(crate) struct HeartbeatSql<S> {
     /// Take the registration lock ([`Coordinator::lock`]).
     pub lock: String,
     /// `relay_id`, `mode` -> the other relay's id and mode.
@@ -150,69 +167,58 @@ pub(crate) struct SharedSql {
     pub partition_count: String,
     /// `mode` -> the number of live relays.
     pub live_relays: String,
+    pub held_elsewhere: String,
+    pub register: String,
+    pub renew: String,
+    pub give_up: String,
+    pub take: String,
+    pub extra: S,
 }
 
-/// The [`SharedSql`] of database `$db`: its files `sql/partitions_lock.sql`,
-/// `partitions_other_mode`, `partitions_unregister`, `partitions_forget_dead`,
-/// `partition_count` and `partitions_live_relays`, filled by `$fill` (a `store::sql::Fill`).
-macro_rules! shared_sql {
-    ($db:literal, $fill:expr) => {{
+/// The [`HeartbeatSql`] of database `$db`: its files `sql/partitions_<statement>.sql` (and
+/// `partition_count.sql`), filled by `$fill` (a `store::sql::Fill`), and `$extra`.
+macro_rules! heartbeat_sql {
+    ($db:literal, $fill:expr, $extra:expr) => {{
         use $crate::store::sql::sql_file;
         let f = $fill;
-        $crate::store::partitions::SharedSql {
+        $crate::store::partitions::HeartbeatSql {
             lock: f.fill(sql_file!($db, "partitions_lock")),
             other_mode: f.fill(sql_file!($db, "partitions_other_mode")),
             unregister: f.fill(sql_file!($db, "partitions_unregister")),
             forget_dead: f.fill(sql_file!($db, "partitions_forget_dead")),
             partition_count: f.fill(sql_file!($db, "partition_count")),
             live_relays: f.fill(sql_file!($db, "partitions_live_relays")),
+            held_elsewhere: f.fill(sql_file!($db, "partitions_held_elsewhere")),
+            register: f.fill(sql_file!($db, "partitions_register")),
+            renew: f.fill(sql_file!($db, "partitions_renew")),
+            give_up: f.fill(sql_file!($db, "partitions_give_up")),
+            take: f.fill(sql_file!($db, "partitions_take")),
+            extra: $extra,
         }
     }};
 }
-pub(crate) use shared_sql;
+pub(crate) use heartbeat_sql;
 
-/// A database's heartbeat statements, filled once when its store is built: the shared ones,
-/// and its own (`S`, which runs them: [`OwnSql`]).
-#[derive(Debug)]
-pub(crate) struct HeartbeatSql<S> {
-    pub shared: SharedSql,
-    pub own: S,
-}
-
-/// The statements of a heartbeat whose parameters or steps differ between databases; as on
+/// The steps of a heartbeat whose parameters or steps differ between databases; as on
 /// [`Coordinator`], run on the heartbeat's transaction.
 pub(crate) trait OwnSql<DB: Database> {
     async fn held_elsewhere(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
-        instance: &str,
+        me: &Me<'_>,
     ) -> Result<Option<f64>, sqlx::Error>;
-    async fn register(
-        &self,
-        conn: &mut DB::Connection,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), sqlx::Error>;
-    async fn renew(
-        &self,
-        conn: &mut DB::Connection,
-        relay_id: &str,
-        lease: Duration,
-    ) -> Result<Vec<i32>, sqlx::Error>;
+    async fn register(&self, conn: &mut DB::Connection, me: &Me<'_>) -> Result<(), sqlx::Error>;
+    async fn renew(&self, conn: &mut DB::Connection, me: &Me<'_>) -> Result<Vec<i32>, sqlx::Error>;
     async fn give_up(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
+        me: &Me<'_>,
         parts: &[i32],
     ) -> Result<(), sqlx::Error>;
     async fn take(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
-        lease: Duration,
+        me: &Me<'_>,
         want: i64,
     ) -> Result<Vec<i32>, sqlx::Error>;
 }
@@ -231,15 +237,21 @@ impl<'a, DB: Database, S> InTransaction<'_, 'a, DB, S> {
     }
 
     /// What a step of [`OwnSql`] runs with: the statements, the transaction, the error.
-    fn own(&mut self) -> (&'a S, &mut DB::Connection, impl Fn(sqlx::Error) -> Error + 'a) {
+    fn own(
+        &mut self,
+    ) -> (
+        &'a HeartbeatSql<S>,
+        &mut DB::Connection,
+        impl Fn(sqlx::Error) -> Error + 'a,
+    ) {
         let err = self.err();
-        (&self.sql.own, &mut *self.tx, err)
+        (self.sql, &mut *self.tx, err)
     }
 
-    /// A statement of [`SharedSql`] with `binds`, on the transaction.
+    /// A statement of the shared ones with `binds`, on the transaction: its row, if `fetch`.
     async fn shared<'q>(
         &mut self,
-        sql: impl FnOnce(&'a SharedSql) -> &'a str,
+        sql: impl FnOnce(&'a HeartbeatSql<S>) -> &'a str,
         binds: &[&'q str],
         fetch: bool,
     ) -> Result<Option<DB::Row>, Error>
@@ -250,7 +262,7 @@ impl<'a, DB: Database, S> InTransaction<'_, 'a, DB, S> {
     {
         let q = binds
             .iter()
-            .fold(sqlx::query::<DB>(sql(&self.sql.shared)), |q, b| q.bind(*b));
+            .fold(sqlx::query::<DB>(sql(self.sql)), |q, b| q.bind(*b));
         let err = self.err();
         if fetch {
             q.fetch_optional(&mut *self.tx).await.map_err(err)
@@ -263,7 +275,7 @@ impl<'a, DB: Database, S> InTransaction<'_, 'a, DB, S> {
 impl<'a, DB, S> Coordinator for InTransaction<'_, 'a, DB, S>
 where
     DB: Database,
-    S: OwnSql<DB>,
+    HeartbeatSql<S>: OwnSql<DB>,
     for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -275,38 +287,27 @@ where
         self.shared(|s| &s.lock, &[], false).await.map(drop)
     }
 
-    async fn held_elsewhere(
-        &mut self,
-        relay_id: &str,
-        instance: &str,
-    ) -> Result<Option<f64>, Error> {
+    async fn held_elsewhere(&mut self, me: &Me<'_>) -> Result<Option<f64>, Error> {
         let (own, conn, err) = self.own();
-        own.held_elsewhere(conn, relay_id, instance).await.map_err(err)
+        own.held_elsewhere(conn, me).await.map_err(err)
     }
 
-    async fn register(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), Error> {
+    async fn register(&mut self, me: &Me<'_>) -> Result<(), Error> {
         let (own, conn, err) = self.own();
-        own.register(conn, relay_id, mode, instance, lease).await.map_err(err)
+        own.register(conn, me).await.map_err(err)
     }
 
-    async fn other_mode(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error> {
-        let row = self.shared(|s| &s.other_mode, &[relay_id, mode], true).await?;
+    async fn other_mode(&mut self, me: &Me<'_>) -> Result<Option<(String, String)>, Error> {
+        let binds = [me.relay_id, me.mode];
+        let row = self.shared(|s| &s.other_mode, &binds, true).await?;
         let pair = row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)));
         pair.transpose().map_err(Error::Database)
     }
 
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
-        self.shared(|s| &s.unregister, &[relay_id], false).await.map(drop)
+    async fn unregister(&mut self, me: &Me<'_>) -> Result<(), Error> {
+        self.shared(|s| &s.unregister, &[me.relay_id], false)
+            .await
+            .map(drop)
     }
 
     async fn forget_dead(&mut self) -> Result<(), Error> {
@@ -318,29 +319,24 @@ where
         count(row)
     }
 
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
-        let row = self.shared(|s| &s.live_relays, &[mode], true).await?;
+    async fn live_relays(&mut self, me: &Me<'_>) -> Result<i64, Error> {
+        let row = self.shared(|s| &s.live_relays, &[me.mode], true).await?;
         count(row)
     }
 
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
+    async fn renew(&mut self, me: &Me<'_>) -> Result<Vec<i32>, Error> {
         let (own, conn, err) = self.own();
-        own.renew(conn, relay_id, lease).await.map_err(err)
+        own.renew(conn, me).await.map_err(err)
     }
 
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
+    async fn give_up(&mut self, me: &Me<'_>, parts: &[i32]) -> Result<(), Error> {
         let (own, conn, err) = self.own();
-        own.give_up(conn, relay_id, parts).await.map_err(err)
+        own.give_up(conn, me, parts).await.map_err(err)
     }
 
-    async fn take(
-        &mut self,
-        relay_id: &str,
-        lease: Duration,
-        want: i64,
-    ) -> Result<Vec<i32>, Error> {
+    async fn take(&mut self, me: &Me<'_>, want: i64) -> Result<Vec<i32>, Error> {
         let (own, conn, err) = self.own();
-        own.take(conn, relay_id, lease, want).await.map_err(err)
+        own.take(conn, me, want).await.map_err(err)
     }
 
     async fn commit(self) -> Result<(), Error> {
@@ -385,20 +381,16 @@ mod tests {
         async fn lock(&mut self) -> Result<(), Error> {
             Ok(())
         }
-        async fn held_elsewhere(&mut self, _: &str, _: &str) -> Result<Option<f64>, Error> {
+        async fn held_elsewhere(&mut self, _: &Me<'_>) -> Result<Option<f64>, Error> {
             Ok(None)
         }
-        async fn register(&mut self, _: &str, _: &str, _: &str, _: Duration) -> Result<(), Error> {
+        async fn register(&mut self, _: &Me<'_>) -> Result<(), Error> {
             Ok(())
         }
-        async fn other_mode(
-            &mut self,
-            _: &str,
-            _: &str,
-        ) -> Result<Option<(String, String)>, Error> {
+        async fn other_mode(&mut self, _: &Me<'_>) -> Result<Option<(String, String)>, Error> {
             Ok(self.other_mode.clone())
         }
-        async fn unregister(&mut self, _: &str) -> Result<(), Error> {
+        async fn unregister(&mut self, _: &Me<'_>) -> Result<(), Error> {
             Ok(())
         }
         async fn forget_dead(&mut self) -> Result<(), Error> {
@@ -407,17 +399,17 @@ mod tests {
         async fn partition_count(&mut self) -> Result<i64, Error> {
             Ok(self.total)
         }
-        async fn live_relays(&mut self, _: &str) -> Result<i64, Error> {
+        async fn live_relays(&mut self, _: &Me<'_>) -> Result<i64, Error> {
             Ok(self.live)
         }
-        async fn renew(&mut self, _: &str, _: Duration) -> Result<Vec<i32>, Error> {
+        async fn renew(&mut self, _: &Me<'_>) -> Result<Vec<i32>, Error> {
             // Unsorted, as a database may return them.
             Ok(self.owned.iter().rev().copied().collect())
         }
-        async fn give_up(&mut self, _: &str, _: &[i32]) -> Result<(), Error> {
+        async fn give_up(&mut self, _: &Me<'_>, _: &[i32]) -> Result<(), Error> {
             Ok(())
         }
-        async fn take(&mut self, _: &str, _: Duration, want: i64) -> Result<Vec<i32>, Error> {
+        async fn take(&mut self, _: &Me<'_>, want: i64) -> Result<Vec<i32>, Error> {
             let n = usize::try_from(want).unwrap().min(self.free.len());
             Ok(self.free.drain(..n).rev().collect())
         }

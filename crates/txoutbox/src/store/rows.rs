@@ -6,16 +6,13 @@
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Decode, Row, Type};
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-use sqlx::{Database, Encode, Executor, IntoArguments};
 
 use super::Counts;
 use crate::error::Error;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use {
     super::{Failure, RelayInfo},
-    crate::error::db_error,
-    crate::{NewEvent, OutboxTable},
+    crate::NewEvent,
 };
 
 /// The row of a counts query: pending, leased, dead, processed, then the age of the oldest
@@ -72,42 +69,14 @@ where
     })
 }
 
-/// The columns an insert of a new event fills, in the order of [`text_values`].
+/// The columns an insert of a new event fills, in the order of `text_values`.
 pub(crate) const INSERT_COLUMNS: &str =
     "id, aggregate_type, aggregate_id, event_type, payload, headers";
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-/// Insert `events` in the caller's transaction: one event with `one` (six placeholders, in
-/// the order of [`INSERT_COLUMNS`]), several with `many` over one JSON array of rows (no
-/// limit on bound parameters), which inserts them in array order, so `seq` follows the slice.
-pub(crate) async fn insert_text<'e, DB, E>(
-    t: &OutboxTable,
-    executor: E,
-    events: &[NewEvent],
-    one: &str,
-    many: &str,
-) -> Result<(), Error>
-where
-    DB: Database,
-    E: Executor<'e, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-{
-    let query = if let [e] = events {
-        text_values(e)?
-            .into_iter()
-            .fold(sqlx::query(one), |q, v| q.bind(v))
-    } else {
-        sqlx::query(many).bind(text_values_json(events)?)
-    };
-    query.execute(executor).await.map_err(|e| db_error(t, e))?;
-    Ok(())
-}
-
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A new event's values as text, in the order of the insert's columns: id, aggregate type,
 /// aggregate id, event type, payload, headers.
-fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
+pub(crate) fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
     Ok([
         e.id.hyphenated().to_string(),
         e.aggregate_type.clone(),
@@ -121,7 +90,7 @@ fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// New events as one JSON array of [`text_values`] arrays, for a single insert statement
 /// (no limit on bound parameters).
-fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
+pub(crate) fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
     let rows = events
         .iter()
         .map(|e| text_values(e).map(|v| serde_json::json!(v)))

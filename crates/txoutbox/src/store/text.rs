@@ -1,6 +1,7 @@
-//! The [`Store`](super::Store) methods that MySQL and SQLite share word for word: both keep
-//! ids as hyphenated text and times as epoch milliseconds, and fill their statements once
-//! (their `Queries`, with the same field names), so only a few steps are their own.
+//! What MySQL and SQLite share word for word: both keep ids as hyphenated text and times as
+//! epoch milliseconds, and fill their statements once (their `Queries`, with the same field
+//! names), so only a few steps are their own. The [`Store`](super::Store) methods
+//! ([`text_store`]) and the write path and the inbox ([`text_write`]).
 
 /// `impl Store for $store`, for a text-row store. `$store` must have `pool`, `q` (its
 /// `Queries`: `published`, `settle_failed`, `release`, `has_unfinished`, `has_unfinished_hold`,
@@ -115,3 +116,76 @@ macro_rules! text_store {
     };
 }
 pub(crate) use text_store;
+
+/// The write path and the inbox of text-row store `$db` (its `sql/insert_one.sql`,
+/// `insert_many.sql`, `inbox_create.sql`, `inbox_mark.sql`, filled by its `queries::names`),
+/// in the caller's own transaction, on sqlx database `$database`.
+macro_rules! text_write {
+    ($db:literal, $database:ty) => {
+        use $crate::store::sql::sql_file;
+
+        /// One event: a plain insert. Several: one statement over one JSON array of rows (no
+        /// limit on bound parameters), inserted in array order, so `seq` follows the slice.
+        pub(crate) async fn insert<'e, E>(
+            t: &$crate::OutboxTable,
+            executor: E,
+            events: &[$crate::NewEvent],
+        ) -> Result<(), $crate::Error>
+        where
+            E: sqlx::Executor<'e, Database = $database>,
+        {
+            use $crate::store::rows::{text_values, text_values_json};
+            let f = super::queries::names(t);
+            let (one, many);
+            let query = if let [e] = events {
+                one = f.fill(sql_file!($db, "insert_one"));
+                text_values(e)?
+                    .into_iter()
+                    .fold(sqlx::query(&one), |q, v| q.bind(v))
+            } else {
+                many = f.fill(sql_file!($db, "insert_many"));
+                sqlx::query(&many).bind(text_values_json(events)?)
+            };
+            query
+                .execute(executor)
+                .await
+                .map_err(|e| $crate::error::db_error(t, e))?;
+            Ok(())
+        }
+
+        /// The inbox table, for consumers that do not run the migrations.
+        pub(crate) async fn create_inbox<'e, E>(
+            t: &$crate::OutboxTable,
+            executor: E,
+        ) -> Result<(), $crate::Error>
+        where
+            E: sqlx::Executor<'e, Database = $database>,
+        {
+            sqlx::query(&super::queries::names(t).fill(sql_file!($db, "inbox_create")))
+                .execute(executor)
+                .await
+                .map_err($crate::Error::Database)?;
+            Ok(())
+        }
+
+        /// `true` the first time `id` is seen: an insert on the primary key that does nothing
+        /// on a repeat (a concurrent consumer of the same id waits for the first one's
+        /// transaction, then sees the row).
+        pub(crate) async fn mark_processed<'e, E>(
+            t: &$crate::OutboxTable,
+            executor: E,
+            id: uuid::Uuid,
+        ) -> Result<bool, $crate::Error>
+        where
+            E: sqlx::Executor<'e, Database = $database>,
+        {
+            let done = sqlx::query(&super::queries::names(t).fill(sql_file!($db, "inbox_mark")))
+                .bind(id.hyphenated().to_string())
+                .execute(executor)
+                .await
+                .map_err(|e| $crate::error::db_error(t, e))?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+pub(crate) use text_write;

@@ -9,7 +9,7 @@ use super::MySqlStore;
 use crate::error::Error;
 use crate::store::operator::millis;
 use crate::store::sql::{int_list, with_list};
-use crate::store::undecodable::{self, Decoded};
+use crate::store::undecodable::{self, decode_text_row, Decoded};
 use crate::store::{Claim, ClaimParams, Ordering};
 use crate::OutboxEvent;
 
@@ -31,15 +31,14 @@ impl MySqlStore {
             // Pick with a plain read, then lock what was picked: a locking read would also
             // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
             // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
-            let picked: Vec<(i64, String, String)> =
-                sqlx::query_as(&self.q.claim_pick_ordered)
-                    .bind(partitions)
-                    .bind(p.relay_id)
-                    .bind(p.ordering == Ordering::OrderedHold)
-                    .bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(err)?;
+            let picked: Vec<(i64, String, String)> = sqlx::query_as(&self.q.claim_pick_ordered)
+                .bind(partitions)
+                .bind(p.relay_id)
+                .bind(p.ordering == Ordering::OrderedHold)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?;
             if picked.is_empty() {
                 Vec::new()
             } else {
@@ -76,7 +75,8 @@ impl MySqlStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(err)?;
-        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
+        let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+        let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(&mut tx, &token, &bad, &held).await?;
         }

@@ -29,6 +29,7 @@ pub use crate::store::wakeup::Wakeup;
 use self::queries::Queries;
 use self::schema::NOW_MS;
 use super::operator::text_operator;
+use super::partitions::count_once;
 use super::sql::{marks, with_list};
 use super::text::text_store;
 use super::wakeup::AdaptivePoll;
@@ -108,14 +109,9 @@ impl MySqlStore {
     }
 
     async fn partition_count(&self) -> Result<i64, Error> {
-        if let Some(n) = self.partitions.get() {
-            return Ok(*n);
-        }
-        let n: i64 = sqlx::query_scalar(&self.q.partition_count)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(*self.partitions.get_or_init(|| n.max(1)))
+        let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
+        let read = async { Ok(read.await.map_err(|e| self.err(e))?.max(1)) };
+        count_once(&self.partitions, read).await
     }
 
     /// The transaction of a settle.

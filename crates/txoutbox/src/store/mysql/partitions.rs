@@ -3,70 +3,55 @@
 //! MySQL keeps no epochs: an ordered claim leases its rows under a token, and the settle is
 //! fenced by that.
 
-use std::time::Duration;
-
 use sqlx::{MySql, MySqlConnection, Row};
 
 use super::MySqlStore;
 use crate::error::Error;
 use crate::store::operator::millis;
-use crate::store::partitions::{self as shared, shared_sql, HeartbeatSql, InTransaction, OwnSql};
+use crate::store::partitions::{
+    self as shared, heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql,
+};
 use crate::store::rows::relay as relay_from_row;
 use crate::store::sql::{int_list, sql_file, with_list, Fill};
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 
-/// MySQL's own heartbeat statements, on the outbox's `relays` and `partitions` tables.
+/// MySQL's second steps: no `RETURNING`, and no update of a table that a subquery of the
+/// same statement reads.
 #[derive(Debug)]
-pub(super) struct My {
-    held_elsewhere: String,
-    register: String,
-    renew: String,
+pub(super) struct Then {
+    /// After `renew`: what is still owned.
     owned: String,
-    /// `{{list}}`: the partitions given up.
-    give_up: String,
+    /// Before `take` (whose `{{list}}` are the partitions locked by it): lock free ones.
     free: String,
-    /// `{{list}}`: the partitions taken.
-    take: String,
 }
 
-/// The heartbeat's statements, filled by `f`.
-pub(super) fn heartbeat_sql(f: &Fill) -> HeartbeatSql<My> {
-    HeartbeatSql {
-        shared: shared_sql!("mysql", f),
-        own: My {
-            held_elsewhere: f.fill(sql_file!("mysql", "partitions_held_elsewhere")),
-            register: f.fill(sql_file!("mysql", "partitions_register")),
-            renew: f.fill(sql_file!("mysql", "partitions_renew")),
-            owned: f.fill(sql_file!("mysql", "partitions_owned")),
-            give_up: f.fill(sql_file!("mysql", "partitions_give_up")),
-            free: f.fill(sql_file!("mysql", "partitions_free")),
-            take: f.fill(sql_file!("mysql", "partitions_take")),
-        },
-    }
+/// The heartbeat's statements, filled by `f`. `give_up` and `take` have a `{{list}}` of
+/// partition numbers.
+pub(super) fn heartbeat(f: &Fill) -> HeartbeatSql<Then> {
+    let then = Then {
+        owned: f.fill(sql_file!("mysql", "partitions_owned")),
+        free: f.fill(sql_file!("mysql", "partitions_free")),
+    };
+    heartbeat_sql!("mysql", f, then)
 }
 
-impl OwnSql<MySql> for My {
+impl OwnSql<MySql> for HeartbeatSql<Then> {
     async fn held_elsewhere(
         &self,
         conn: &mut MySqlConnection,
-        relay_id: &str,
-        instance: &str,
+        me: &Me<'_>,
     ) -> Result<Option<f64>, sqlx::Error> {
-        let q = sqlx::query_scalar::<_, i64>(&self.held_elsewhere).bind(relay_id);
-        let left = q.bind(instance).fetch_optional(conn).await?;
+        let q = sqlx::query_scalar::<_, i64>(&self.held_elsewhere).bind(me.relay_id);
+        let left = q.bind(&me.instance).fetch_optional(conn).await?;
         Ok(left.map(|ms| ms.max(0) as f64 / 1000.0))
     }
 
-    async fn register(
-        &self,
-        conn: &mut MySqlConnection,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), sqlx::Error> {
-        let q = sqlx::query(&self.register).bind(relay_id).bind(mode);
-        q.bind(instance).bind(millis(lease)).execute(conn).await?;
+    async fn register(&self, conn: &mut MySqlConnection, me: &Me<'_>) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(&self.register).bind(me.relay_id).bind(me.mode);
+        q.bind(&me.instance)
+            .bind(millis(me.lease))
+            .execute(conn)
+            .await?;
         Ok(())
     }
 
@@ -74,40 +59,39 @@ impl OwnSql<MySql> for My {
     async fn renew(
         &self,
         conn: &mut MySqlConnection,
-        relay_id: &str,
-        lease: Duration,
+        me: &Me<'_>,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        let q = sqlx::query(&self.renew).bind(millis(lease)).bind(relay_id);
+        let q = sqlx::query(&self.renew)
+            .bind(millis(me.lease))
+            .bind(me.relay_id);
         q.execute(&mut *conn).await?;
-        let q = sqlx::query_scalar(&self.owned).bind(relay_id);
+        let q = sqlx::query_scalar(&self.extra.owned).bind(me.relay_id);
         q.fetch_all(conn).await
     }
 
     async fn give_up(
         &self,
         conn: &mut MySqlConnection,
-        relay_id: &str,
+        me: &Me<'_>,
         parts: &[i32],
     ) -> Result<(), sqlx::Error> {
         let sql = with_list(&self.give_up, &int_list(parts));
-        sqlx::query(&sql).bind(relay_id).execute(conn).await?;
+        sqlx::query(&sql).bind(me.relay_id).execute(conn).await?;
         Ok(())
     }
 
-    /// Lock the free partitions first, then take them (MySQL updates no table that a
-    /// subquery of the same statement reads, and has no `RETURNING`).
+    /// Lock the free partitions first, then take them.
     async fn take(
         &self,
         conn: &mut MySqlConnection,
-        relay_id: &str,
-        lease: Duration,
+        me: &Me<'_>,
         want: i64,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        let q = sqlx::query_scalar(&self.free).bind(want);
+        let q = sqlx::query_scalar(&self.extra.free).bind(want);
         let taken: Vec<i32> = q.fetch_all(&mut *conn).await?;
         if !taken.is_empty() {
             let sql = with_list(&self.take, &int_list(&taken));
-            let q = sqlx::query(&sql).bind(relay_id).bind(millis(lease));
+            let q = sqlx::query(&sql).bind(me.relay_id).bind(millis(me.lease));
             q.execute(conn).await?;
         }
         Ok(taken)

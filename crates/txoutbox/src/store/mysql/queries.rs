@@ -3,7 +3,7 @@
 //! clock (`{{now_ms}}`) and the shared fragments (`{{unfinished}}`, `{{claimable}}`, ...).
 //! Statements with a `{{list}}` get their `IN (...)` list per call (`store::sql::with_list`).
 
-use super::partitions::{heartbeat_sql, My};
+use super::partitions::{heartbeat, Then};
 use super::schema::{derived, plain, table, NOW_MS};
 use crate::store::partitions::HeartbeatSql;
 use crate::store::rows::{COLUMNS, INSERT_COLUMNS};
@@ -57,7 +57,7 @@ pub(super) struct Queries {
     pub(super) deregister_events: String,
     pub(super) counts: String,
     pub(super) partition_count: String,
-    pub(super) heartbeat: HeartbeatSql<My>,
+    pub(super) heartbeat: HeartbeatSql<Then>,
     pub(super) relays: String,
     pub(super) event: String,
     pub(super) purge: String,
@@ -93,7 +93,7 @@ impl Queries {
             deregister_events: f.fill(sql_file!("mysql", "deregister_events")),
             counts: f.fill(sql_file!("mysql", "counts")),
             partition_count: f.fill(sql_file!("mysql", "partition_count")),
-            heartbeat: heartbeat_sql(&f),
+            heartbeat: heartbeat(&f),
             relays: f.fill(sql_file!("mysql", "relays")),
             event: f.fill(sql_file!("mysql", "event")),
             purge: f.fill(sql_file!("mysql", "purge")),

@@ -4,8 +4,8 @@ use sqlx::{Acquire, MySqlPool};
 
 use super::queries::names;
 use crate::error::{db_error, Error};
-use crate::store::sql::sql_file;
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
+use crate::store::sql::sql_file;
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the

@@ -43,7 +43,7 @@ macro_rules! text_operator {
                     .map_err(|e| self.err(e))?;
                 let events = rows
                     .iter()
-                    .map($crate::store::undecodable::text_event)
+                    .map(|r| $crate::store::undecodable::decode_text_row(r).map(|d| d.event))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(EventPage::assemble(events, page))
             }
@@ -57,9 +57,9 @@ macro_rules! text_operator {
                     .fetch_optional(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?;
-                row.as_ref()
-                    .map($crate::store::undecodable::text_event)
-                    .transpose()
+                let event =
+                    row.map(|r| $crate::store::undecodable::decode_text_row(&r).map(|d| d.event));
+                event.transpose()
             }
 
             async fn retry_dead(
@@ -85,11 +85,13 @@ macro_rules! text_operator {
             ) -> Result<u64, $crate::Error> {
                 let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
                 let sql = $crate::store::sql::with_condition(&self.q.dead_discard, &c.sql);
-                Ok($crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .rows_affected())
+                Ok(
+                    $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(|e| self.err(e))?
+                        .rows_affected(),
+                )
             }
 
             /// One statement (`sql/purge.sql`), its locks bounded by the batch.

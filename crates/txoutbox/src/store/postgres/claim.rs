@@ -219,7 +219,10 @@ impl PgStore {
             .map(|b| b.last_error().unwrap_or_default())
             .collect();
         let q = match partitions {
-            None => sqlx::query(&self.q.bury).bind(&ids).bind(&errs).bind(p.token),
+            None => sqlx::query(&self.q.bury)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(p.token),
             Some(n) => sqlx::query(&self.q.bury_ordered)
                 .bind(&ids)
                 .bind(&errs)

@@ -14,6 +14,7 @@ pub(crate) mod schema;
 pub(crate) mod write;
 
 use super::operator::millis;
+use super::partitions::count_once;
 use super::{rows, undecodable};
 use super::{
     Claim, ClaimParams, Counts, DeregisterParams, Fence, Membership, Ordering, RebalanceParams,
@@ -126,15 +127,12 @@ impl PgStore {
 
     /// How many partitions the aggregate-hash space has (fixed by the migrations; read once).
     async fn partition_count(&self) -> Result<i32, Error> {
-        if let Some(n) = self.partitions.get() {
-            return Ok(*n);
-        }
-        let n: i64 = sqlx::query_scalar(&self.q.partition_count)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
-        Ok(*self.partitions.get_or_init(|| n))
+        let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
+        let read = async {
+            let n = read.await.map_err(|e| self.err(e))?;
+            Ok(i32::try_from(n).unwrap_or(i32::MAX).max(1))
+        };
+        count_once(&self.partitions, read).await
     }
 
     fn err(&self, e: sqlx::Error) -> Error {

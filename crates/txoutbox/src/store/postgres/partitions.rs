@@ -7,92 +7,65 @@ use sqlx::{PgConnection, Postgres, Row};
 
 use super::PgStore;
 use crate::error::{db_error, Error};
-use crate::store::partitions::{self as shared, shared_sql, HeartbeatSql, InTransaction, OwnSql};
-use crate::store::sql::{sql_file, Fill};
+use crate::store::partitions::{
+    self as shared, heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql,
+};
+use crate::store::sql::Fill;
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 
 fn ms(d: Duration) -> f64 {
     d.as_millis() as f64
 }
 
-/// PostgreSQL's own heartbeat statements, on the outbox's `relays` and `partitions` tables.
-#[derive(Debug)]
-pub(super) struct Pg {
-    held_elsewhere: String,
-    register: String,
-    renew: String,
-    give_up: String,
-    take: String,
-}
-
 /// The heartbeat's statements, filled by `f`.
-pub(super) fn heartbeat_sql(f: &Fill) -> HeartbeatSql<Pg> {
-    HeartbeatSql {
-        shared: shared_sql!("postgres", f),
-        own: Pg {
-            held_elsewhere: f.fill(sql_file!("postgres", "partitions_held_elsewhere")),
-            register: f.fill(sql_file!("postgres", "partitions_register")),
-            renew: f.fill(sql_file!("postgres", "partitions_renew")),
-            give_up: f.fill(sql_file!("postgres", "partitions_give_up")),
-            take: f.fill(sql_file!("postgres", "partitions_take")),
-        },
-    }
+pub(super) fn heartbeat(f: &Fill) -> HeartbeatSql<()> {
+    heartbeat_sql!("postgres", f, ())
 }
 
-impl OwnSql<Postgres> for Pg {
+impl OwnSql<Postgres> for HeartbeatSql<()> {
     async fn held_elsewhere(
         &self,
         conn: &mut PgConnection,
-        relay_id: &str,
-        instance: &str,
+        me: &Me<'_>,
     ) -> Result<Option<f64>, sqlx::Error> {
-        let q = sqlx::query_scalar(&self.held_elsewhere).bind(relay_id);
-        q.bind(instance).fetch_optional(conn).await
+        let q = sqlx::query_scalar(&self.held_elsewhere).bind(me.relay_id);
+        q.bind(&me.instance).fetch_optional(conn).await
     }
 
-    async fn register(
-        &self,
-        conn: &mut PgConnection,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), sqlx::Error> {
-        let q = sqlx::query(&self.register).bind(relay_id).bind(mode);
-        q.bind(ms(lease)).bind(instance).execute(conn).await?;
+    async fn register(&self, conn: &mut PgConnection, me: &Me<'_>) -> Result<(), sqlx::Error> {
+        let q = sqlx::query(&self.register).bind(me.relay_id).bind(me.mode);
+        q.bind(ms(me.lease))
+            .bind(&me.instance)
+            .execute(conn)
+            .await?;
         Ok(())
     }
 
-    async fn renew(
-        &self,
-        conn: &mut PgConnection,
-        relay_id: &str,
-        lease: Duration,
-    ) -> Result<Vec<i32>, sqlx::Error> {
-        let q = sqlx::query_scalar(&self.renew).bind(relay_id);
-        q.bind(ms(lease)).fetch_all(conn).await
+    async fn renew(&self, conn: &mut PgConnection, me: &Me<'_>) -> Result<Vec<i32>, sqlx::Error> {
+        let q = sqlx::query_scalar(&self.renew).bind(me.relay_id);
+        q.bind(ms(me.lease)).fetch_all(conn).await
     }
 
     async fn give_up(
         &self,
         conn: &mut PgConnection,
-        relay_id: &str,
+        me: &Me<'_>,
         parts: &[i32],
     ) -> Result<(), sqlx::Error> {
-        let q = sqlx::query(&self.give_up).bind(relay_id);
+        let q = sqlx::query(&self.give_up).bind(me.relay_id);
         q.bind(parts).execute(conn).await?;
         Ok(())
     }
 
+    /// A new owner bumps the partition's epoch: claims fenced by the old epoch fail.
     async fn take(
         &self,
         conn: &mut PgConnection,
-        relay_id: &str,
-        lease: Duration,
+        me: &Me<'_>,
         want: i64,
     ) -> Result<Vec<i32>, sqlx::Error> {
-        let q = sqlx::query_scalar(&self.take).bind(relay_id).bind(ms(lease));
-        q.bind(want).fetch_all(conn).await
+        let q = sqlx::query_scalar(&self.take).bind(me.relay_id);
+        q.bind(ms(me.lease)).bind(want).fetch_all(conn).await
     }
 }
 
@@ -130,4 +103,3 @@ impl PgStore {
             .map_err(Error::Database)
     }
 }
-

@@ -2,7 +2,7 @@
 //! what it does, filled once per table with validated names (`{{table}}`, `{{partitions}}`,
 //! ...) and with the shared fragments (`{{unfinished}}`, `{{blocking}}`, `{{due}}`, ...).
 
-use super::partitions::{heartbeat_sql, Pg};
+use super::partitions::heartbeat;
 use crate::store::partitions::HeartbeatSql;
 use crate::store::sql::{sql_file, Fill};
 use crate::store::Retention;
@@ -45,7 +45,7 @@ pub(super) struct Queries {
     pub(super) counts: String,
     pub(super) bury: String,
     pub(super) bury_ordered: String,
-    pub(super) heartbeat: HeartbeatSql<Pg>,
+    pub(super) heartbeat: HeartbeatSql<()>,
     pub(super) relays: String,
     pub(super) event: String,
     pub(super) purge: String,
@@ -88,7 +88,7 @@ impl Queries {
             counts: f.fill(sql_file!("postgres", "counts")),
             bury: f.fill(sql_file!("postgres", "bury")),
             bury_ordered: f.fill(sql_file!("postgres", "bury_ordered")),
-            heartbeat: heartbeat_sql(&f),
+            heartbeat: heartbeat(&f),
             relays: f.fill(sql_file!("postgres", "relays")),
             event: f.fill(sql_file!("postgres", "event")),
             purge: f.fill(sql_file!("postgres", "purge")),

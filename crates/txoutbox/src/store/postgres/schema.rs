@@ -4,8 +4,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::queries::names;
 use crate::error::{db_error, Error};
-use crate::store::sql::sql_file;
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
+use crate::store::sql::sql_file;
 use crate::OutboxTable;
 
 const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");

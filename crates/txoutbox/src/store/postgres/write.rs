@@ -17,15 +17,15 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
 ) -> Result<(), Error> {
     if let [event] = events {
         sqlx::query(&names(t).fill(sql_file!("postgres", "insert_one")))
-        .bind(event.id)
-        .bind(&event.aggregate_type)
-        .bind(&event.aggregate_id)
-        .bind(&event.event_type)
-        .bind(&event.payload)
-        .bind(sqlx::types::Json(&event.headers))
-        .execute(executor)
-        .await
-        .map_err(|e| db_error(t, e))?;
+            .bind(event.id)
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(sqlx::types::Json(&event.headers))
+            .execute(executor)
+            .await
+            .map_err(|e| db_error(t, e))?;
         return Ok(());
     }
     let n = events.len();
@@ -46,15 +46,15 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         hd.push(sqlx::types::Json(&e.headers));
     }
     sqlx::query(&names(t).fill(sql_file!("postgres", "insert_many")))
-    .bind(&ids)
-    .bind(&at)
-    .bind(&ai)
-    .bind(&et)
-    .bind(&pl)
-    .bind(&hd)
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(t, e))?;
+        .bind(&ids)
+        .bind(&at)
+        .bind(&ai)
+        .bind(&et)
+        .bind(&pl)
+        .bind(&hd)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(t, e))?;
     Ok(())
 }
 
@@ -64,9 +64,9 @@ pub(crate) async fn create_inbox<'e, E: PgExecutor<'e>>(
     executor: E,
 ) -> Result<(), Error> {
     sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_create")))
-    .execute(executor)
-    .await
-    .map_err(Error::Database)?;
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
     Ok(())
 }
 
@@ -78,9 +78,9 @@ pub(crate) async fn mark_processed<'e, E: PgExecutor<'e>>(
     event_id: Uuid,
 ) -> Result<bool, Error> {
     let done = sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_mark")))
-    .bind(event_id)
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(t, e))?;
+        .bind(event_id)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(t, e))?;
     Ok(done.rows_affected() == 1)
 }

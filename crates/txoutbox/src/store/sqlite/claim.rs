@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::{id_list, SqliteStore};
 use crate::error::Error;
 use crate::store::operator::millis;
-use crate::store::undecodable::{self, Decoded};
+use crate::store::undecodable::{self, decode_text_row, Decoded};
 use crate::store::{Claim, ClaimParams, Ordering};
 use crate::OutboxEvent;
 
@@ -33,7 +33,8 @@ impl SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
+        let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+        let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(p.token, &bad, &held).await;
         }

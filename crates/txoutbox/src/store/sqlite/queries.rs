@@ -101,7 +101,11 @@ mod tests {
             let q = Queries::new(&t, retention);
             let all = format!("{q:?}").replace("{{condition}}", "");
             assert!(!all.contains("{{"), "unfilled placeholder: {all}");
-            assert!(q.claim_ordered.contains("\"events_relays\""), "{}", q.claim_ordered);
+            assert!(
+                q.claim_ordered.contains("\"events_relays\""),
+                "{}",
+                q.claim_ordered
+            );
             assert!(!q.claim.contains("events_relays"), "{}", q.claim);
         }
     }

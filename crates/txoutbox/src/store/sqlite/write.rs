@@ -1,55 +1,6 @@
-//! The write path and the inbox on SQLite, in the caller's own transaction.
+//! The write path and the inbox on SQLite, in the caller's own transaction: several events
+//! in one statement over a JSON array (`json_each`); SQLite serialises writers, so a second
+//! consumer of the same id waits for the first one's transaction (busy timeout), then sees
+//! the row.
 
-use sqlx::{Executor, Sqlite};
-use uuid::Uuid;
-
-use super::queries::names;
-use crate::error::{db_error, Error};
-use crate::store::rows::insert_text;
-use crate::store::sql::sql_file;
-use crate::{NewEvent, OutboxTable};
-
-/// One event: a plain insert. Several: one statement over a JSON array of rows (`json_each`),
-/// inserted in array order, so `seq` follows the slice.
-pub(crate) async fn insert<'e, E>(
-    t: &OutboxTable,
-    executor: E,
-    events: &[NewEvent],
-) -> Result<(), Error>
-where
-    E: Executor<'e, Database = Sqlite>,
-{
-    let f = names(t);
-    let one = f.fill(sql_file!("sqlite", "insert_one"));
-    let many = f.fill(sql_file!("sqlite", "insert_many"));
-    insert_text(t, executor, events, &one, &many).await
-}
-
-pub(crate) async fn create_inbox<'e, E>(t: &OutboxTable, executor: E) -> Result<(), Error>
-where
-    E: Executor<'e, Database = Sqlite>,
-{
-    sqlx::query(&names(t).fill(sql_file!("sqlite", "inbox_create")))
-    .execute(executor)
-    .await
-    .map_err(Error::Database)?;
-    Ok(())
-}
-
-/// SQLite serialises writers: a second consumer of the same id waits for the first one's
-/// transaction (busy timeout) and then sees the row.
-pub(crate) async fn mark_processed<'e, E>(
-    t: &OutboxTable,
-    executor: E,
-    id: Uuid,
-) -> Result<bool, Error>
-where
-    E: Executor<'e, Database = Sqlite>,
-{
-    let done = sqlx::query(&names(t).fill(sql_file!("sqlite", "inbox_mark")))
-    .bind(id.hyphenated().to_string())
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(t, e))?;
-    Ok(done.rows_affected() == 1)
-}
+crate::store::text::text_write!("sqlite", sqlx::Sqlite);
