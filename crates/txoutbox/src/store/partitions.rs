@@ -225,12 +225,26 @@ pub(crate) trait OwnSql<DB: Database> {
 
 /// A heartbeat's transaction on a database that supplies its [`HeartbeatSql`].
 pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
-    pub tx: Transaction<'c, DB>,
-    pub table: &'a OutboxTable,
-    pub sql: &'a HeartbeatSql<S>,
+    tx: Transaction<'c, DB>,
+    table: &'a OutboxTable,
+    sql: &'a HeartbeatSql<S>,
 }
 
-impl<'a, DB: Database, S> InTransaction<'_, 'a, DB, S> {
+impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
+    /// One heartbeat ([`rebalance`]) of relay `p.relay_id` on `table`, in `tx`, with the
+    /// database's statements `sql`.
+    pub(crate) async fn rebalance(
+        tx: Transaction<'c, DB>,
+        table: &'a OutboxTable,
+        sql: &'a HeartbeatSql<S>,
+        p: RebalanceParams<'_>,
+    ) -> Result<Membership, Error>
+    where
+        Self: Coordinator,
+    {
+        rebalance(Self { tx, table, sql }, table, p).await
+    }
+
     fn err(&self) -> impl Fn(sqlx::Error) -> Error + 'a {
         let t = self.table;
         move |e| db_error(t, e)

@@ -33,7 +33,7 @@ use super::partitions::count_once;
 use super::sql::{marks, with_list};
 use super::text::text_store;
 use super::wakeup::AdaptivePoll;
-use super::{DeregisterParams, Retention};
+use super::DeregisterParams;
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
 
@@ -63,51 +63,6 @@ async fn begin_read_committed<'c>(
 }
 
 impl MySqlStore {
-    /// A store on `table` that keeps published events ([`Retention::Mark`]). `wakeup` wakes
-    /// the relay when this process's writers enqueue (give the same one to their `Outbox`).
-    pub fn new(pool: MySqlPool, table: OutboxTable, wakeup: Wakeup) -> Self {
-        Self::with_retention(pool, table, wakeup, Retention::Mark)
-    }
-
-    /// A store on `table` with the given retention for published events.
-    pub fn with_retention(
-        pool: MySqlPool,
-        table: OutboxTable,
-        wakeup: Wakeup,
-        retention: Retention,
-    ) -> Self {
-        Self {
-            q: Queries::new(&table, retention),
-            pool,
-            table,
-            wakeup,
-            poll: AdaptivePoll::default(),
-            partitions: OnceLock::new(),
-        }
-    }
-
-    /// The pool the store runs its statements on.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
-    }
-    /// The database (`schema`) and table the store works on.
-    pub fn table(&self) -> &OutboxTable {
-        &self.table
-    }
-    /// Give it to the writers' `Outbox` (`Outbox::with_wakeup`) to wake this relay at once.
-    pub fn wakeup(&self) -> &Wakeup {
-        &self.wakeup
-    }
-
-    fn err(&self, e: sqlx::Error) -> Error {
-        db_error(&self.table, e)
-    }
-
-    /// Fail with "run `txoutbox migrate`" unless the schema is in place at this build's version.
-    pub async fn check_schema(&self) -> Result<(), Error> {
-        schema::check_schema(&self.pool, &self.table).await
-    }
-
     async fn partition_count(&self) -> Result<i64, Error> {
         let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
         let read = async { Ok(read.await.map_err(|e| self.err(e))?.max(1)) };
@@ -143,16 +98,16 @@ impl MySqlStore {
             tx.commit().await.map_err(err)?;
             return Ok(0);
         }
-        for sql in [&self.q.deregister_relay, &self.q.deregister_partitions] {
+        for sql in [&self.q.text.deregister_relay, &self.q.deregister_partitions] {
             let q = sqlx::query(sql).bind(p.relay_id);
             q.execute(&mut *tx).await.map_err(err)?;
         }
-        let q = sqlx::query(&self.q.deregister_events).bind(p.relay_id);
+        let q = sqlx::query(&self.q.text.deregister_events).bind(p.relay_id);
         let n = q.execute(&mut *tx).await.map_err(err)?.rows_affected();
         tx.commit().await.map_err(err)?;
         Ok(n)
     }
 }
 
-text_store!(MySqlStore);
+text_store!(MySqlStore, MySqlPool, { partitions: OnceLock::new() });
 text_operator!(MySqlStore, NOW_MS);

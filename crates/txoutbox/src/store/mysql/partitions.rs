@@ -8,9 +8,7 @@ use sqlx::{MySql, MySqlConnection, Row};
 use super::MySqlStore;
 use crate::error::Error;
 use crate::store::operator::millis;
-use crate::store::partitions::{
-    self as shared, heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql,
-};
+use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql};
 use crate::store::rows::relay as relay_from_row;
 use crate::store::sql::{int_list, sql_file, with_list, Fill};
 use crate::store::{Membership, RebalanceParams, RelayInfo};
@@ -104,19 +102,15 @@ impl MySqlStore {
         p: RebalanceParams<'_>,
     ) -> Result<Membership, Error> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let c = InTransaction {
-            // Each statement sees what committed before it (the checks must see a relay that
-            // registered while this one waited for the lock).
-            tx: super::begin_read_committed(&mut conn, &self.table).await?,
-            table: &self.table,
-            sql: &self.q.heartbeat,
-        };
-        shared::rebalance(c, &self.table, p).await
+        // Each statement sees what committed before it (the checks must see a relay that
+        // registered while this one waited for the lock).
+        let tx = super::begin_read_committed(&mut conn, &self.table).await?;
+        InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
     }
 
     /// The relays registered on the table, with the partitions each owns.
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.relays)
+        let rows = sqlx::query(&self.q.text.relays)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;

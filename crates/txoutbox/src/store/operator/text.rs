@@ -2,8 +2,8 @@
 //! times as epoch milliseconds, so their queries and bindings are the same text.
 
 /// The operator methods of MySQL and SQLite, which they share word for word: both keep ids
-/// as text and times as epoch milliseconds. `$store` must have `pool`, `q` (its `Queries`:
-/// `event`, `purge`, `events_page`, `dead_retry`, `dead_discard`), `wakeup`, `err`,
+/// as text and times as epoch milliseconds. `$store` must have `pool`, `q` (its `Queries`,
+/// with the shared `TextQueries` as `text`), `wakeup`, `err`,
 /// `check_schema` and `relays`; `$now` is its clock in SQL.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! text_operator {
@@ -36,7 +36,7 @@ macro_rules! text_operator {
                 let mut c = f.page_sql(TEXT_DIALECT, &state, page);
                 // The limit's mark is the last of the statement's.
                 c.mark(FilterValue::Int(page.fetch()));
-                let sql = $crate::store::sql::with_condition(&self.q.events_page, &c.sql);
+                let sql = $crate::store::sql::with_condition(&self.q.text.events_page, &c.sql);
                 let rows = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
                     .fetch_all(&self.pool)
                     .await
@@ -52,7 +52,7 @@ macro_rules! text_operator {
                 &self,
                 id: uuid::Uuid,
             ) -> Result<Option<$crate::OutboxEvent>, $crate::Error> {
-                let row = sqlx::query(&self.q.event)
+                let row = sqlx::query(&self.q.text.event)
                     .bind(id.hyphenated().to_string())
                     .fetch_optional(&self.pool)
                     .await
@@ -67,7 +67,7 @@ macro_rules! text_operator {
                 f: &$crate::store::operator::EventFilter,
             ) -> Result<u64, $crate::Error> {
                 let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = $crate::store::sql::with_condition(&self.q.dead_retry, &c.sql);
+                let sql = $crate::store::sql::with_condition(&self.q.text.dead_retry, &c.sql);
                 let n = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
                     .execute(&self.pool)
                     .await
@@ -84,7 +84,7 @@ macro_rules! text_operator {
                 f: &$crate::store::operator::EventFilter,
             ) -> Result<u64, $crate::Error> {
                 let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = $crate::store::sql::with_condition(&self.q.dead_discard, &c.sql);
+                let sql = $crate::store::sql::with_condition(&self.q.text.dead_discard, &c.sql);
                 Ok(
                     $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
                         .execute(&self.pool)
@@ -100,7 +100,7 @@ macro_rules! text_operator {
                 older_than: std::time::Duration,
                 batch: i64,
             ) -> Result<u64, $crate::Error> {
-                let done = sqlx::query(&self.q.purge)
+                let done = sqlx::query(&self.q.text.purge)
                     .bind($crate::store::operator::millis(older_than))
                     .bind(batch.max(1))
                     .execute(&self.pool)

@@ -18,19 +18,17 @@ pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
 /// One row, column by column: what decoded and what did not (see [`undecodable`]).
 pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
     let mut c = Reader::new(r);
-    let (id, seq) = (c.get::<Uuid>("id")?, c.get("seq")?);
-    let (aggregate_type, aggregate_id) = (c.get("aggregate_type")?, c.get("aggregate_id")?);
-    let (event_type, payload) = (c.get("event_type")?, c.get("payload")?);
-    let headers = c.get::<serde_json::Value>("headers")?;
-    let headers = headers.and_then(|v| c.ok(undecodable::headers(v)));
     let columns = Columns {
-        id,
-        seq,
-        aggregate_type,
-        aggregate_id,
-        event_type,
-        payload,
-        headers,
+        id: c.get::<Uuid>("id")?,
+        seq: c.get("seq")?,
+        aggregate_type: c.get("aggregate_type")?,
+        aggregate_id: c.get("aggregate_id")?,
+        event_type: c.get("event_type")?,
+        payload: c.get("payload")?,
+        headers: {
+            let v = c.get::<serde_json::Value>("headers")?;
+            v.and_then(|v| c.ok(undecodable::headers(v)))
+        },
         attempts: c.get("attempts")?,
         attempts_unavailable: c.get("attempts_unavailable")?,
         available_at: c

@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Postgres, Row};
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Postgres};
 
 use super::PgStore;
-use crate::error::{db_error, Error};
-use crate::store::partitions::{
-    self as shared, heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql,
-};
+use crate::error::Error;
+use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql};
 use crate::store::sql::Fill;
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 
@@ -74,32 +73,26 @@ impl PgStore {
         &self,
         p: RebalanceParams<'_>,
     ) -> Result<Membership, Error> {
-        let c = InTransaction {
-            tx: self.pool.begin().await.map_err(|e| self.err(e))?,
-            table: &self.table,
-            sql: &self.q.heartbeat,
-        };
-        shared::rebalance(c, &self.table, p).await
+        let tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
     }
 
     /// The relays registered on this table, with the partitions each owns.
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.relays)
+        type Listed = (String, String, DateTime<Utc>, DateTime<Utc>, bool, Vec<i32>);
+        let rows: Vec<Listed> = sqlx::query_as(&self.q.relays)
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| db_error(&self.table, e))?;
-        rows.iter()
-            .map(|r| {
-                Ok(RelayInfo {
-                    relay_id: r.try_get("relay_id")?,
-                    mode: r.try_get("mode")?,
-                    started_at: r.try_get("started_at")?,
-                    heartbeat_at: r.try_get("heartbeat_at")?,
-                    alive: r.try_get("alive")?,
-                    partitions: r.try_get("partitions")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Error::Database)
+            .map_err(|e| self.err(e))?;
+        let info =
+            |(relay_id, mode, started_at, heartbeat_at, alive, partitions): Listed| RelayInfo {
+                relay_id,
+                mode,
+                started_at,
+                heartbeat_at,
+                alive,
+                partitions,
+            };
+        Ok(rows.into_iter().map(info).collect())
     }
 }

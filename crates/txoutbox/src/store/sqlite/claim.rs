@@ -59,7 +59,7 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             if !held.is_empty() {
-                sqlx::query(&self.q.release)
+                sqlx::query(&self.q.text.release)
                     .bind(id_list(&held))
                     .bind(&token)
                     .execute(&mut *tx)

@@ -31,7 +31,7 @@ use super::rows::relay as relay_from_row;
 use super::text::text_store;
 use super::wakeup::AdaptivePoll;
 use super::{DeregisterParams, Membership, RebalanceParams, RelayInfo, Retention};
-use crate::error::{db_error, Error};
+use crate::error::Error;
 use crate::OutboxTable;
 
 /// The outbox on SQLite. See the module docs for what it guarantees.
@@ -45,28 +45,6 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// A store on `pool`. Wake-ups come from `wakeup` (pass the one given to [`connect`]) or,
-    /// for writers in other processes, from polling.
-    pub fn new(pool: SqlitePool, table: OutboxTable, wakeup: Wakeup) -> Self {
-        Self::with_retention(pool, table, wakeup, Retention::Mark)
-    }
-
-    /// A store with the given retention for published events.
-    pub fn with_retention(
-        pool: SqlitePool,
-        table: OutboxTable,
-        wakeup: Wakeup,
-        retention: Retention,
-    ) -> Self {
-        Self {
-            q: Queries::new(&table, retention),
-            pool,
-            table,
-            wakeup,
-            poll: AdaptivePoll::default(),
-        }
-    }
-
     /// Open the database file at `url` ([`connect`]) and a store on it. Use [`Self::pool`]
     /// for the writers of this process: their commits wake the relay at once.
     pub async fn open(
@@ -80,31 +58,9 @@ impl SqliteStore {
         Ok(Self::with_retention(pool, table, wakeup, retention))
     }
 
-    /// The pool the store runs its statements on; its commits wake this relay.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-    /// The table the store works on (SQLite has no schemas: always the `main` file).
-    pub fn table(&self) -> &OutboxTable {
-        &self.table
-    }
-    /// The wake-up the pool's commit hooks fire (see [`connect`]).
-    pub fn wakeup(&self) -> &Wakeup {
-        &self.wakeup
-    }
-
-    /// Fail with "run `txoutbox migrate`" unless the schema is in place.
-    pub async fn check_schema(&self) -> Result<(), Error> {
-        schema::check_schema(&self.pool, &self.table).await
-    }
-
-    fn err(&self, e: sqlx::Error) -> Error {
-        db_error(&self.table, e)
-    }
-
     /// The relay registered on this file (at most one alive).
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.relays)
+        let rows = sqlx::query(&self.q.text.relays)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -192,12 +148,12 @@ impl SqliteStore {
             tx.rollback().await.map_err(err)?;
             return Ok(0);
         }
-        sqlx::query(&self.q.deregister_relay)
+        sqlx::query(&self.q.text.deregister_relay)
             .bind(relay_id)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let n = sqlx::query(&self.q.deregister_events)
+        let n = sqlx::query(&self.q.text.deregister_events)
             .bind(relay_id)
             .execute(&mut *tx)
             .await
@@ -218,5 +174,5 @@ fn id_list(ids: &[Uuid]) -> String {
     .to_string()
 }
 
-text_store!(SqliteStore);
+text_store!(SqliteStore, SqlitePool, {});
 text_operator!(SqliteStore, NOW_MS);
