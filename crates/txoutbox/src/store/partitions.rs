@@ -172,6 +172,8 @@ pub(crate) struct HeartbeatSql<S> {
     pub renew: String,
     pub give_up: String,
     pub take: String,
+    /// The database's own further statements (MySQL's; PostgreSQL has none: `()`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub extra: S,
 }
 
