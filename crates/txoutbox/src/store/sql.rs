@@ -6,8 +6,8 @@
 //! Some statements are finished per call, and only with text that is not input:
 //! - `{{list}}` (MySQL): an `IN (...)` list whose length is the call's (`with_list`: `?`
 //!   marks, or integers the database itself returned);
-//! - `{{condition}}` (the operator's listings and dead-letter commands on MySQL and SQLite):
-//!   a filter's condition, fixed column names and `?` marks (`with_condition`);
+//! - `{{condition}}` (the operator's listings and dead-letter commands): a filter's
+//!   condition, fixed column names and marks (`with_condition`, [`finish`]);
 //! - the write path (`write.rs`) and the migrations (`schema.rs`), which have no store to
 //!   keep statements in: they fill theirs from the table they are given.
 
@@ -87,18 +87,28 @@ fn strip(sql: &str) -> String {
     lines.join("\n").trim_end().to_string()
 }
 
+/// A statement finished per call: each tag replaced by its text (never input: SQL built in
+/// this crate from fixed names and marks).
+pub(crate) fn finish(sql: &str, tags: &[(&str, &str)]) -> String {
+    let mut out = sql.to_string();
+    for (tag, text) in tags {
+        out = out.replace(tag, text);
+    }
+    out
+}
+
 /// A statement with its `{{list}}` replaced by `list` (`?` marks from [`marks`], or
 /// integers from [`int_list`]).
 #[cfg(feature = "mysql")]
 pub(crate) fn with_list(sql: &str, list: &str) -> String {
-    sql.replace("{{list}}", list)
+    finish(sql, &[("{{list}}", list)])
 }
 
 /// An operator statement with its `{{condition}}` replaced by a filter's (fixed column names
 /// and `?` marks: `EventFilter::to_sql`).
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn with_condition(sql: &str, condition: &str) -> String {
-    sql.replace("{{condition}}", condition)
+    finish(sql, &[("{{condition}}", condition)])
 }
 
 /// `?, ?, ?` for `n` values.

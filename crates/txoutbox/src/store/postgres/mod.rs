@@ -25,7 +25,7 @@ use crate::OutboxTable;
 use claim::ScanState;
 use decode::decode_row;
 pub(crate) use decode::event_from_row;
-use queries::{Queries, COLUMNS};
+use queries::Queries;
 
 /// While ordered claims are in flight, the next claim reads at most this many batches' worth
 /// of `seq` past the last event in flight (see `claim_ordered`).
