@@ -1,7 +1,9 @@
 //! Where the relay gets events from and reports back to. One trait, [`Store`], with a params
 //! struct per operation so a new field does not break every backend; [`Operator`] adds what
 //! operators do (events, dead letters, purge, the relays list; [`operator`]). One module per
-//! database, each behind its cargo feature: [`postgres`], [`sqlite`], [`mysql`].
+//! database, each behind its cargo feature: [`postgres`], [`sqlite`], [`mysql`]. Each keeps its
+//! SQL in `store/<db>/sql/*.sql`, one file per statement, filled once per store with the
+//! validated names of its table (`store/sql.rs`).
 
 pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
