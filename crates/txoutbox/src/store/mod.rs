@@ -1,7 +1,9 @@
 //! Where the relay gets events from and reports back to. One trait, [`Store`], with a params
 //! struct per operation so a new field does not break every backend; [`Operator`] adds what
 //! operators do (events, dead letters, purge, the relays list; [`operator`]). One module per
-//! database, each behind its cargo feature: [`postgres`], [`sqlite`], [`mysql`].
+//! database, each behind its cargo feature: [`postgres`], [`sqlite`], [`mysql`]. Each keeps its
+//! SQL in `store/<db>/sql/*.sql`, one file per statement, filled once per store with the
+//! validated names of its table (`store/sql.rs`).
 
 pub(crate) mod migrations;
 #[cfg(feature = "mysql")]
@@ -13,11 +15,15 @@ mod partitions;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod rows;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod text;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod undecodable;
 pub mod wakeup;

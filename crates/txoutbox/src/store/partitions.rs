@@ -7,10 +7,13 @@
 //!
 //! [`rebalance`] is that algorithm, once, over the steps of a [`Coordinator`] (one
 //! transaction). [`InTransaction`] is the coordinator of every database: it runs the
-//! statements that differ only in their SQL ([`SharedSql`]) itself, and leaves those whose
-//! parameters or steps differ ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL
-//! locks and then updates) to the database's own module. The databases supply SQL only.
+//! statements that differ only in their SQL ([`HeartbeatSql`], from each database's
+//! `sql/partitions_*.sql`) itself, and leaves those whose parameters or steps differ
+//! ([`OwnSql`]: PostgreSQL bumps an epoch and returns rows, MySQL locks and then updates) to
+//! the database's own module.
 
+use std::future::Future;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use sqlx::{
@@ -21,49 +24,46 @@ use crate::error::{db_error, Error};
 use crate::store::{Membership, RebalanceParams};
 use crate::OutboxTable;
 
-/// One heartbeat's transaction on one database. Every method runs in that transaction;
-/// `relay_id`, `mode` and `instance` are this relay's.
+/// The relay a heartbeat is for.
+#[derive(Debug, Clone)]
+pub(crate) struct Me<'a> {
+    pub relay_id: &'a str,
+    /// Its mode's name ([`crate::store::Ordering::mode_name`]).
+    pub mode: &'static str,
+    /// This process's instance id, as text.
+    pub instance: String,
+    /// How long its registration and partitions last without a heartbeat.
+    pub lease: Duration,
+}
+
+/// One heartbeat's transaction on one database, for relay `me`. Every method runs in that
+/// transaction.
 pub(crate) trait Coordinator {
     /// Take the table's registration lock, held until commit: one heartbeat at a time per
     /// table. Two relays registering at once would otherwise each miss the other's
     /// uncommitted row and both pass the checks of [`rebalance`] (an ordered and an unordered
     /// relay on one table, or two processes with one relay id).
     async fn lock(&mut self) -> Result<(), Error>;
-    /// Seconds left on `relay_id` if another live process (another `instance`) holds it.
-    async fn held_elsewhere(
-        &mut self,
-        relay_id: &str,
-        instance: &str,
-    ) -> Result<Option<f64>, Error>;
-    /// Insert or refresh this relay's row: alive for `lease` from now.
-    async fn register(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), Error>;
+    /// Seconds left on the relay id if another live process (another instance) holds it.
+    async fn held_elsewhere(&mut self, me: &Me<'_>) -> Result<Option<f64>, Error>;
+    /// Insert or refresh this relay's row: alive for its lease from now.
+    async fn register(&mut self, me: &Me<'_>) -> Result<(), Error>;
     /// Another live relay of another mode: its id and mode.
-    async fn other_mode(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error>;
+    async fn other_mode(&mut self, me: &Me<'_>) -> Result<Option<(String, String)>, Error>;
     /// Remove this relay's row.
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error>;
+    async fn unregister(&mut self, me: &Me<'_>) -> Result<(), Error>;
     /// Remove relays dead for more than an hour.
     async fn forget_dead(&mut self) -> Result<(), Error>;
     async fn partition_count(&mut self) -> Result<i64, Error>;
-    /// Live relays of `mode` (this one included).
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error>;
+    /// Live relays of this relay's mode (this one included).
+    async fn live_relays(&mut self, me: &Me<'_>) -> Result<i64, Error>;
     /// Extend the lease of the partitions this relay still owns; returns them.
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error>;
+    async fn renew(&mut self, me: &Me<'_>) -> Result<Vec<i32>, Error>;
     /// Give up `parts` (owned by this relay).
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error>;
+    async fn give_up(&mut self, me: &Me<'_>, parts: &[i32]) -> Result<(), Error>;
     /// Take up to `want` free or expired partitions, lowest first, skipping those another
     /// heartbeat is taking right now; returns them.
-    async fn take(&mut self, relay_id: &str, lease: Duration, want: i64)
-        -> Result<Vec<i32>, Error>;
+    async fn take(&mut self, me: &Me<'_>, want: i64) -> Result<Vec<i32>, Error>;
     async fn commit(self) -> Result<(), Error>;
     async fn rollback(self) -> Result<(), Error>;
 }
@@ -74,12 +74,16 @@ pub(crate) async fn rebalance<C: Coordinator>(
     table: &OutboxTable,
     p: RebalanceParams<'_>,
 ) -> Result<Membership, Error> {
-    let mode = p.ordering.mode_name();
-    let instance = p.instance.to_string();
+    let me = Me {
+        relay_id: p.relay_id,
+        mode: p.ordering.mode_name(),
+        instance: p.instance.to_string(),
+        lease: p.lease,
+    };
     c.lock().await?;
     // A relay id held by another live process: refuse it (its partitions would be shared by
     // two processes, and one's exit would strip the other's).
-    if let Some(left) = c.held_elsewhere(p.relay_id, &instance).await? {
+    if let Some(left) = c.held_elsewhere(&me).await? {
         c.rollback().await?;
         return Err(Error::RelayIdInUse {
             table: table.display(),
@@ -87,11 +91,11 @@ pub(crate) async fn rebalance<C: Coordinator>(
             remaining_secs: left.max(0.0),
         });
     }
-    c.register(p.relay_id, mode, &instance, p.lease).await?;
+    c.register(&me).await?;
     // Mixing modes on one table would break the ordering guarantee.
-    if let Some((other, other_mode)) = c.other_mode(p.relay_id, mode).await? {
+    if let Some((other, other_mode)) = c.other_mode(&me).await? {
         // Do not stay registered: the other relay must not see us as a conflict either.
-        c.unregister(p.relay_id).await?;
+        c.unregister(&me).await?;
         c.commit().await?;
         return Err(Error::ModeConflict {
             table: table.display(),
@@ -106,8 +110,8 @@ pub(crate) async fn rebalance<C: Coordinator>(
         return Ok(Membership::default());
     }
     let total = c.partition_count().await?;
-    let live = c.live_relays(mode).await?;
-    let mut owned = c.renew(p.relay_id, p.lease).await?;
+    let live = c.live_relays(&me).await?;
+    let mut owned = c.renew(&me).await?;
     owned.sort_unstable();
     let total_n = usize::try_from(total).unwrap_or(0);
     let live_n = usize::try_from(live).unwrap_or(1).max(1);
@@ -116,10 +120,10 @@ pub(crate) async fn rebalance<C: Coordinator>(
     let mut released = Vec::new();
     if owned.len() > target && p.may_release {
         released = owned.split_off(target);
-        c.give_up(p.relay_id, &released).await?;
+        c.give_up(&me, &released).await?;
     } else if owned.len() < target {
         let want = i64::try_from(target - owned.len()).unwrap_or(0);
-        acquired = c.take(p.relay_id, p.lease, want).await?;
+        acquired = c.take(&me, want).await?;
         acquired.sort_unstable();
         owned.extend(&acquired);
         owned.sort_unstable();
@@ -135,10 +139,23 @@ pub(crate) async fn rebalance<C: Coordinator>(
     })
 }
 
-/// The statements of a heartbeat that differ between databases in their SQL only, each
-/// binding text in the order given.
+/// The number of partitions, read (by `read`) once per store: the migrations fix it.
+pub(crate) async fn count_once<T: Copy>(
+    cell: &OnceLock<T>,
+    read: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    if let Some(n) = cell.get() {
+        return Ok(*n);
+    }
+    let n = read.await?;
+    Ok(*cell.get_or_init(|| n))
+}
+
+/// A database's heartbeat statements, filled once when its store is built ([`heartbeat_sql`]).
+/// Those that differ between databases in their SQL only bind text in the order given and
+/// are run here; the rest the database runs ([`OwnSql`], with `extra` statements of its own).
 #[derive(Debug)]
-pub(crate) struct SharedSql {
+pub(crate) struct HeartbeatSql<S> {
     /// Take the registration lock ([`Coordinator::lock`]).
     pub lock: String,
     /// `relay_id`, `mode` -> the other relay's id and mode.
@@ -150,75 +167,131 @@ pub(crate) struct SharedSql {
     pub partition_count: String,
     /// `mode` -> the number of live relays.
     pub live_relays: String,
+    pub held_elsewhere: String,
+    pub register: String,
+    pub renew: String,
+    pub give_up: String,
+    pub take: String,
+    /// The database's own further statements (MySQL's; PostgreSQL has none: `()`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub extra: S,
 }
 
-/// The statements of a heartbeat whose parameters or steps differ between databases; as on
+/// The [`HeartbeatSql`] of database `$db`: its files `sql/partitions_<statement>.sql` (and
+/// `partition_count.sql`), filled by `$fill` (a `store::sql::Fill`), and `$extra`.
+macro_rules! heartbeat_sql {
+    ($db:literal, $fill:expr, $extra:expr) => {{
+        use $crate::store::sql::sql_file;
+        let f = $fill;
+        $crate::store::partitions::HeartbeatSql {
+            lock: f.fill(sql_file!($db, "partitions_lock")),
+            other_mode: f.fill(sql_file!($db, "partitions_other_mode")),
+            unregister: f.fill(sql_file!($db, "partitions_unregister")),
+            forget_dead: f.fill(sql_file!($db, "partitions_forget_dead")),
+            partition_count: f.fill(sql_file!($db, "partition_count")),
+            live_relays: f.fill(sql_file!($db, "partitions_live_relays")),
+            held_elsewhere: f.fill(sql_file!($db, "partitions_held_elsewhere")),
+            register: f.fill(sql_file!($db, "partitions_register")),
+            renew: f.fill(sql_file!($db, "partitions_renew")),
+            give_up: f.fill(sql_file!($db, "partitions_give_up")),
+            take: f.fill(sql_file!($db, "partitions_take")),
+            extra: $extra,
+        }
+    }};
+}
+pub(crate) use heartbeat_sql;
+
+/// The steps of a heartbeat whose parameters or steps differ between databases; as on
 /// [`Coordinator`], run on the heartbeat's transaction.
 pub(crate) trait OwnSql<DB: Database> {
     async fn held_elsewhere(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
-        instance: &str,
+        me: &Me<'_>,
     ) -> Result<Option<f64>, sqlx::Error>;
-    async fn register(
-        &self,
-        conn: &mut DB::Connection,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), sqlx::Error>;
-    async fn renew(
-        &self,
-        conn: &mut DB::Connection,
-        relay_id: &str,
-        lease: Duration,
-    ) -> Result<Vec<i32>, sqlx::Error>;
+    async fn register(&self, conn: &mut DB::Connection, me: &Me<'_>) -> Result<(), sqlx::Error>;
+    async fn renew(&self, conn: &mut DB::Connection, me: &Me<'_>) -> Result<Vec<i32>, sqlx::Error>;
     async fn give_up(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
+        me: &Me<'_>,
         parts: &[i32],
     ) -> Result<(), sqlx::Error>;
     async fn take(
         &self,
         conn: &mut DB::Connection,
-        relay_id: &str,
-        lease: Duration,
+        me: &Me<'_>,
         want: i64,
     ) -> Result<Vec<i32>, sqlx::Error>;
 }
 
-/// A heartbeat's transaction on a database that supplies [`SharedSql`] and [`OwnSql`].
+/// A heartbeat's transaction on a database that supplies its [`HeartbeatSql`].
 pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
-    pub tx: Transaction<'c, DB>,
-    pub table: &'a OutboxTable,
-    pub shared: SharedSql,
-    pub own: S,
+    tx: Transaction<'c, DB>,
+    table: &'a OutboxTable,
+    sql: &'a HeartbeatSql<S>,
 }
 
-impl<DB: Database, S> InTransaction<'_, '_, DB, S> {
-    fn err(&self) -> impl Fn(sqlx::Error) -> Error + '_ {
-        |e| db_error(self.table, e)
+impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
+    /// One heartbeat ([`rebalance`]) of relay `p.relay_id` on `table`, in `tx`, with the
+    /// database's statements `sql`.
+    pub(crate) async fn rebalance(
+        tx: Transaction<'c, DB>,
+        table: &'a OutboxTable,
+        sql: &'a HeartbeatSql<S>,
+        p: RebalanceParams<'_>,
+    ) -> Result<Membership, Error>
+    where
+        Self: Coordinator,
+    {
+        rebalance(Self { tx, table, sql }, table, p).await
+    }
+
+    fn err(&self) -> impl Fn(sqlx::Error) -> Error + 'a {
+        let t = self.table;
+        move |e| db_error(t, e)
+    }
+
+    /// What a step of [`OwnSql`] runs with: the statements, the transaction, the error.
+    fn own(
+        &mut self,
+    ) -> (
+        &'a HeartbeatSql<S>,
+        &mut DB::Connection,
+        impl Fn(sqlx::Error) -> Error + 'a,
+    ) {
+        let err = self.err();
+        (self.sql, &mut *self.tx, err)
+    }
+
+    /// A statement of the shared ones with `binds`, on the transaction: its row, if `fetch`.
+    async fn shared<'q>(
+        &mut self,
+        sql: impl FnOnce(&'a HeartbeatSql<S>) -> &'a str,
+        binds: &[&'q str],
+        fetch: bool,
+    ) -> Result<Option<DB::Row>, Error>
+    where
+        for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
+        for<'x> DB::Arguments<'x>: IntoArguments<'x, DB>,
+        for<'x> &'x str: Encode<'x, DB> + Type<DB>,
+    {
+        let q = binds
+            .iter()
+            .fold(sqlx::query::<DB>(sql(self.sql)), |q, b| q.bind(*b));
+        let err = self.err();
+        if fetch {
+            q.fetch_optional(&mut *self.tx).await.map_err(err)
+        } else {
+            q.execute(&mut *self.tx).await.map_err(err).map(|_| None)
+        }
     }
 }
 
-/// `sql` with `binds`, on `conn`.
-fn query_text<'q, DB: Database>(
-    sql: &'q str,
-    binds: &[&'q str],
-) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
-where
-    &'q str: Encode<'q, DB> + Type<DB>,
-{
-    binds.iter().fold(sqlx::query(sql), |q, b| q.bind(*b))
-}
-
-impl<DB, S> Coordinator for InTransaction<'_, '_, DB, S>
+impl<'a, DB, S> Coordinator for InTransaction<'_, 'a, DB, S>
 where
     DB: Database,
-    S: OwnSql<DB>,
+    HeartbeatSql<S>: OwnSql<DB>,
     for<'e> &'e mut DB::Connection: Executor<'e, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
@@ -227,110 +300,81 @@ where
     usize: ColumnIndex<DB::Row>,
 {
     async fn lock(&mut self) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.lock, &[]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+        self.shared(|s| &s.lock, &[], false).await.map(drop)
     }
 
-    async fn held_elsewhere(
-        &mut self,
-        relay_id: &str,
-        instance: &str,
-    ) -> Result<Option<f64>, Error> {
-        let t = self.table;
-        self.own
-            .held_elsewhere(&mut self.tx, relay_id, instance)
-            .await
-            .map_err(|e| db_error(t, e))
+    async fn held_elsewhere(&mut self, me: &Me<'_>) -> Result<Option<f64>, Error> {
+        let (own, conn, err) = self.own();
+        own.held_elsewhere(conn, me).await.map_err(err)
     }
 
-    async fn register(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-        instance: &str,
-        lease: Duration,
-    ) -> Result<(), Error> {
-        let t = self.table;
-        self.own
-            .register(&mut self.tx, relay_id, mode, instance, lease)
-            .await
-            .map_err(|e| db_error(t, e))
+    async fn register(&mut self, me: &Me<'_>) -> Result<(), Error> {
+        let (own, conn, err) = self.own();
+        own.register(conn, me).await.map_err(err)
     }
 
-    async fn other_mode(
-        &mut self,
-        relay_id: &str,
-        mode: &str,
-    ) -> Result<Option<(String, String)>, Error> {
-        let q = query_text::<DB>(&self.shared.other_mode, &[relay_id, mode]);
-        let row = q.fetch_optional(&mut *self.tx).await.map_err(self.err())?;
+    async fn other_mode(&mut self, me: &Me<'_>) -> Result<Option<(String, String)>, Error> {
+        let binds = [me.relay_id, me.mode];
+        let row = self.shared(|s| &s.other_mode, &binds, true).await?;
         let pair = row.map(|r| Ok::<_, sqlx::Error>((r.try_get(0)?, r.try_get(1)?)));
         pair.transpose().map_err(Error::Database)
     }
 
-    async fn unregister(&mut self, relay_id: &str) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.unregister, &[relay_id]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+    async fn unregister(&mut self, me: &Me<'_>) -> Result<(), Error> {
+        self.shared(|s| &s.unregister, &[me.relay_id], false)
+            .await
+            .map(drop)
     }
 
     async fn forget_dead(&mut self) -> Result<(), Error> {
-        let q = query_text::<DB>(&self.shared.forget_dead, &[]);
-        q.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
+        self.shared(|s| &s.forget_dead, &[], false).await.map(drop)
     }
 
     async fn partition_count(&mut self) -> Result<i64, Error> {
-        let q = query_text::<DB>(&self.shared.partition_count, &[]);
-        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
-        row.try_get(0).map_err(Error::Database)
+        let row = self.shared(|s| &s.partition_count, &[], true).await?;
+        count(row)
     }
 
-    async fn live_relays(&mut self, mode: &str) -> Result<i64, Error> {
-        let q = query_text::<DB>(&self.shared.live_relays, &[mode]);
-        let row = q.fetch_one(&mut *self.tx).await.map_err(self.err())?;
-        row.try_get(0).map_err(Error::Database)
+    async fn live_relays(&mut self, me: &Me<'_>) -> Result<i64, Error> {
+        let row = self.shared(|s| &s.live_relays, &[me.mode], true).await?;
+        count(row)
     }
 
-    async fn renew(&mut self, relay_id: &str, lease: Duration) -> Result<Vec<i32>, Error> {
-        let t = self.table;
-        self.own
-            .renew(&mut self.tx, relay_id, lease)
-            .await
-            .map_err(|e| db_error(t, e))
+    async fn renew(&mut self, me: &Me<'_>) -> Result<Vec<i32>, Error> {
+        let (own, conn, err) = self.own();
+        own.renew(conn, me).await.map_err(err)
     }
 
-    async fn give_up(&mut self, relay_id: &str, parts: &[i32]) -> Result<(), Error> {
-        let t = self.table;
-        self.own
-            .give_up(&mut self.tx, relay_id, parts)
-            .await
-            .map_err(|e| db_error(t, e))
+    async fn give_up(&mut self, me: &Me<'_>, parts: &[i32]) -> Result<(), Error> {
+        let (own, conn, err) = self.own();
+        own.give_up(conn, me, parts).await.map_err(err)
     }
 
-    async fn take(
-        &mut self,
-        relay_id: &str,
-        lease: Duration,
-        want: i64,
-    ) -> Result<Vec<i32>, Error> {
-        let t = self.table;
-        self.own
-            .take(&mut self.tx, relay_id, lease, want)
-            .await
-            .map_err(|e| db_error(t, e))
+    async fn take(&mut self, me: &Me<'_>, want: i64) -> Result<Vec<i32>, Error> {
+        let (own, conn, err) = self.own();
+        own.take(conn, me, want).await.map_err(err)
     }
 
     async fn commit(self) -> Result<(), Error> {
-        self.tx.commit().await.map_err(|e| db_error(self.table, e))
+        let err = self.err();
+        self.tx.commit().await.map_err(err)
     }
 
     async fn rollback(self) -> Result<(), Error> {
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| db_error(self.table, e))
+        let err = self.err();
+        self.tx.rollback().await.map_err(err)
+    }
+}
+
+/// The count in the first column of a `count(*)` row (which always comes back).
+fn count<R: Row>(row: Option<R>) -> Result<i64, Error>
+where
+    usize: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    match row {
+        Some(r) => r.try_get(0).map_err(Error::Database),
+        None => Err(Error::Database(sqlx::Error::RowNotFound)),
     }
 }
 
@@ -353,20 +397,16 @@ mod tests {
         async fn lock(&mut self) -> Result<(), Error> {
             Ok(())
         }
-        async fn held_elsewhere(&mut self, _: &str, _: &str) -> Result<Option<f64>, Error> {
+        async fn held_elsewhere(&mut self, _: &Me<'_>) -> Result<Option<f64>, Error> {
             Ok(None)
         }
-        async fn register(&mut self, _: &str, _: &str, _: &str, _: Duration) -> Result<(), Error> {
+        async fn register(&mut self, _: &Me<'_>) -> Result<(), Error> {
             Ok(())
         }
-        async fn other_mode(
-            &mut self,
-            _: &str,
-            _: &str,
-        ) -> Result<Option<(String, String)>, Error> {
+        async fn other_mode(&mut self, _: &Me<'_>) -> Result<Option<(String, String)>, Error> {
             Ok(self.other_mode.clone())
         }
-        async fn unregister(&mut self, _: &str) -> Result<(), Error> {
+        async fn unregister(&mut self, _: &Me<'_>) -> Result<(), Error> {
             Ok(())
         }
         async fn forget_dead(&mut self) -> Result<(), Error> {
@@ -375,17 +415,17 @@ mod tests {
         async fn partition_count(&mut self) -> Result<i64, Error> {
             Ok(self.total)
         }
-        async fn live_relays(&mut self, _: &str) -> Result<i64, Error> {
+        async fn live_relays(&mut self, _: &Me<'_>) -> Result<i64, Error> {
             Ok(self.live)
         }
-        async fn renew(&mut self, _: &str, _: Duration) -> Result<Vec<i32>, Error> {
+        async fn renew(&mut self, _: &Me<'_>) -> Result<Vec<i32>, Error> {
             // Unsorted, as a database may return them.
             Ok(self.owned.iter().rev().copied().collect())
         }
-        async fn give_up(&mut self, _: &str, _: &[i32]) -> Result<(), Error> {
+        async fn give_up(&mut self, _: &Me<'_>, _: &[i32]) -> Result<(), Error> {
             Ok(())
         }
-        async fn take(&mut self, _: &str, _: Duration, want: i64) -> Result<Vec<i32>, Error> {
+        async fn take(&mut self, _: &Me<'_>, want: i64) -> Result<Vec<i32>, Error> {
             let n = usize::try_from(want).unwrap().min(self.free.len());
             Ok(self.free.drain(..n).rev().collect())
         }

@@ -1,14 +1,19 @@
-//! The rows that the text-row stores (SQLite, MySQL: times as integer milliseconds, ids and
-//! JSON as text) read and write alike: new events, the columns of events (their decoder,
-//! which copes with bad rows, is `undecodable::decode_text_row`), relays, and the counts of
-//! `txoutbox status` (the same on PostgreSQL).
+//! The rows every store reads alike (the counts of `txoutbox status`, the columns of a new
+//! event), and those that the text-row stores (SQLite, MySQL: times as integer milliseconds,
+//! ids and JSON as text) read and write alike: new events, the columns of events (their
+//! decoder, which copes with bad rows, is `undecodable::decode_text_row`), relays, failures.
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::{Counts, RelayInfo};
-use crate::error::{db_error, Error};
-use crate::{NewEvent, OutboxTable};
+use super::Counts;
+use crate::error::Error;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use {
+    super::{Failure, RelayInfo},
+    crate::NewEvent,
+};
 
 /// The row of a counts query: pending, leased, dead, processed, then the age of the oldest
 /// pending event in seconds (NULL when there is none).
@@ -28,6 +33,7 @@ where
     })
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A time stored as integer milliseconds since the Unix epoch.
 pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     DateTime::from_timestamp_millis(ms).ok_or_else(|| {
@@ -37,11 +43,13 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
     })
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// The columns `undecodable::decode_text_row` reads, for the select lists of the text-row stores.
 pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
      headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
      locked_by, locked_until, last_error";
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A row of a relays listing (`relay_id`, `mode`, `started_at`, `heartbeat_at` and `alive`,
 /// an integer truth value), owning `partitions`.
 pub(crate) fn relay<'r, R: Row>(r: &'r R, partitions: Vec<i32>) -> Result<RelayInfo, Error>
@@ -61,40 +69,14 @@ where
     })
 }
 
-/// The columns an insert of a new event fills, in the order of [`text_values`].
+/// The columns an insert of a new event fills, in the order of `text_values`.
 pub(crate) const INSERT_COLUMNS: &str =
     "id, aggregate_type, aggregate_id, event_type, payload, headers";
 
-/// Insert `events` in the caller's transaction: one event with `one` (six placeholders, in
-/// the order of [`INSERT_COLUMNS`]), several with `many` over one JSON array of rows (no
-/// limit on bound parameters), which inserts them in array order, so `seq` follows the slice.
-pub(crate) async fn insert_text<'e, DB, E>(
-    t: &OutboxTable,
-    executor: E,
-    events: &[NewEvent],
-    one: &str,
-    many: &str,
-) -> Result<(), Error>
-where
-    DB: Database,
-    E: Executor<'e, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'q> String: Encode<'q, DB> + Type<DB>,
-{
-    let query = if let [e] = events {
-        text_values(e)?
-            .into_iter()
-            .fold(sqlx::query(one), |q, v| q.bind(v))
-    } else {
-        sqlx::query(many).bind(text_values_json(events)?)
-    };
-    query.execute(executor).await.map_err(|e| db_error(t, e))?;
-    Ok(())
-}
-
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A new event's values as text, in the order of the insert's columns: id, aggregate type,
 /// aggregate id, event type, payload, headers.
-fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
+pub(crate) fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
     Ok([
         e.id.hyphenated().to_string(),
         e.aggregate_type.clone(),
@@ -105,12 +87,29 @@ fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
     ])
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// New events as one JSON array of [`text_values`] arrays, for a single insert statement
 /// (no limit on bound parameters).
-fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
+pub(crate) fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
     let rows = events
         .iter()
         .map(|e| text_values(e).map(|v| serde_json::json!(v)))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(serde_json::Value::Array(rows).to_string())
+}
+
+/// A settle's failures as one JSON array of `[id, last error, delay in ms, dead (0 or 1),
+/// broker unavailable (0 or 1)]`, for a single statement that backs them all off.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn failures_json(failed: &[Failure]) -> String {
+    let rows = failed.iter().map(|f| {
+        serde_json::json!([
+            f.id.hyphenated().to_string(),
+            f.error,
+            super::operator::millis(f.retry_in),
+            i32::from(f.dead),
+            i32::from(f.unavailable),
+        ])
+    });
+    serde_json::Value::Array(rows.collect()).to_string()
 }

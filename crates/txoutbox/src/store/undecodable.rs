@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use chrono::{DateTime, Utc};
 use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
+use uuid::Uuid;
 
 use crate::error::Error;
 use crate::metrics as m;
@@ -161,14 +161,28 @@ where
         }
     }
 
-    /// The decoded row. `event_type` and `aggregate`: as stored, `None` where they did not
-    /// decode.
-    pub fn finish(
-        self,
-        event: OutboxEvent,
-        event_type: Option<String>,
-        aggregate: Option<(String, String)>,
-    ) -> Decoded {
+    /// The decoded row: the event, with placeholders where a column did not decode.
+    pub fn finish(self, c: Columns) -> Decoded {
+        let aggregate = c.aggregate_type.clone().zip(c.aggregate_id.clone());
+        let event_type = c.event_type.clone();
+        let event = OutboxEvent {
+            id: c.id.unwrap_or_default(),
+            seq: c.seq.unwrap_or_default(),
+            aggregate_type: c.aggregate_type.unwrap_or_default(),
+            aggregate_id: c.aggregate_id.unwrap_or_default(),
+            event_type: c.event_type.unwrap_or_default(),
+            payload: c.payload.unwrap_or_default(),
+            headers: c.headers.unwrap_or_default(),
+            attempts: c.attempts.unwrap_or_default(),
+            attempts_unavailable: c.attempts_unavailable.unwrap_or_default(),
+            available_at: c.available_at.unwrap_or_default(),
+            created_at: c.created_at.unwrap_or_default(),
+            processed_at: c.processed_at.flatten(),
+            dead_at: c.dead_at.flatten(),
+            locked_by: c.locked_by.flatten(),
+            locked_until: c.locked_until.flatten(),
+            last_error: c.last_error.flatten(),
+        };
         Decoded {
             event,
             problems: self.problems,
@@ -178,10 +192,32 @@ where
     }
 }
 
+/// The columns of an event row as read: `None` where a column did not decode (and, for the
+/// nullable ones, `Some(None)` where it is NULL).
+#[derive(Debug, Default)]
+pub(crate) struct Columns {
+    pub id: Option<Uuid>,
+    pub seq: Option<i64>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Option<serde_json::Value>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub attempts: Option<i32>,
+    pub attempts_unavailable: Option<i32>,
+    pub available_at: Option<DateTime<Utc>>,
+    pub created_at: Option<DateTime<Utc>>,
+    pub processed_at: Option<Option<DateTime<Utc>>>,
+    pub dead_at: Option<Option<DateTime<Utc>>>,
+    pub locked_by: Option<Option<String>>,
+    pub locked_until: Option<Option<DateTime<Utc>>>,
+    pub last_error: Option<Option<String>>,
+}
+
 /// An id stored as text that is not a UUID: the problem, quoting (the start of) it.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn parse_id(text: &str) -> Result<uuid::Uuid, String> {
-    uuid::Uuid::parse_str(text).map_err(|_| {
+pub(crate) fn parse_id(text: &str) -> Result<Uuid, String> {
+    Uuid::parse_str(text).map_err(|_| {
         let shown: String = text.chars().take(64).collect::<String>();
         let more = if text.chars().count() > 64 { "..." } else { "" };
         format!("id '{}{more}' is not a UUID", shown.escape_debug())
@@ -273,10 +309,8 @@ where
     let mut c = Reader::new(r);
     let id = c.get::<String>("id")?;
     let id = id.and_then(|s| c.ok(parse_id(&s)));
-    let seq = c.get::<i64>("seq")?;
-    let aggregate_type = c.get::<String>("aggregate_type")?;
-    let aggregate_id = c.get::<String>("aggregate_id")?;
-    let event_type = c.get::<String>("event_type")?;
+    let (seq, aggregate_type) = (c.get("seq")?, c.get("aggregate_type")?);
+    let (aggregate_id, event_type) = (c.get("aggregate_id")?, c.get("event_type")?);
     let (payload, payload_text) = c.json_text("payload")?;
     let (headers_json, _) = c.json_text("headers")?;
     let headers = headers_json.and_then(|v| c.ok(headers(v)));
@@ -287,49 +321,24 @@ where
                 c.ok(i32::try_from(v).map_err(|_| format!("{col} {v} is out of range")))
             }))
         };
-    let attempts = int32(&mut c, "attempts")?;
-    let attempts_unavailable = int32(&mut c, "attempts_unavailable")?;
-    let available_at = c.millis("available_at")?;
-    let created_at = c.millis("created_at")?;
-    let processed_at = c.opt_millis("processed_at")?;
-    let dead_at = c.opt_millis("dead_at")?;
-    let locked_by = c.get::<Option<String>>("locked_by")?;
-    let locked_until = c.opt_millis("locked_until")?;
-    let last_error = c.get::<Option<String>>("last_error")?;
-    let aggregate = aggregate_type.clone().zip(aggregate_id.clone());
-    let event = OutboxEvent {
-        id: id.unwrap_or_default(),
-        seq: seq.unwrap_or_default(),
-        aggregate_type: aggregate_type.unwrap_or_default(),
-        aggregate_id: aggregate_id.unwrap_or_default(),
-        event_type: event_type.clone().unwrap_or_default(),
+    let columns = Columns {
+        id,
+        seq,
+        aggregate_type,
+        aggregate_id,
+        event_type,
         // Not JSON: shown to operators as the text it is.
-        payload: payload
-            .or(payload_text.map(serde_json::Value::String))
-            .unwrap_or_default(),
-        headers: headers.unwrap_or_default(),
-        attempts: attempts.unwrap_or_default(),
-        attempts_unavailable: attempts_unavailable.unwrap_or_default(),
-        available_at: available_at.unwrap_or_default(),
-        created_at: created_at.unwrap_or_default(),
-        processed_at: processed_at.flatten(),
-        dead_at: dead_at.flatten(),
-        locked_by: locked_by.flatten(),
-        locked_until: locked_until.flatten(),
-        last_error: last_error.flatten(),
+        payload: payload.or(payload_text.map(serde_json::Value::String)),
+        headers,
+        attempts: int32(&mut c, "attempts")?,
+        attempts_unavailable: int32(&mut c, "attempts_unavailable")?,
+        available_at: c.millis("available_at")?,
+        created_at: c.millis("created_at")?,
+        processed_at: c.opt_millis("processed_at")?,
+        dead_at: c.opt_millis("dead_at")?,
+        locked_by: c.get("locked_by")?,
+        locked_until: c.opt_millis("locked_until")?,
+        last_error: c.get("last_error")?,
     };
-    Ok(c.finish(event, event_type, aggregate))
-}
-
-/// A claim's rows on a text-row store ([`decode_text_row`]), [`split`].
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
-pub(crate) fn split_text_rows<'r, R: Row>(rows: &'r [R], ordering: Ordering) -> Result<Split, Error>
-where
-    &'static str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<String>: Decode<'r, R::Database>,
-{
-    let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
-    Ok(split(decoded, ordering))
+    Ok(c.finish(columns))
 }

@@ -5,10 +5,11 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::schema::{derived, table, NOW_MS};
-use super::{ms, MySqlStore, CLAIM_MARGIN_MS, COLUMNS};
+use super::MySqlStore;
 use crate::error::Error;
-use crate::store::undecodable::{self, Decoded};
+use crate::store::operator::millis;
+use crate::store::sql::{int_list, with_list};
+use crate::store::undecodable::{self, decode_text_row, Decoded};
 use crate::store::{Claim, ClaimParams, Ordering};
 use crate::OutboxEvent;
 
@@ -17,7 +18,6 @@ impl MySqlStore {
     /// never wait for a claim): pick, lock, lease, read back, commit.
     pub(super) async fn claim_events(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
         let started = Instant::now();
-        let q = table(&self.table);
         let limit = i64::try_from(p.limit).unwrap_or(i64::MAX);
         let partitions = if p.ordering.is_ordered() {
             self.partition_count().await?
@@ -27,92 +27,56 @@ impl MySqlStore {
         let err = |e| self.err(e);
         let mut conn = self.pool.acquire().await.map_err(err)?;
         let mut tx = super::begin_read_committed(&mut conn, &self.table).await?;
-        let base = format!(
-            "SELECT e.seq FROM {q} e
-             WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= {NOW_MS}
-               AND (e.locked_until IS NULL OR e.locked_until <= {NOW_MS})"
-        );
-        let base_agg = base.replacen(
-            "SELECT e.seq",
-            "SELECT e.seq, e.aggregate_type, e.aggregate_id",
-            1,
-        );
         let seqs: Vec<i64> = if p.ordering.is_ordered() {
             // Pick with a plain read, then lock what was picked: a locking read would also
             // lock (and, with SKIP LOCKED, skip) the rows its NOT EXISTS looks at, and a
             // blocker skipped is a blocker missed. (MariaDB has no `FOR UPDATE OF`.)
-            let picked: Vec<(i64, String, String)> = sqlx::query_as(&format!(
-                "{base_agg}
-                   AND MOD(e.partition_key, ?) IN (
-                       SELECT `partition` FROM {} WHERE owner = ? AND lease_until > {NOW_MS} + {CLAIM_MARGIN_MS})
-                   AND NOT EXISTS (
-                       SELECT 1 FROM {q} b
-                       WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                         AND b.processed_at IS NULL AND b.seq < e.seq
-                         AND ((b.dead_at IS NULL AND (b.available_at > {NOW_MS} OR b.locked_until > {NOW_MS}))
-                              OR (b.dead_at IS NOT NULL AND ?)))
-                 ORDER BY e.seq LIMIT ?",
-                derived(&self.table, "partitions")
-            ))
-            .bind(partitions)
-            .bind(p.relay_id)
-            .bind(p.ordering == Ordering::OrderedHold)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
-            if picked.is_empty() {
-                Vec::new()
-            } else {
-                // Still claimable, and not being changed by anyone else right now.
-                let locked: Vec<i64> = sqlx::query_scalar(&format!(
-                    "SELECT seq FROM {q} WHERE seq IN ({}) AND processed_at IS NULL AND dead_at IS NULL
-                       AND (locked_until IS NULL OR locked_until <= {NOW_MS})
-                     ORDER BY seq FOR UPDATE SKIP LOCKED",
-                    picked.iter().map(|(seq, _, _)| seq.to_string()).collect::<Vec<_>>().join(",")
-                ))
+            let picked: Vec<(i64, String, String)> = sqlx::query_as(&self.q.claim_pick_ordered)
+                .bind(partitions)
+                .bind(p.relay_id)
+                .bind(p.ordering == Ordering::OrderedHold)
+                .bind(limit)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(err)?;
+            if picked.is_empty() {
+                Vec::new()
+            } else {
+                let list = int_list(picked.iter().map(|(seq, _, _)| seq));
+                let locked: Vec<i64> = sqlx::query_scalar(&with_list(&self.q.claim_lock, &list))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(err)?;
                 ordered_prefix(&picked, &locked)
             }
         } else {
-            sqlx::query_scalar(&format!(
-                "{base} ORDER BY e.seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            ))
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?
+            sqlx::query_scalar(&self.q.claim_pick)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err)?
         };
         if seqs.is_empty() {
             tx.commit().await.map_err(err)?;
             return Ok(Claim::leased(p.token, Vec::new(), started + p.lease));
         }
         // Integers read from the database: safe to inline.
-        let list = seqs
-            .iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
+        let list = int_list(&seqs);
         let token = p.token.hyphenated().to_string();
-        sqlx::query(&format!(
-            "UPDATE {q} SET locked_until = {NOW_MS} + ?, locked_by = ?, lock_token = ? WHERE seq IN ({list})"
-        ))
-        .bind(ms(p.lease))
-        .bind(p.relay_id)
-        .bind(&token)
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM {q} WHERE seq IN ({list}) AND lock_token = ? ORDER BY seq"
-        ))
-        .bind(&token)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(err)?;
-        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
+        sqlx::query(&with_list(&self.q.claim_lease, &list))
+            .bind(millis(p.lease))
+            .bind(p.relay_id)
+            .bind(&token)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let rows = sqlx::query(&with_list(&self.q.claim_read, &list))
+            .bind(&token)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+        let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(&mut tx, &token, &bad, &held).await?;
         }
@@ -132,36 +96,20 @@ impl MySqlStore {
         bad: &[Decoded],
         held: &[OutboxEvent],
     ) -> Result<(), Error> {
-        let q = table(&self.table);
         let err = |e| self.err(e);
-        let rows = undecodable::bad_rows_json(bad);
-        sqlx::query(&format!(
-            "UPDATE {q} e
-             JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', err LONGTEXT PATH '$[1]')) AS f
-               ON e.seq = f.seq
-             SET e.dead_at = {NOW_MS}, e.last_error = f.err,
-                 e.locked_until = NULL, e.locked_by = NULL, e.lock_token = NULL
-             WHERE e.lock_token = ?"
-        ))
-        .bind(rows)
-        .bind(token)
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        if !held.is_empty() {
-            let list = held
-                .iter()
-                .map(|e| e.seq.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
-            sqlx::query(&format!(
-                "UPDATE {q} SET locked_until = NULL, locked_by = NULL, lock_token = NULL \
-                 WHERE seq IN ({list}) AND lock_token = ?"
-            ))
+        sqlx::query(&self.q.bury)
+            .bind(undecodable::bad_rows_json(bad))
             .bind(token)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
+        if !held.is_empty() {
+            let list = int_list(held.iter().map(|e| e.seq));
+            sqlx::query(&with_list(&self.q.bury_held, &list))
+                .bind(token)
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
         }
         Ok(())
     }

@@ -2,8 +2,10 @@
 
 use sqlx::{Acquire, MySqlPool};
 
+use super::queries::names;
 use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
+use crate::store::sql::sql_file;
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL: independent of the
@@ -75,40 +77,21 @@ struct My<'a> {
     table: &'a OutboxTable,
 }
 
-impl My<'_> {
-    fn record_table(&self) -> String {
-        plain(self.table, "txoutbox_migrations")
-    }
-}
-
 impl Migrator for My<'_> {
     async fn current(&mut self) -> Result<i32, Error> {
         let t = self.table;
+        let f = names(t);
         if t.schema().as_str() != "public" {
-            sqlx::query(&format!(
-                "CREATE DATABASE IF NOT EXISTS `{}`",
-                t.schema().as_str()
-            ))
+            sqlx::query(&f.fill(sql_file!("mysql", "database_create")))
+                .execute(&mut *self.conn)
+                .await
+                .map_err(Error::Database)?;
+        }
+        sqlx::query(&f.fill(sql_file!("mysql", "migrations_table")))
             .execute(&mut *self.conn)
             .await
             .map_err(Error::Database)?;
-        }
-        let record = self.record_table();
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {record} (
-                table_name VARCHAR(64) NOT NULL,
-                version    INT         NOT NULL,
-                name       VARCHAR(64) NOT NULL,
-                applied_at BIGINT      NOT NULL,
-                PRIMARY KEY (table_name, version)
-             ) ENGINE = InnoDB"
-        ))
-        .execute(&mut *self.conn)
-        .await
-        .map_err(Error::Database)?;
-        let sql = format!(
-            "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {record} WHERE table_name = ?"
-        );
+        let sql = f.fill(sql_file!("mysql", "migrations_current"));
         let found = migrate::recorded::<_, _, i64>(t, &mut *self.conn, &sql).await;
         Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
@@ -121,10 +104,7 @@ impl Migrator for My<'_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        let sql = format!(
-            "INSERT INTO {} (table_name, version, name, applied_at) VALUES (?, ?, ?, {NOW_MS})",
-            self.record_table()
-        );
+        let sql = names(self.table).fill(sql_file!("mysql", "migrations_record"));
         migrate::record_applied(self.table, &mut *self.conn, m, &sql).await
     }
 }
@@ -158,10 +138,7 @@ pub(crate) async fn migrate(pool: &MySqlPool, t: &OutboxTable) -> Result<Migrate
 }
 
 pub(crate) async fn check_schema(pool: &MySqlPool, t: &OutboxTable) -> Result<(), Error> {
-    let sql = format!(
-        "SELECT CAST(max(version) AS SIGNED) FROM {} WHERE table_name = ?",
-        plain(t, "txoutbox_migrations")
-    );
+    let sql = names(t).fill(sql_file!("mysql", "schema_version"));
     let found = migrate::recorded::<_, _, i64>(t, pool, &sql).await;
     migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }

@@ -1,16 +1,22 @@
 //! The operator implementation MySQL and SQLite share: both keep ids as hyphenated text and
 //! times as epoch milliseconds, so their queries and bindings are the same text.
 
-/// The operator methods that MySQL and SQLite share word for word: both keep ids as text and
-/// times as epoch milliseconds. `$store` must have `pool`, `table`, `wakeup` and `err`, and
-/// the invoking module `COLUMNS`, `table(&OutboxTable)`, `event_from_row` and `NOW_MS`; the
-/// store's own methods (`check_schema`, `purge_processed`, `relays`) go in the braces.
+/// The operator methods of MySQL and SQLite, which they share word for word: both keep ids
+/// as text and times as epoch milliseconds. `$store` must have `pool`, `q` (its `Queries`,
+/// with the shared `TextQueries` as `text`), `wakeup`, `err`,
+/// `check_schema` and `relays`; `$now` is its clock in SQL.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 macro_rules! text_operator {
-    ($store:ty, { $($own:tt)* }) => {
+    ($store:ty, $now:expr) => {
         #[async_trait::async_trait]
         impl $crate::store::operator::Operator for $store {
-            $($own)*
+            async fn check_schema(&self) -> Result<(), $crate::Error> {
+                <$store>::check_schema(self).await
+            }
+
+            async fn relays(&self) -> Result<Vec<$crate::store::RelayInfo>, $crate::Error> {
+                <$store>::relays(self).await
+            }
 
             async fn ping(&self) -> Result<(), $crate::Error> {
                 sqlx::query("SELECT 1")
@@ -28,19 +34,16 @@ macro_rules! text_operator {
                 use $crate::store::operator::{state_sql, EventPage, FilterValue};
                 let state = state_sql(f.state, TEXT_DIALECT.now);
                 let mut c = f.page_sql(TEXT_DIALECT, &state, page);
-                let limit = c.mark(FilterValue::Int(page.fetch()));
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM {} WHERE {} ORDER BY seq LIMIT {limit}",
-                    table(&self.table),
-                    c.sql
-                );
+                // The limit's mark is the last of the statement's.
+                c.mark(FilterValue::Int(page.fetch()));
+                let sql = $crate::store::sql::with_condition(&self.q.text.events_page, &c.sql);
                 let rows = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
                     .fetch_all(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?;
                 let events = rows
                     .iter()
-                    .map(event_from_row)
+                    .map(|r| $crate::store::undecodable::decode_text_row(r).map(|d| d.event))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(EventPage::assemble(events, page))
             }
@@ -49,13 +52,14 @@ macro_rules! text_operator {
                 &self,
                 id: uuid::Uuid,
             ) -> Result<Option<$crate::OutboxEvent>, $crate::Error> {
-                let sql = format!("SELECT {COLUMNS} FROM {} WHERE id = ?", table(&self.table));
-                let row = sqlx::query(&sql)
+                let row = sqlx::query(&self.q.text.event)
                     .bind(id.hyphenated().to_string())
                     .fetch_optional(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?;
-                row.as_ref().map(event_from_row).transpose()
+                let event =
+                    row.map(|r| $crate::store::undecodable::decode_text_row(&r).map(|d| d.event));
+                event.transpose()
             }
 
             async fn retry_dead(
@@ -63,12 +67,7 @@ macro_rules! text_operator {
                 f: &$crate::store::operator::EventFilter,
             ) -> Result<u64, $crate::Error> {
                 let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = format!(
-                    "UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0, \
-                     available_at = {NOW_MS}, last_error = NULL WHERE {}",
-                    table(&self.table),
-                    c.sql
-                );
+                let sql = $crate::store::sql::with_condition(&self.q.text.dead_retry, &c.sql);
                 let n = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
                     .execute(&self.pool)
                     .await
@@ -85,19 +84,36 @@ macro_rules! text_operator {
                 f: &$crate::store::operator::EventFilter,
             ) -> Result<u64, $crate::Error> {
                 let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = format!("DELETE FROM {} WHERE {}", table(&self.table), c.sql);
-                Ok($crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
+                let sql = $crate::store::sql::with_condition(&self.q.text.dead_discard, &c.sql);
+                Ok(
+                    $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(|e| self.err(e))?
+                        .rows_affected(),
+                )
+            }
+
+            /// One statement (`sql/purge.sql`), its locks bounded by the batch.
+            async fn purge_processed(
+                &self,
+                older_than: std::time::Duration,
+                batch: i64,
+            ) -> Result<u64, $crate::Error> {
+                let done = sqlx::query(&self.q.text.purge)
+                    .bind($crate::store::operator::millis(older_than))
+                    .bind(batch.max(1))
                     .execute(&self.pool)
                     .await
-                    .map_err(|e| self.err(e))?
-                    .rows_affected())
+                    .map_err(|e| self.err(e))?;
+                Ok(done.rows_affected())
             }
         }
 
         /// `?` placeholders and the epoch-millisecond clock.
         const TEXT_DIALECT: $crate::store::operator::Dialect = $crate::store::operator::Dialect {
             marks: $crate::store::operator::Marks::Question,
-            now: NOW_MS,
+            now: $now,
         };
     };
 }

@@ -213,43 +213,23 @@ impl PgStore {
         bad: &[Decoded],
         partitions: Option<i32>,
     ) {
-        let q = self.table.qualified();
         let ids: Vec<Uuid> = bad.iter().map(|b| b.event.id).collect();
         let errs: Vec<String> = bad
             .iter()
             .map(|b| b.last_error().unwrap_or_default())
             .collect();
-        let rows = "unnest($1::uuid[], $2::text[]) AS f(id, err)";
-        let result = match partitions {
-            None => {
-                sqlx::query(&format!(
-                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err,
-                        locked_until = NULL, locked_by = NULL, lock_token = NULL
-                     FROM {rows} WHERE e.id = f.id AND e.lock_token = $3"
-                ))
+        let q = match partitions {
+            None => sqlx::query(&self.q.bury)
                 .bind(&ids)
                 .bind(&errs)
-                .bind(p.token)
-                .execute(&self.pool)
-                .await
-            }
-            Some(n) => {
-                sqlx::query(&format!(
-                    "UPDATE {q} AS e SET dead_at = now(), last_error = f.err
-                     FROM {rows}
-                     WHERE e.id = f.id AND e.processed_at IS NULL AND e.dead_at IS NULL
-                       AND e.partition_key % $3 = ANY (ARRAY(
-                         SELECT partition FROM {} WHERE owner = $4 AND lease_until > now()))",
-                    self.table.derived("partitions")
-                ))
+                .bind(p.token),
+            Some(n) => sqlx::query(&self.q.bury_ordered)
                 .bind(&ids)
                 .bind(&errs)
                 .bind(n)
-                .bind(p.relay_id)
-                .execute(&self.pool)
-                .await
-            }
+                .bind(p.relay_id),
         };
+        let result = q.execute(&self.pool).await;
         match result {
             Ok(_) => undecodable::count_dead(bad),
             Err(e) => tracing::warn!(error = %self.err(e),

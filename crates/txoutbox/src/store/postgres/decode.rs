@@ -7,7 +7,7 @@ use sqlx::ValueRef;
 use uuid::Uuid;
 
 use crate::error::Error;
-use crate::store::undecodable::{self, Decoded, Reader};
+use crate::store::undecodable::{self, Columns, Decoded, Reader};
 use crate::OutboxEvent;
 
 /// The row as an event, with placeholders where a column does not decode (operator listings).
@@ -18,43 +18,32 @@ pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
 /// One row, column by column: what decoded and what did not (see [`undecodable`]).
 pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
     let mut c = Reader::new(r);
-    let id = c.get::<Uuid>("id")?;
-    let seq = c.get::<i64>("seq")?;
-    let aggregate_type = c.get::<String>("aggregate_type")?;
-    let aggregate_id = c.get::<String>("aggregate_id")?;
-    let event_type = c.get::<String>("event_type")?;
-    let payload = c.get::<serde_json::Value>("payload")?;
-    let headers = c.get::<serde_json::Value>("headers")?;
-    let headers = headers.and_then(|v| c.ok(undecodable::headers(v)));
-    let attempts = c.get::<i32>("attempts")?;
-    let attempts_unavailable = c.get::<i32>("attempts_unavailable")?;
-    let available_at = c.with("available_at", |v| pg_time("available_at", v))?;
-    let created_at = c.with("created_at", |v| pg_time("created_at", v))?;
-    let processed_at = c.with("processed_at", |v| pg_time("processed_at", v))?;
-    let dead_at = c.with("dead_at", |v| pg_time("dead_at", v))?;
-    let locked_by = c.get::<Option<String>>("locked_by")?;
-    let locked_until = c.with("locked_until", |v| pg_time("locked_until", v))?;
-    let last_error = c.get::<Option<String>>("last_error")?;
-    let aggregate = aggregate_type.clone().zip(aggregate_id.clone());
-    let event = OutboxEvent {
-        id: id.unwrap_or_default(),
-        seq: seq.unwrap_or_default(),
-        aggregate_type: aggregate_type.unwrap_or_default(),
-        aggregate_id: aggregate_id.unwrap_or_default(),
-        event_type: event_type.clone().unwrap_or_default(),
-        payload: payload.unwrap_or_default(),
-        headers: headers.unwrap_or_default(),
-        attempts: attempts.unwrap_or_default(),
-        attempts_unavailable: attempts_unavailable.unwrap_or_default(),
-        available_at: available_at.flatten().unwrap_or_default(),
-        created_at: created_at.flatten().unwrap_or_default(),
-        processed_at: processed_at.flatten(),
-        dead_at: dead_at.flatten(),
-        locked_by: locked_by.flatten(),
-        locked_until: locked_until.flatten(),
-        last_error: last_error.flatten(),
+    let columns = Columns {
+        id: c.get::<Uuid>("id")?,
+        seq: c.get("seq")?,
+        aggregate_type: c.get("aggregate_type")?,
+        aggregate_id: c.get("aggregate_id")?,
+        event_type: c.get("event_type")?,
+        payload: c.get("payload")?,
+        headers: {
+            let v = c.get::<serde_json::Value>("headers")?;
+            v.and_then(|v| c.ok(undecodable::headers(v)))
+        },
+        attempts: c.get("attempts")?,
+        attempts_unavailable: c.get("attempts_unavailable")?,
+        available_at: c
+            .with("available_at", |v| pg_time("available_at", v))?
+            .flatten(),
+        created_at: c
+            .with("created_at", |v| pg_time("created_at", v))?
+            .flatten(),
+        processed_at: c.with("processed_at", |v| pg_time("processed_at", v))?,
+        dead_at: c.with("dead_at", |v| pg_time("dead_at", v))?,
+        locked_by: c.get("locked_by")?,
+        locked_until: c.with("locked_until", |v| pg_time("locked_until", v))?,
+        last_error: c.get("last_error")?,
     };
-    Ok(c.finish(event, event_type, aggregate))
+    Ok(c.finish(columns))
 }
 
 /// A `timestamptz` (`None`: NULL), or what is wrong with it. sqlx's own decoding panics on

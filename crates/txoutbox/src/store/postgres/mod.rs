@@ -3,7 +3,6 @@
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
-use sqlx::Row;
 use tokio::sync::Mutex;
 
 mod claim;
@@ -14,10 +13,12 @@ mod queries;
 pub(crate) mod schema;
 pub(crate) mod write;
 
-use super::undecodable;
+use super::operator::millis;
+use super::partitions::count_once;
+use super::{rows, undecodable};
 use super::{
     Claim, ClaimParams, Counts, DeregisterParams, Fence, Membership, Ordering, RebalanceParams,
-    RelayInfo, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
+    ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
 };
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
@@ -25,14 +26,6 @@ use claim::ScanState;
 use decode::decode_row;
 pub(crate) use decode::event_from_row;
 use queries::Queries;
-
-pub(crate) const COLUMNS: &str =
-    "id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, attempts_unavailable, \
-     available_at, created_at, processed_at, dead_at, locked_by, locked_until, last_error";
-
-/// An ordered claim takes events only from partitions whose lease has at least this much
-/// left, so that it never overlaps another relay taking the partition over.
-const CLAIM_MARGIN_MS: u64 = 1000;
 
 /// While ordered claims are in flight, the next claim reads at most this many batches' worth
 /// of `seq` past the last event in flight (see `claim_ordered`).
@@ -134,20 +127,12 @@ impl PgStore {
 
     /// How many partitions the aggregate-hash space has (fixed by the migrations; read once).
     async fn partition_count(&self) -> Result<i32, Error> {
-        if let Some(n) = self.partitions.get() {
-            return Ok(*n);
-        }
-        let n: i64 = sqlx::query_scalar(&self.q.partition_count)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
-        Ok(*self.partitions.get_or_init(|| n))
-    }
-
-    /// The relays registered on this table, with the partitions each owns.
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        partitions::relays(&self.pool, &self.table).await
+        let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
+        let read = async {
+            let n = read.await.map_err(|e| self.err(e))?;
+            Ok(i32::try_from(n).unwrap_or(i32::MAX).max(1))
+        };
+        count_once(&self.partitions, read).await
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -166,10 +151,6 @@ impl PgStore {
         }
         Ok(())
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[async_trait::async_trait]
@@ -332,7 +313,7 @@ impl Store for PgStore {
     }
 
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        partitions::rebalance(&self.pool, &self.table, p).await
+        self.rebalance_partitions(p).await
     }
 
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
@@ -352,13 +333,6 @@ impl Store for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let g = |e| Error::Database(e);
-        Ok(Counts {
-            pending: r.try_get(0).map_err(g)?,
-            leased: r.try_get(1).map_err(g)?,
-            dead: r.try_get(2).map_err(g)?,
-            processed: r.try_get(3).map_err(g)?,
-            oldest_pending_age_secs: r.try_get(4).map_err(g)?,
-        })
+        rows::counts(&r)
     }
 }

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{event_from_row, PgStore, COLUMNS};
+use super::{event_from_row, PgStore};
 use crate::error::{db_error, Error};
 use crate::store::operator::{
     Dialect, EventFilter, EventPage, FilterValue, Marks, Operator, Page, DEAD, PUBLISHED,
     UNFINISHED,
 };
+use crate::store::sql::finish;
 use crate::store::RelayInfo;
 use crate::OutboxEvent;
 
@@ -60,23 +61,29 @@ impl Operator for PgStore {
     /// unfinished rows (their partial index), dead letters and published rows (each theirs,
     /// where present), so no page sorts the whole table.
     async fn list_events(&self, f: &EventFilter, page: Page) -> Result<EventPage, Error> {
-        let table = self.table().qualified();
         let mut c = f.page_sql(PG, "TRUE", page);
         let limit = c.mark(FilterValue::Int(page.fetch()));
         let branch = |state: &str| {
-            format!(
-                "SELECT {COLUMNS} FROM {table} WHERE {state} AND {} ORDER BY seq LIMIT {limit}",
-                c.sql
-            )
+            let tags = [
+                ("{{state}}", state),
+                ("{{condition}}", &c.sql),
+                ("{{limit}}", &limit),
+            ];
+            finish(&self.q.events_branch, &tags)
         };
         let sql = match f.state {
             Some(state) => branch(&crate::store::operator::state_sql(Some(state), PG.now)),
-            None => format!(
-                "SELECT * FROM (({}) UNION ALL ({}) UNION ALL ({})) page ORDER BY seq LIMIT {limit}",
-                branch(UNFINISHED),
-                branch(DEAD),
-                branch(PUBLISHED),
-            ),
+            None => {
+                let (unfinished, dead) = (branch(UNFINISHED), branch(DEAD));
+                let published = branch(PUBLISHED);
+                let tags = [
+                    ("{{unfinished_page}}", unfinished.as_str()),
+                    ("{{dead_page}}", &dead),
+                    ("{{published_page}}", &published),
+                    ("{{limit}}", &limit),
+                ];
+                finish(&self.q.events_merged, &tags)
+            }
         };
         let rows = bind(sqlx::query(&sql), &c.values)
             .fetch_all(self.pool())
@@ -90,11 +97,7 @@ impl Operator for PgStore {
     }
 
     async fn get_event(&self, id: Uuid) -> Result<Option<OutboxEvent>, Error> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM {} WHERE id = $1",
-            self.table().qualified()
-        );
-        let row = sqlx::query(&sql)
+        let row = sqlx::query(&self.q.event)
             .bind(id)
             .fetch_optional(self.pool())
             .await
@@ -107,16 +110,8 @@ impl Operator for PgStore {
         let channel = self.table().channel();
         let mut c = f.to_sql(PG, DEAD);
         let chan = c.mark(FilterValue::Text(&channel));
-        let sql = format!(
-            "WITH r AS (
-                UPDATE {} SET dead_at = NULL, attempts = 0, attempts_unavailable = 0,
-                    available_at = now(), last_error = NULL
-                WHERE {} RETURNING 1
-             )
-             SELECT count(*), pg_notify({chan}, '') FROM r",
-            self.table().qualified(),
-            c.sql
-        );
+        let tags = [("{{condition}}", c.sql.as_str()), ("{{channel}}", &chan)];
+        let sql = finish(&self.q.dead_retry, &tags);
         let row = bind(sqlx::query(&sql), &c.values)
             .fetch_one(self.pool())
             .await
@@ -127,7 +122,7 @@ impl Operator for PgStore {
 
     async fn discard_dead(&self, f: &EventFilter) -> Result<u64, Error> {
         let c = f.to_sql(PG, DEAD);
-        let sql = format!("DELETE FROM {} WHERE {}", self.table().qualified(), c.sql);
+        let sql = finish(&self.q.dead_discard, &[("{{condition}}", &c.sql)]);
         let done = bind(sqlx::query(&sql), &c.values)
             .execute(self.pool())
             .await
@@ -135,20 +130,9 @@ impl Operator for PgStore {
         Ok(done.rows_affected())
     }
 
-    /// Rows another transaction holds are skipped.
+    /// One statement, its locks bounded by the batch (see `sql/purge.sql`).
     async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
-        // ctid = ANY(ARRAY(...)) is a TID scan: the DELETE touches exactly the rows the
-        // sub-select picked, and the sub-select's LIMIT bounds the locks and the WAL of one
-        // statement. The condition is repeated so a row changed in between is left alone.
-        let q = self.table().qualified();
-        let sql = format!(
-            "DELETE FROM {q} WHERE ctid = ANY(ARRAY(
-                SELECT ctid FROM {q}
-                WHERE processed_at < now() - $1 * interval '1 millisecond'
-                LIMIT $2 FOR UPDATE SKIP LOCKED
-             )) AND processed_at < now() - $1 * interval '1 millisecond'"
-        );
-        let done = sqlx::query(&sql)
+        let done = sqlx::query(&self.q.purge)
             .bind(crate::store::operator::millis(older_than) as f64)
             .bind(batch.max(1))
             .execute(self.pool())

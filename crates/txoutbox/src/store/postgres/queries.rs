@@ -1,24 +1,33 @@
-//! The relay's SQL on PostgreSQL, one `.sql` file per statement under `sql/`, named for what
-//! it does, filled once per table with validated names (`{{table}}`, `{{partitions}}`, ...)
-//! and with the shared fragments (`{{unfinished}}`, `{{blocking}}`, `{{due}}`, ...).
+//! The SQL of the PostgreSQL store, one `.sql` file per statement under `sql/`, named for
+//! what it does, filled once per table with validated names (`{{table}}`, `{{partitions}}`,
+//! ...) and with the shared fragments (`{{unfinished}}`, `{{blocking}}`, `{{due}}`, ...).
 
-use super::CLAIM_MARGIN_MS;
+use super::partitions::heartbeat;
+use crate::store::partitions::HeartbeatSql;
+use crate::store::sql::{sql_file, Fill};
 use crate::store::Retention;
 use crate::OutboxTable;
 
-/// The text of `sql/<name>.sql`.
-macro_rules! sql {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src/store/postgres/sql/",
-            $name,
-            ".sql"
-        ))
-    };
+/// The columns of an event, for the select lists.
+const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
+     headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
+     locked_by, locked_until, last_error";
+
+/// The validated names of `t` (and the column lists), for every statement of the store, the
+/// write path and the migrations.
+pub(super) fn names(t: &OutboxTable) -> Fill {
+    Fill::new()
+        .name("{{table}}", t.qualified())
+        .name("{{partitions}}", t.derived("partitions"))
+        .name("{{relays}}", t.derived("relays"))
+        .name("{{waiters}}", t.derived("waiters"))
+        .name("{{processed_events}}", t.processed_events())
+        .name("{{schema}}", t.schema().quoted())
+        .name("{{columns}}", COLUMNS)
+        .name("{{insert_columns}}", crate::store::rows::INSERT_COLUMNS)
 }
 
-/// The relay's statements for one outbox table, built once from validated names.
+/// The store's statements for one outbox table, built once from validated names.
 #[derive(Debug)]
 pub(super) struct Queries {
     pub(super) claim: String,
@@ -34,55 +43,63 @@ pub(super) struct Queries {
     pub(super) wait_clear: String,
     pub(super) deregister: String,
     pub(super) counts: String,
+    pub(super) bury: String,
+    pub(super) bury_ordered: String,
+    pub(super) heartbeat: HeartbeatSql<()>,
+    pub(super) relays: String,
+    pub(super) event: String,
+    pub(super) purge: String,
+    pub(super) events_branch: String,
+    pub(super) events_merged: String,
+    pub(super) dead_retry: String,
+    pub(super) dead_discard: String,
 }
 
 impl Queries {
     pub(super) fn new(t: &OutboxTable, retention: Retention) -> Self {
         let (published, published_ordered) = match retention {
-            Retention::Mark => (sql!("published_mark"), sql!("published_ordered_mark")),
-            Retention::Delete => (sql!("published_delete"), sql!("published_ordered_delete")),
+            Retention::Mark => (
+                sql_file!("postgres", "published_mark"),
+                sql_file!("postgres", "published_ordered_mark"),
+            ),
+            Retention::Delete => (
+                sql_file!("postgres", "published_delete"),
+                sql_file!("postgres", "published_ordered_delete"),
+            ),
         };
         // Fragments first (they hold names and other fragments), then the names.
-        let fragments = [
-            ("{{due}}", sql!("due")),
-            ("{{published}}", published),
-            ("{{published_ordered}}", published_ordered),
-            ("{{failed}}", sql!("failed")),
-            ("{{failures}}", sql!("failures")),
-            ("{{blocking}}", sql!("blocking")),
-            ("{{unfinished}}", sql!("unfinished")),
-        ];
-        let names = [
-            ("{{table}}", t.qualified()),
-            ("{{partitions}}", t.derived("partitions")),
-            ("{{relays}}", t.derived("relays")),
-            ("{{waiters}}", t.derived("waiters")),
-            ("{{claim_margin_ms}}", CLAIM_MARGIN_MS.to_string()),
-        ];
-        let fill = |sql: &str| {
-            let mut out = sql.to_string();
-            for (tag, fragment) in &fragments {
-                out = out.replace(tag, fragment.trim_end());
-            }
-            for (tag, name) in &names {
-                out = out.replace(tag, name);
-            }
-            out
-        };
+        let f = names(t)
+            .fragment("{{due}}", sql_file!("postgres", "due"))
+            .fragment("{{published}}", published)
+            .fragment("{{published_ordered}}", published_ordered)
+            .fragment("{{failed}}", sql_file!("postgres", "failed"))
+            .fragment("{{failures}}", sql_file!("postgres", "failures"))
+            .fragment("{{blocking}}", sql_file!("postgres", "blocking"))
+            .fragment("{{unfinished}}", sql_file!("postgres", "unfinished"));
         Self {
-            claim: fill(sql!("claim")),
-            claim_ordered: fill(sql!("claim_ordered")),
-            has_unfinished_hold: fill(sql!("has_unfinished_hold")),
-            partition_count: fill(sql!("partition_count")),
-            settle: fill(sql!("settle")),
-            settle_ordered: fill(sql!("settle_ordered")),
-            release: fill(sql!("release")),
-            has_unfinished: fill(sql!("has_unfinished")),
-            wait_prepare: fill(sql!("wait_prepare")),
-            due_now: fill(sql!("due_now")),
-            wait_clear: fill(sql!("wait_clear")),
-            deregister: fill(sql!("deregister")),
-            counts: fill(sql!("counts")),
+            claim: f.fill(sql_file!("postgres", "claim")),
+            claim_ordered: f.fill(sql_file!("postgres", "claim_ordered")),
+            has_unfinished_hold: f.fill(sql_file!("postgres", "has_unfinished_hold")),
+            partition_count: f.fill(sql_file!("postgres", "partition_count")),
+            settle: f.fill(sql_file!("postgres", "settle")),
+            settle_ordered: f.fill(sql_file!("postgres", "settle_ordered")),
+            release: f.fill(sql_file!("postgres", "release")),
+            has_unfinished: f.fill(sql_file!("postgres", "has_unfinished")),
+            wait_prepare: f.fill(sql_file!("postgres", "wait_prepare")),
+            due_now: f.fill(sql_file!("postgres", "due_now")),
+            wait_clear: f.fill(sql_file!("postgres", "wait_clear")),
+            deregister: f.fill(sql_file!("postgres", "deregister")),
+            counts: f.fill(sql_file!("postgres", "counts")),
+            bury: f.fill(sql_file!("postgres", "bury")),
+            bury_ordered: f.fill(sql_file!("postgres", "bury_ordered")),
+            heartbeat: heartbeat(&f),
+            relays: f.fill(sql_file!("postgres", "relays")),
+            event: f.fill(sql_file!("postgres", "event")),
+            purge: f.fill(sql_file!("postgres", "purge")),
+            events_branch: f.fill(sql_file!("postgres", "events_branch")),
+            events_merged: f.fill(sql_file!("postgres", "events_merged")),
+            dead_retry: f.fill(sql_file!("postgres", "dead_retry")),
+            dead_discard: f.fill(sql_file!("postgres", "dead_discard")),
         }
     }
 }
@@ -96,7 +113,13 @@ mod tests {
         let t = OutboxTable::new("app", "events").unwrap();
         for retention in [Retention::Mark, Retention::Delete] {
             let q = Queries::new(&t, retention);
-            let all = format!("{q:?}");
+            let mut all = format!("{q:?}");
+            for per_call in ["state", "condition", "limit", "channel"] {
+                all = all.replace(&format!("{{{{{per_call}}}}}"), "");
+            }
+            for page in ["unfinished", "dead", "published"] {
+                all = all.replace(&format!("{{{{{page}_page}}}}"), "");
+            }
             assert!(!all.contains("{{"), "unfilled placeholder: {all}");
             assert!(q.claim.contains("\"app\".\"events\""), "{}", q.claim);
             assert!(

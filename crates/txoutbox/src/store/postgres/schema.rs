@@ -2,8 +2,10 @@
 
 use sqlx::{PgPool, Postgres, Transaction};
 
+use super::queries::names;
 use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
+use crate::store::sql::sql_file;
 use crate::OutboxTable;
 
 const MIGRATIONS: &[Migration] = migrate::migrations!("postgres");
@@ -32,23 +34,12 @@ struct Pg<'a, 'c> {
 
 impl Migrator for Pg<'_, '_> {
     async fn current(&mut self) -> Result<i32, Error> {
-        let schema = self.table.schema().quoted();
-        sqlx::raw_sql(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema};
-             CREATE TABLE IF NOT EXISTS {schema}.txoutbox_migrations (
-                 table_name text NOT NULL,
-                 version    integer NOT NULL,
-                 name       text NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now(),
-                 PRIMARY KEY (table_name, version)
-             );"
-        ))
-        .execute(&mut **self.tx)
-        .await
-        .map_err(Error::Database)?;
-        let sql = format!(
-            "SELECT coalesce(max(version), 0) FROM {schema}.txoutbox_migrations WHERE table_name = $1"
-        );
+        let f = names(self.table);
+        sqlx::raw_sql(&f.fill(sql_file!("postgres", "migrations_table")))
+            .execute(&mut **self.tx)
+            .await
+            .map_err(Error::Database)?;
+        let sql = f.fill(sql_file!("postgres", "migrations_current"));
         let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, &sql).await;
         Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
@@ -58,18 +49,14 @@ impl Migrator for Pg<'_, '_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        let sql = format!(
-            "INSERT INTO {}.txoutbox_migrations (table_name, version, name) VALUES ($1, $2, $3)",
-            self.table.schema().quoted()
-        );
+        let sql = names(self.table).fill(sql_file!("postgres", "migrations_record"));
         migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
 
 pub(crate) async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<MigrateReport, Error> {
     let mut tx = pool.begin().await.map_err(Error::Database)?;
-    // One migrator at a time, across processes.
-    sqlx::query("SELECT pg_advisory_xact_lock(7365838120958127469)")
+    sqlx::query(&names(table).fill(sql_file!("postgres", "migrations_lock")))
         .execute(&mut *tx)
         .await
         .map_err(Error::Database)?;
@@ -82,10 +69,7 @@ pub(crate) async fn migrate(pool: &PgPool, table: &OutboxTable) -> Result<Migrat
 }
 
 pub(crate) async fn check_schema(pool: &PgPool, table: &OutboxTable) -> Result<(), Error> {
-    let sql = format!(
-        "SELECT max(version) FROM {}.txoutbox_migrations WHERE table_name = $1",
-        table.schema().quoted()
-    );
+    let sql = names(table).fill(sql_file!("postgres", "schema_version"));
     let found = migrate::recorded::<_, _, i32>(table, pool, &sql).await;
     migrate::version_check(table, found.map_err(|e| db_error(table, e))?)
 }

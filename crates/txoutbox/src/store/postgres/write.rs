@@ -3,10 +3,10 @@
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
+use super::queries::names;
 use crate::error::{db_error, Error};
+use crate::store::sql::sql_file;
 use crate::{NewEvent, OutboxTable};
-
-const COLS: &str = "id, aggregate_type, aggregate_id, event_type, payload, headers";
 
 /// One event: a plain insert. Several: one statement through `unnest`, `WITH ORDINALITY`
 /// keeping `seq` in slice order.
@@ -15,20 +15,17 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
     executor: E,
     events: &[NewEvent],
 ) -> Result<(), Error> {
-    let q = t.qualified();
     if let [event] = events {
-        sqlx::query(&format!(
-            "INSERT INTO {q} ({COLS}) VALUES ($1, $2, $3, $4, $5, $6)"
-        ))
-        .bind(event.id)
-        .bind(&event.aggregate_type)
-        .bind(&event.aggregate_id)
-        .bind(&event.event_type)
-        .bind(&event.payload)
-        .bind(sqlx::types::Json(&event.headers))
-        .execute(executor)
-        .await
-        .map_err(|e| db_error(t, e))?;
+        sqlx::query(&names(t).fill(sql_file!("postgres", "insert_one")))
+            .bind(event.id)
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(&event.payload)
+            .bind(sqlx::types::Json(&event.headers))
+            .execute(executor)
+            .await
+            .map_err(|e| db_error(t, e))?;
         return Ok(());
     }
     let n = events.len();
@@ -48,21 +45,16 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         pl.push(sqlx::types::Json(&e.payload));
         hd.push(sqlx::types::Json(&e.headers));
     }
-    sqlx::query(&format!(
-        "INSERT INTO {q} ({COLS}) SELECT {COLS} \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[]) \
-           WITH ORDINALITY AS e({COLS}, n) \
-         ORDER BY n"
-    ))
-    .bind(&ids)
-    .bind(&at)
-    .bind(&ai)
-    .bind(&et)
-    .bind(&pl)
-    .bind(&hd)
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(t, e))?;
+    sqlx::query(&names(t).fill(sql_file!("postgres", "insert_many")))
+        .bind(&ids)
+        .bind(&at)
+        .bind(&ai)
+        .bind(&et)
+        .bind(&pl)
+        .bind(&hd)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(t, e))?;
     Ok(())
 }
 
@@ -71,13 +63,10 @@ pub(crate) async fn create_inbox<'e, E: PgExecutor<'e>>(
     t: &OutboxTable,
     executor: E,
 ) -> Result<(), Error> {
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {} (event_id uuid PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())",
-        t.processed_events()
-    ))
-    .execute(executor)
-    .await
-    .map_err(Error::Database)?;
+    sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_create")))
+        .execute(executor)
+        .await
+        .map_err(Error::Database)?;
     Ok(())
 }
 
@@ -88,13 +77,10 @@ pub(crate) async fn mark_processed<'e, E: PgExecutor<'e>>(
     executor: E,
     event_id: Uuid,
 ) -> Result<bool, Error> {
-    let done = sqlx::query(&format!(
-        "INSERT INTO {} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING",
-        t.processed_events()
-    ))
-    .bind(event_id)
-    .execute(executor)
-    .await
-    .map_err(|e| db_error(t, e))?;
+    let done = sqlx::query(&names(t).fill(sql_file!("postgres", "inbox_mark")))
+        .bind(event_id)
+        .execute(executor)
+        .await
+        .map_err(|e| db_error(t, e))?;
     Ok(done.rows_affected() == 1)
 }

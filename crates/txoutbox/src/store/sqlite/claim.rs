@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::schema::{table, NOW_MS};
-use super::{id_list, millis, SqliteStore};
+use super::{id_list, SqliteStore};
 use crate::error::Error;
-use crate::store::undecodable::{self, Decoded};
+use crate::store::operator::millis;
+use crate::store::undecodable::{self, decode_text_row, Decoded};
 use crate::store::{Claim, ClaimParams, Ordering};
 use crate::OutboxEvent;
 
@@ -33,7 +33,8 @@ impl SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let (events, bad, held) = undecodable::split_text_rows(&rows, p.ordering)?;
+        let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+        let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(p.token, &bad, &held).await;
         }
@@ -50,23 +51,15 @@ impl SqliteStore {
         let token = token.hyphenated().to_string();
         let rows = undecodable::bad_rows_json(bad);
         let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
-        let sql = format!(
-            "UPDATE {} AS e SET dead_at = {NOW_MS}, last_error = f.err,
-                locked_until = NULL, locked_by = NULL, lock_token = NULL
-             FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS err
-                   FROM json_each(?1)) AS f
-             WHERE e.seq = f.seq AND e.lock_token = ?2",
-            table(&self.table)
-        );
         let result = async {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query(&sql)
+            sqlx::query(&self.q.bury)
                 .bind(rows)
                 .bind(&token)
                 .execute(&mut *tx)
                 .await?;
             if !held.is_empty() {
-                sqlx::query(&self.q.release)
+                sqlx::query(&self.q.text.release)
                     .bind(id_list(&held))
                     .bind(&token)
                     .execute(&mut *tx)

@@ -2,8 +2,10 @@
 
 use sqlx::SqlitePool;
 
+use super::queries::names;
 use crate::error::{db_error, Error};
 use crate::store::migrations::{self as migrate, fill_names, MigrateReport, Migration, Migrator};
+use crate::store::sql::sql_file;
 use crate::OutboxTable;
 
 /// The current time as integer milliseconds since the Unix epoch, in SQL. One time source
@@ -48,14 +50,6 @@ fn render(sql: &str, t: &OutboxTable) -> String {
     fill_names(sql, &[("{{name:", &|s: &str| derived(t, s))])
 }
 
-const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS txoutbox_migrations (
-    table_name TEXT    NOT NULL,
-    version    INTEGER NOT NULL,
-    name       TEXT    NOT NULL,
-    applied_at INTEGER NOT NULL,
-    PRIMARY KEY (table_name, version)
-)";
-
 /// One write transaction (`BEGIN IMMEDIATE`: a second migrator waits for the first, then
 /// finds nothing to do).
 struct Lite<'a, 'c> {
@@ -65,12 +59,13 @@ struct Lite<'a, 'c> {
 
 impl Migrator for Lite<'_, '_> {
     async fn current(&mut self) -> Result<i32, Error> {
-        sqlx::query(MIGRATIONS_TABLE)
+        let f = names(self.table);
+        sqlx::query(&f.fill(sql_file!("sqlite", "migrations_table")))
             .execute(&mut **self.tx)
             .await
             .map_err(Error::Database)?;
-        let sql = "SELECT coalesce(max(version), 0) FROM txoutbox_migrations WHERE table_name = ?1";
-        let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, sql).await;
+        let sql = f.fill(sql_file!("sqlite", "migrations_current"));
+        let found = migrate::recorded::<_, _, i32>(self.table, &mut **self.tx, &sql).await;
         Ok(found.map_err(Error::Database)?.unwrap_or(0))
     }
 
@@ -79,10 +74,7 @@ impl Migrator for Lite<'_, '_> {
     }
 
     async fn record(&mut self, m: &Migration) -> Result<(), Error> {
-        let sql = format!(
-            "INSERT INTO txoutbox_migrations (table_name, version, name, applied_at) \
-             VALUES (?1, ?2, ?3, {NOW_MS})"
-        );
+        let sql = names(self.table).fill(sql_file!("sqlite", "migrations_record"));
         migrate::record_applied(self.table, &mut **self.tx, m, &sql).await
     }
 }
@@ -109,8 +101,8 @@ pub(crate) async fn migrate(pool: &SqlitePool, t: &OutboxTable) -> Result<Migrat
 
 pub(crate) async fn check_schema(pool: &SqlitePool, t: &OutboxTable) -> Result<(), Error> {
     check_names(t)?;
-    let sql = "SELECT max(version) FROM txoutbox_migrations WHERE table_name = ?1";
-    let found = migrate::recorded::<_, _, i32>(t, pool, sql).await;
+    let sql = names(t).fill(sql_file!("sqlite", "schema_version"));
+    let found = migrate::recorded::<_, _, i32>(t, pool, &sql).await;
     migrate::version_check(t, found.map_err(|e| db_error(t, e))?)
 }
 

@@ -1,0 +1,1 @@
+UPDATE {{partitions}} SET owner = NULL, lease_until = NULL WHERE owner = ?

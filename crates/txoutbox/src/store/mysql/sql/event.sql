@@ -1,0 +1,2 @@
+-- One event by id, in whatever state.
+SELECT {{columns}} FROM {{table}} WHERE id = ?

@@ -1,0 +1,1 @@
+locked_until = NULL, locked_by = NULL, lock_token = NULL

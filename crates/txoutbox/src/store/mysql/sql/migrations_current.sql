@@ -1,0 +1,1 @@
+SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {{migrations}} WHERE table_name = ?

@@ -1,0 +1,1 @@
+DELETE FROM {{relays}} WHERE relay_id = ?

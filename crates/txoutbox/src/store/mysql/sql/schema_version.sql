@@ -1,0 +1,1 @@
+SELECT CAST(max(version) AS SIGNED) FROM {{migrations}} WHERE table_name = ?

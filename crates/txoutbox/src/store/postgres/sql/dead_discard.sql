@@ -1,0 +1,2 @@
+-- Delete the dead letters matching `{{condition}}` (`EventFilter::to_sql`) for good.
+DELETE FROM {{table}} WHERE {{condition}}

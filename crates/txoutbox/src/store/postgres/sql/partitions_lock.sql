@@ -1,0 +1,3 @@
+-- The heartbeat's registration lock: conflicts with itself and with writes, not with readers
+-- (`txoutbox status`).
+LOCK TABLE {{relays}} IN SHARE ROW EXCLUSIVE MODE
