@@ -42,6 +42,26 @@ for _ in $(seq 1 30); do
   psql -h 127.0.0.1 -U postgres -d postgres -Atc 'select 1' >/dev/null 2>&1 && break
   sleep 1
 done
+# The WAL source reads PostgreSQL's logical replication stream: wal_level = logical (a
+# restart), and replication connections from loopback as trusted as the others.
+pg_ver=$(ls /etc/postgresql | sort -V | tail -1)
+hba=/etc/postgresql/$pg_ver/main/pg_hba.conf
+if [ -w "$hba" ] && ! grep -Eq '^host\s+replication\s+all\s+127\.0\.0\.1/32\s+trust' "$hba"; then
+  log "allowing replication connections from 127.0.0.1 ($hba)"
+  sed -i -E '/^host\s+replication\s+all\s+127\.0\.0\.1\/32\s/d' "$hba"
+  echo 'host replication all 127.0.0.1/32 trust' >> "$hba"
+  psql -h 127.0.0.1 -U postgres -d postgres -qAtc 'select pg_reload_conf()' >/dev/null
+fi
+if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -Atc 'show wal_level')" != logical ]; then
+  log "setting wal_level = logical and restarting PostgreSQL"
+  psql -h 127.0.0.1 -U postgres -d postgres -qc 'ALTER SYSTEM SET wal_level = logical'
+  pg_ctlcluster --skip-systemctl-redirect "$pg_ver" main restart
+  wait_port 5432 PostgreSQL
+  for _ in $(seq 1 30); do
+    psql -h 127.0.0.1 -U postgres -d postgres -Atc 'select 1' >/dev/null 2>&1 && break
+    sleep 1
+  done
+fi
 if ! psql -h 127.0.0.1 -U postgres -d postgres -Atc "select 1 from pg_database where datname = 'test'" | grep -q 1; then
   psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' || true
 fi
