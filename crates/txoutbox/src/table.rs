@@ -71,19 +71,24 @@ impl OutboxTable {
         if c.len() <= 63 {
             return c;
         }
-        // Stable across processes and versions: FNV-1a, not std's randomised hasher.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in c.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("txoutbox.{h:016x}")
+        format!("txoutbox.{:016x}", stable_hash(&c))
     }
 
     /// The seed's processed_events table of this schema (the inbox).
     pub fn processed_events(&self) -> String {
         format!("{}.processed_events", self.schema.quoted())
     }
+}
+
+/// FNV-1a of `s`: the same in every process and version (std's hasher is randomised), for
+/// names that must be shortened to fit PostgreSQL's 63 bytes.
+pub(crate) fn stable_hash(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 #[cfg(test)]

@@ -45,6 +45,26 @@ pub struct PgHarness {
 }
 
 async fn drop_schema(pool: &PgPool, schema: &str) {
+    // The WAL source's slot and publication of the test's table are objects of the database,
+    // not of the schema: a slot left behind would keep the server's WAL for ever.
+    if let Ok(table) = OutboxTable::new(schema, "outbox_events") {
+        let slot = crate::store::postgres::wal::slot_name(&table);
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .execute(pool)
+        .await;
+        if let Err(e) = dropped {
+            eprintln!("cleanup of replication slot {slot} failed: {e}");
+        }
+        let publication = crate::store::postgres::wal::publication_name(&table);
+        let sql = format!("DROP PUBLICATION IF EXISTS \"{publication}\"");
+        if let Err(e) = sqlx::query(&sql).execute(pool).await {
+            eprintln!("cleanup of publication {publication} failed: {e}");
+        }
+    }
     let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
     if let Err(e) = sqlx::query(&sql).execute(pool).await {
         eprintln!("cleanup of schema {schema} failed: {e}");

@@ -7,3 +7,4 @@ mod conformance;
 mod membership_pg;
 mod mysql;
 mod pg;
+mod wal_pg;

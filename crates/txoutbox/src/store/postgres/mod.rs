@@ -11,6 +11,7 @@ mod operator;
 mod partitions;
 mod queries;
 pub(crate) mod schema;
+pub mod wal;
 pub(crate) mod write;
 
 use super::operator::millis;

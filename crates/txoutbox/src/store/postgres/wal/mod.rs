@@ -1,0 +1,386 @@
+//! The WAL source's database side: committed outbox inserts read from PostgreSQL's logical
+//! decoding (`pgoutput`), in commit order, whole transactions at a time.
+//!
+//! What is here: the outbox's publication and replication slot (named for the table, created
+//! idempotently, listed with their lag, dropped), the `pgoutput` decoder ([`pgoutput`]), and
+//! [`Transactions`], which turns the decoded messages into committed transactions of
+//! [`OutboxEvent`]s. [`peek`] and [`advance`] read and confirm through plain SQL
+//! (`pg_logical_slot_peek_binary_changes`, `pg_replication_slot_advance`) on an ordinary
+//! connection, TLS and all. The relay's `--source wal` (streaming over the replication
+//! protocol, the confirmed position behind the settled transactions) builds on these.
+//!
+//! The guarantees come from PostgreSQL: a transaction is decoded only once it committed (a
+//! rolled-back one never is), transactions come in commit order, and a slot hands out again
+//! everything after the position it last confirmed.
+//!
+//! Needs `wal_level = logical` (a server restart) and a free replication slot; the role needs
+//! the `REPLICATION` attribute (or to be a superuser) for slots.
+
+pub mod pgoutput;
+mod row;
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+
+pub use self::pgoutput::{DecodeError, Lsn};
+use self::pgoutput::{Message, Relation};
+use self::row::Layout;
+use crate::{OutboxEvent, OutboxTable};
+
+/// What went wrong reading the WAL.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WalError {
+    /// A message that does not follow the `pgoutput` format.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The server is not set up for the WAL source; the message names the fix.
+    #[error("{0}")]
+    Setup(String),
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// The outbox table's publication: `txoutbox_<schema>_<table>` (inserts only).
+pub fn publication_name(table: &OutboxTable) -> String {
+    object_name(table)
+}
+
+/// The default replication slot of the outbox table: `txoutbox_<schema>_<table>`, lower-cased
+/// (slot names are `[a-z0-9_]`, at most 63 bytes; a longer one is hashed, stably).
+pub fn slot_name(table: &OutboxTable) -> String {
+    object_name(table)
+}
+
+fn object_name(table: &OutboxTable) -> String {
+    let name = format!("txoutbox_{}_{}", table.schema(), table.table()).to_lowercase();
+    if name.len() <= 63 {
+        return name;
+    }
+    format!("txoutbox_{:016x}", crate::table::stable_hash(&name))
+}
+
+/// Check that the server can decode logically: `wal_level = logical`.
+pub async fn check_wal_level(pool: &PgPool) -> Result<(), WalError> {
+    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(pool)
+        .await?;
+    if level != "logical" {
+        return Err(WalError::Setup(format!(
+            "wal_level is {level}, the WAL source needs logical: run \
+             `ALTER SYSTEM SET wal_level = logical` as a superuser and restart PostgreSQL \
+             (on managed PostgreSQL, turn on its logical replication setting)"
+        )));
+    }
+    Ok(())
+}
+
+/// Create the outbox table's publication (inserts only) unless it exists. True if it created
+/// it.
+pub async fn ensure_publication(pool: &PgPool, table: &OutboxTable) -> Result<bool, WalError> {
+    let name = publication_name(table);
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(&name)
+            .fetch_one(pool)
+            .await?;
+    if exists {
+        return Ok(false);
+    }
+    // `name` is made of validated identifiers only; the table is quoted.
+    let sql = format!(
+        "CREATE PUBLICATION \"{name}\" FOR TABLE {} WITH (publish = 'insert')",
+        table.qualified()
+    );
+    match sqlx::query(&sql).execute(pool).await {
+        Ok(_) => Ok(true),
+        // Another process created it between the check and the statement.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Create a logical replication slot for `pgoutput` unless one of that name exists. True if
+/// it created it. The slot keeps the WAL from the moment it is created until its consumer
+/// confirms: create it only for a relay that will read it.
+pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
+    check_slot_name(slot)?;
+    if slot_info(pool, slot).await?.is_some() {
+        return Ok(false);
+    }
+    let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot)
+        .execute(pool)
+        .await;
+    match created {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) => match e.code().as_deref() {
+            // duplicate_object: another relay created it first.
+            Some("42710") => Ok(false),
+            // insufficient_privilege
+            Some("42501") => Err(WalError::Setup(format!(
+                "cannot create replication slot {slot}: the role needs the REPLICATION \
+                 attribute (ALTER ROLE ... REPLICATION) ({})",
+                e.message()
+            ))),
+            // configuration_limit_exceeded: no free slot.
+            Some("53400") => Err(WalError::Setup(format!(
+                "cannot create replication slot {slot}: all max_replication_slots are in use; \
+                 drop an unused slot (pg_drop_replication_slot) or raise max_replication_slots \
+                 and restart ({})",
+                e.message()
+            ))),
+            // object_not_in_prerequisite_state: wal_level is not logical.
+            Some("55000") => Err(WalError::Setup(format!(
+                "cannot create replication slot {slot}: {} (set wal_level = logical and restart)",
+                e.message()
+            ))),
+            _ => Err(sqlx::Error::Database(e).into()),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Drop the slot (it must not be in use). True if it existed.
+pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
+    check_slot_name(slot)?;
+    if slot_info(pool, slot).await?.is_none() {
+        return Ok(false);
+    }
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(slot)
+        .execute(pool)
+        .await?;
+    Ok(true)
+}
+
+fn check_slot_name(slot: &str) -> Result<(), WalError> {
+    let ok = !slot.is_empty()
+        && slot.len() <= 63
+        && slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(WalError::Setup(format!(
+            "replication slot name {slot:?} is not valid: 1 to 63 of a-z, 0-9 and _"
+        )))
+    }
+}
+
+/// A replication slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// Its name.
+    pub name: String,
+    /// Its output plugin (`pgoutput` for the WAL source's).
+    pub plugin: Option<String>,
+    /// A consumer is streaming from it now.
+    pub active: bool,
+    /// `reserved`, `extended`, `unreserved` or `lost` (its WAL is gone: it cannot be read
+    /// again, the table path must recover).
+    pub wal_status: Option<String>,
+    /// The position up to which the consumer confirmed.
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// WAL the slot keeps that its consumer has not confirmed, in bytes.
+    pub lag_bytes: Option<i64>,
+    /// How much more WAL may be written before the slot is invalidated
+    /// (`max_slot_wal_keep_size`); `None` when unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// The slot of that name, if it exists.
+pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, WalError> {
+    let row = sqlx::query(
+        "SELECT slot_name::text, plugin::text, active, wal_status, \
+                confirmed_flush_lsn::text, \
+                (pg_current_wal_lsn() - coalesce(confirmed_flush_lsn, restart_lsn))::bigint, \
+                safe_wal_size \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await?;
+    let Some(r) = row else { return Ok(None) };
+    let confirmed: Option<String> = r.try_get(4)?;
+    Ok(Some(SlotInfo {
+        name: r.try_get(0)?,
+        plugin: r.try_get(1)?,
+        active: r.try_get(2)?,
+        wal_status: r.try_get(3)?,
+        confirmed_flush_lsn: confirmed.map(|s| s.parse()).transpose()?,
+        lag_bytes: r.try_get(5)?,
+        safe_wal_size: r.try_get(6)?,
+    }))
+}
+
+/// One committed transaction's outbox events, in the order it inserted them.
+#[derive(Debug, Clone)]
+pub struct WalTx {
+    /// Its transaction id.
+    pub xid: u32,
+    /// The LSN of its commit record.
+    pub commit_lsn: Lsn,
+    /// The position just past it: confirm this once every one of its events is settled.
+    pub end_lsn: Lsn,
+    /// When it committed.
+    pub commit_time: DateTime<Utc>,
+    /// Its inserts into the outbox table, each decoded or with what did not decode.
+    pub events: Vec<WalEvent>,
+}
+
+/// An insert, decoded.
+#[derive(Debug, Clone)]
+pub struct WalEvent {
+    /// The event (placeholders where a column did not decode).
+    pub event: OutboxEvent,
+    /// One entry per column that did not decode, naming it; empty if the row decoded.
+    pub problems: Vec<String>,
+}
+
+/// Turns a slot's `pgoutput` messages, fed in stream order, into committed transactions of
+/// the outbox table's events. Inserts into other tables of the publication are skipped.
+#[derive(Debug)]
+pub struct Transactions {
+    table: OutboxTable,
+    /// Per relation OID: how to read its rows (`None`: a table that is not the outbox).
+    relations: HashMap<u32, Option<Layout>>,
+    open: Option<WalTx>,
+}
+
+impl Transactions {
+    /// An assembler for `table`'s events.
+    pub fn new(table: OutboxTable) -> Self {
+        Self {
+            table,
+            relations: HashMap::new(),
+            open: None,
+        }
+    }
+
+    /// Feed one message; at a Commit, the transaction it ends (`None` for a transaction that
+    /// inserted no outbox events, and for every other message).
+    pub fn feed(&mut self, data: &[u8]) -> Result<Option<WalTx>, WalError> {
+        match pgoutput::decode(data)? {
+            Message::Begin {
+                final_lsn,
+                commit_time,
+                xid,
+            } => {
+                if let Some(open) = &self.open {
+                    return Err(DecodeError(format!(
+                        "Begin of xid {xid} inside xid {}, which did not commit",
+                        open.xid
+                    ))
+                    .into());
+                }
+                self.open = Some(WalTx {
+                    xid,
+                    commit_lsn: final_lsn,
+                    end_lsn: final_lsn,
+                    commit_time,
+                    events: Vec::new(),
+                });
+            }
+            Message::Commit {
+                commit_lsn,
+                end_lsn,
+                commit_time,
+            } => {
+                let Some(mut tx) = self.open.take() else {
+                    return Err(DecodeError("Commit without a Begin".into()).into());
+                };
+                tx.commit_lsn = commit_lsn;
+                tx.end_lsn = end_lsn;
+                tx.commit_time = commit_time;
+                return Ok((!tx.events.is_empty()).then_some(tx));
+            }
+            Message::Relation(rel) => {
+                let layout = self.is_outbox(&rel).then(|| Layout::of(&rel));
+                self.relations.insert(rel.oid, layout);
+            }
+            Message::Insert { oid, values } => {
+                let layout = self.relations.get(&oid).ok_or_else(|| {
+                    DecodeError(format!("Insert into relation {oid} before its Relation"))
+                })?;
+                if let Some(layout) = layout {
+                    let Some(open) = self.open.as_mut() else {
+                        return Err(DecodeError("Insert outside a transaction".into()).into());
+                    };
+                    open.events.push(layout.read(&values)?);
+                }
+            }
+            Message::Message { .. } | Message::Skipped(_) => {}
+        }
+        Ok(None)
+    }
+
+    fn is_outbox(&self, rel: &Relation) -> bool {
+        rel.schema == self.table.schema().as_str() && rel.name == self.table.table().as_str()
+    }
+}
+
+/// Read, without confirming, the committed transactions after the slot's confirmed position,
+/// up to about `max_changes` changes (whole transactions: PostgreSQL stops after the
+/// transaction that reaches the limit). The same call returns the same transactions until
+/// [`advance`] moves the slot past them.
+pub async fn peek(
+    pool: &PgPool,
+    table: &OutboxTable,
+    slot: &str,
+    max_changes: i32,
+) -> Result<Vec<WalTx>, WalError> {
+    check_slot_name(slot)?;
+    let rows = sqlx::query(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
+         'proto_version', '1', 'publication_names', $3, 'binary', 'true', 'messages', 'true')",
+    )
+    .bind(slot)
+    .bind(max_changes)
+    .bind(format!("\"{}\"", publication_name(table)))
+    .fetch_all(pool)
+    .await?;
+    let mut asm = Transactions::new(table.clone());
+    let mut out = Vec::new();
+    for r in rows {
+        let data: Vec<u8> = r.try_get(0)?;
+        out.extend(asm.feed(&data)?);
+    }
+    Ok(out)
+}
+
+/// Confirm everything up to `lsn` (a transaction's [`WalTx::end_lsn`]): the slot lets its WAL
+/// go and never hands those transactions out again.
+pub async fn advance(pool: &PgPool, slot: &str, lsn: Lsn) -> Result<(), WalError> {
+    check_slot_name(slot)?;
+    sqlx::query("SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)")
+        .bind(slot)
+        .bind(lsn.to_string())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_lowercase_slot_names_of_at_most_63_bytes() {
+        let t = OutboxTable::new("Shop", "outbox_events").expect("a table");
+        assert_eq!(slot_name(&t), "txoutbox_shop_outbox_events");
+        assert_eq!(publication_name(&t), slot_name(&t));
+        let long = OutboxTable::new(&"s".repeat(40), &"t".repeat(40)).expect("a table");
+        let name = slot_name(&long);
+        assert!(name.len() <= 63 && name.starts_with("txoutbox_"), "{name}");
+        assert_eq!(name, slot_name(&long), "stable");
+        assert!(check_slot_name(&name).is_ok());
+        for bad in ["", "Upper", "a-b", "a b", &"x".repeat(64)] {
+            assert!(check_slot_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

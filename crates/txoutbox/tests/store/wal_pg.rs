@@ -1,0 +1,140 @@
+//! The WAL source's database side against the real server (`wal_level = logical`, which
+//! `scripts/services.sh` sets): the publication and slot, and committed outbox inserts read
+//! back from the slot through `pgoutput`, in commit order, never a rolled-back one, and again
+//! until confirmed. The harness drops each test's slot and publication with its schema.
+#![allow(clippy::unwrap_used)]
+
+use sqlx::Connection;
+use txoutbox::store::postgres::wal::{self, WalError};
+use txoutbox::store::Operator;
+use txoutbox::testing::postgres::{database_url, PgHarness};
+use txoutbox::testing::Harness;
+use txoutbox::NewEvent;
+
+fn event(aggregate: &str, i: usize) -> NewEvent {
+    NewEvent::new(
+        "order",
+        aggregate,
+        "order.placed",
+        &serde_json::json!({ "i": i, "note": "ü ✓" }),
+    )
+    .unwrap()
+    .header("trace", format!("t-{i}"))
+}
+
+/// The test's table, its publication, and a slot of its own.
+async fn prepared() -> (PgHarness, String) {
+    let h = PgHarness::new().await;
+    wal::check_wal_level(&h.pool).await.unwrap();
+    assert!(wal::ensure_publication(&h.pool, &h.table).await.unwrap());
+    let slot = wal::slot_name(&h.table);
+    assert!(wal::ensure_slot(&h.pool, &slot).await.unwrap());
+    (h, slot)
+}
+
+#[tokio::test]
+async fn transactions_come_in_commit_order_whole_and_never_rolled_back() {
+    let (h, slot) = prepared().await;
+    let outbox = h.outbox();
+    let mut c1 = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    let mut c2 = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+
+    // T1 inserts first and stays open; T2 commits two events; T3 rolls back; then T1 commits.
+    let mut t1 = c1.begin().await.unwrap();
+    let first = outbox.enqueue(&mut *t1, &event("a", 1)).await.unwrap();
+    let mut t2 = c2.begin().await.unwrap();
+    let second = outbox
+        .enqueue_many(&mut *t2, &[event("b", 2), event("a", 3)])
+        .await
+        .unwrap();
+    t2.commit().await.unwrap();
+    let mut t3 = h.pool.begin().await.unwrap();
+    let rolled_back = outbox.enqueue(&mut *t3, &event("a", 4)).await.unwrap();
+    t3.rollback().await.unwrap();
+    t1.commit().await.unwrap();
+    // A transaction that touches no outbox row yields nothing.
+    h.exec("CREATE TEMP TABLE IF NOT EXISTS unrelated (x int)")
+        .await;
+
+    let txs = wal::peek(&h.pool, &h.table, &slot, 1000).await.unwrap();
+    let ids: Vec<Vec<_>> = txs
+        .iter()
+        .map(|t| t.events.iter().map(|e| e.event.id).collect())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![second.clone(), vec![first]],
+        "commit order, whole transactions"
+    );
+    assert!(txs
+        .iter()
+        .flat_map(|t| &t.events)
+        .all(|e| e.event.id != rolled_back));
+    assert!(txs[0].end_lsn < txs[1].end_lsn && txs[0].commit_lsn < txs[0].end_lsn);
+
+    // Every column as the store itself reads the row.
+    let store = h.pool_store();
+    for e in txs.iter().flat_map(|t| &t.events) {
+        assert!(e.problems.is_empty(), "{:?}", e.problems);
+        let stored = store.get_event(e.event.id).await.unwrap().unwrap();
+        assert_eq!(e.event, stored);
+    }
+
+    // Unconfirmed, the same transactions again; confirmed, never again.
+    let again = wal::peek(&h.pool, &h.table, &slot, 1000).await.unwrap();
+    assert_eq!(again.len(), 2);
+    assert_eq!(again[0].end_lsn, txs[0].end_lsn);
+    wal::advance(&h.pool, &slot, txs[0].end_lsn).await.unwrap();
+    let rest = wal::peek(&h.pool, &h.table, &slot, 1000).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].events[0].event.id, first);
+    wal::advance(&h.pool, &slot, rest[0].end_lsn).await.unwrap();
+    assert!(wal::peek(&h.pool, &h.table, &slot, 1000)
+        .await
+        .unwrap()
+        .is_empty());
+    let info = wal::slot_info(&h.pool, &slot).await.unwrap().unwrap();
+    assert_eq!(info.plugin.as_deref(), Some("pgoutput"));
+    assert!(!info.active);
+    assert!(info.confirmed_flush_lsn >= Some(rest[0].end_lsn));
+    drop((c1, c2));
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_publication_carries_inserts_only_and_other_tables_are_skipped() {
+    let (h, slot) = prepared().await;
+    let ids = h
+        .outbox()
+        .enqueue_many(&h.pool, &[event("a", 1), event("b", 2)])
+        .await
+        .unwrap();
+    // The table relay's settle is an UPDATE, its retention a DELETE: neither is published.
+    h.exec(&format!(
+        "UPDATE {} SET processed_at = now(); DELETE FROM {}",
+        h.table.qualified(),
+        h.table.qualified()
+    ))
+    .await;
+    let txs = wal::peek(&h.pool, &h.table, &slot, 1000).await.unwrap();
+    assert_eq!(txs.len(), 1, "the inserts' transaction alone: {txs:?}");
+    let got: Vec<_> = txs[0].events.iter().map(|e| e.event.id).collect();
+    assert_eq!(got, ids);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn set_up_is_idempotent_and_bad_names_are_refused() {
+    let (h, slot) = prepared().await;
+    assert!(!wal::ensure_publication(&h.pool, &h.table).await.unwrap());
+    assert!(!wal::ensure_slot(&h.pool, &slot).await.unwrap());
+    for bad in ["Upper", "a-b", "x; DROP TABLE y", ""] {
+        let err = wal::ensure_slot(&h.pool, bad).await.unwrap_err();
+        assert!(matches!(err, WalError::Setup(_)), "{bad:?}: {err}");
+        assert!(err.to_string().contains("not valid"), "{err}");
+    }
+    assert!(wal::drop_slot(&h.pool, &slot).await.unwrap());
+    assert!(!wal::drop_slot(&h.pool, &slot).await.unwrap());
+    assert!(wal::slot_info(&h.pool, &slot).await.unwrap().is_none());
+    h.cleanup().await;
+}
