@@ -40,7 +40,9 @@ case $kind in
   *) echo "$usage" >&2; exit 2 ;;
 esac
 relay=
-trap '[ -n "$relay" ] && kill "$relay" 2>/dev/null; wait 2>/dev/null; cleanup' EXIT
+# Wait for the relay only: a bare `wait` would also wait for BENCH_OUT's tee, which ends only
+# when this script does.
+trap '[ -n "$relay" ] && kill "$relay" 2>/dev/null && wait "$relay" 2>/dev/null; cleanup' EXIT
 "$bin" migrate >/dev/null
 "$bin" relay --publisher null: "$@" &
 relay=$!
