@@ -3,7 +3,8 @@
 # publisher alone (publish), drain (null: and NATS JetStream), latency at 500 and 5,000
 # events/s, the write path with 16 writers, and scale (1, 2, 4 relays, ordered and
 # unordered), 3 interleaved runs each.
-# Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table).
+# Writes docs/bench.json, docs/bench.svg and docs/bench.txt (the table). The other
+# measurements of docs/performance.md (docs/bench/*.txt) are scripts/bench-all.sh's.
 #   scripts/bench.sh                  # everything (about 10 minutes on 2 cores)
 #   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
 #   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to txoutbox-bench

@@ -7,14 +7,17 @@
 #   scripts/drain-db.sh mysql 100000 'nats://127.0.0.1:4222?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}'
 # Needs a release build (cargo build --release), python3, and for MySQL the `mariadb` (or
 # `mysql`) client and the services of scripts/services.sh.
+# BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
 set -euo pipefail
+. "$(dirname "$0")/bench-record.sh"
+bench_record "$0" "$@"
 cd "$(dirname "$0")/.."
 usage="usage: scripts/drain-db.sh sqlite|mysql N PUBLISHER [relay options]"
 kind=${1:?$usage}
 n=${2:?$usage}
 publisher=${3:?$usage}
 shift 3
-bin=${TXOUTBOX_BIN:-target/release/txoutbox}
+bin=${TXOUTBOX_BIN:-${CARGO_TARGET_DIR:-target}/release/txoutbox}
 export TXOUTBOX_LOG=warn TXOUTBOX_ADMIN_ADDR=off
 unset TXOUTBOX_SCHEMA TXOUTBOX_TABLE
 case $kind in

@@ -7,7 +7,11 @@
 #   scripts/drain-otel.sh 50000 null:
 #   ROUNDS=5 scripts/drain-otel.sh 50000 'nats://127.0.0.1:4222?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}'
 # Needs a release build (cargo build --release) and the services of scripts/services.sh.
+# BENCH_OUT=docs/bench/FILE also writes the rounds and the result to FILE, with a header
+# (scripts/bench-record.sh).
 set -euo pipefail
+. "$(dirname "$0")/bench-record.sh"
+bench_record "$0" "$@"
 cd "$(dirname "$0")/.."
 n=${1:?usage: scripts/drain-otel.sh N PUBLISHER [relay options]}
 publisher=${2:?usage: scripts/drain-otel.sh N PUBLISHER [relay options]}

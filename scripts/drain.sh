@@ -4,12 +4,16 @@
 # RELAYS=N relays side by side). Extra arguments go to the relay (e.g. --mode unordered).
 #   scripts/drain.sh 100000 'nats://127.0.0.1:4222?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}'
 # Needs a release build (cargo build --release) and the services of scripts/services.sh.
+# BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
+# TXOUTBOX_BIN names the relay binary (default: the release build of CARGO_TARGET_DIR or target).
 set -euo pipefail
+. "$(dirname "$0")/bench-record.sh"
+bench_record "$0" "$@"
 cd "$(dirname "$0")/.."
 n=${1:?usage: scripts/drain.sh N PUBLISHER [relay options]}
 publisher=${2:?usage: scripts/drain.sh N PUBLISHER [relay options]}
 shift 2
-bin=target/release/txoutbox
+bin=${TXOUTBOX_BIN:-${CARGO_TARGET_DIR:-target}/release/txoutbox}
 db=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 schema=txo_drain_$$
 export DATABASE_URL=$db TXOUTBOX_SCHEMA=$schema TXOUTBOX_LOG=warn

@@ -5,13 +5,16 @@
 # `mariadb` client or python's sqlite3), and the latency of each is processed_at - created_at,
 # both taken from the database clock (insert to settle).
 #   scripts/wake-db.sh mysql 20 --poll-interval 1s
+# BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
 set -euo pipefail
+. "$(dirname "$0")/bench-record.sh"
+bench_record "$0" "$@"
 cd "$(dirname "$0")/.."
 usage="usage: scripts/wake-db.sh sqlite|mysql K [relay options]"
 kind=${1:?$usage}
 k=${2:?$usage}
 shift 2
-bin=${TXOUTBOX_BIN:-target/release/txoutbox}
+bin=${TXOUTBOX_BIN:-${CARGO_TARGET_DIR:-target}/release/txoutbox}
 export TXOUTBOX_LOG=warn TXOUTBOX_ADMIN_ADDR=off
 unset TXOUTBOX_SCHEMA TXOUTBOX_TABLE
 ins="INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', '1', 'order.created', '{\"n\": 1}')"
@@ -37,7 +40,9 @@ case $kind in
   *) echo "$usage" >&2; exit 2 ;;
 esac
 relay=
-trap '[ -n "$relay" ] && kill "$relay" 2>/dev/null; wait 2>/dev/null; cleanup' EXIT
+# Wait for the relay only: a bare `wait` would also wait for BENCH_OUT's tee, which ends only
+# when this script does.
+trap '[ -n "$relay" ] && kill "$relay" 2>/dev/null && wait "$relay" 2>/dev/null; cleanup' EXIT
 "$bin" migrate >/dev/null
 "$bin" relay --publisher null: "$@" &
 relay=$!

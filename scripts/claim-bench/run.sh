@@ -4,7 +4,10 @@
 # retention 0). Each loop drains 100k events, 500 per claim; the three alternate ROUNDS times
 # (default 2), so compare them within a run. Needs psql; DATABASE_URL defaults to the local test
 # database. Drops its schema "exp" at the end.
+# BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
 set -euo pipefail
+. "$(dirname "$0")/../bench-record.sh"
+bench_record "$0" "$@"
 cd "$(dirname "$0")"
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 ROUNDS="${ROUNDS:-2}"
