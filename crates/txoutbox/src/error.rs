@@ -81,6 +81,11 @@ pub enum Error {
     /// Anything else the database said.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// The WAL source (`relay --source wal`): the server is not set up for it (the message
+    /// names the fix), or its stream did not decode.
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    Wal(#[from] crate::store::postgres::wal::WalError),
 }
 
 impl Error {
@@ -98,7 +103,25 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient_sqlx(e),
+            #[cfg(feature = "postgres")]
+            Error::Wal(crate::store::postgres::wal::WalError::Database(e)) => is_transient_sqlx(e),
             _ => false,
+        }
+    }
+}
+
+impl Error {
+    /// The SQLSTATE of a database error, if this is one.
+    pub fn sql_state(&self) -> Option<String> {
+        let e = match self {
+            Error::Database(e) => e,
+            #[cfg(feature = "postgres")]
+            Error::Wal(crate::store::postgres::wal::WalError::Database(e)) => e,
+            _ => return None,
+        };
+        match e {
+            sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+            _ => None,
         }
     }
 }

@@ -12,8 +12,9 @@ use super::in_flight::Held;
 use super::Relay;
 use crate::error::Error;
 use crate::metrics as m;
-use crate::publish::ErrorKind;
+use crate::publish::{ErrorKind, PublishError};
 use crate::store::{Claim, ClaimParams, Failure, ReleaseParams, SettleParams};
+use crate::OutboxEvent;
 
 /// What one cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,57 +126,15 @@ impl Relay {
             for (event, result) in events.iter().zip(outcome) {
                 match result {
                     Some(Ok(())) => {
-                        let since_insert = (chrono::Utc::now() - event.created_at)
-                            .to_std()
-                            .unwrap_or_default();
-                        ::metrics::histogram!(m::COMMIT_TO_PUBLISH_SECONDS)
-                            .record(since_insert.as_secs_f64());
-                        tracing::debug!(event_id = %event.id, event_type = %event.event_type,
-                            aggregate_id = %event.aggregate_id, attempt = event.attempts + 1, "published");
+                        self.count_published(event);
                         published.push(event.id);
                     }
                     Some(Err(e)) => {
-                        let failures = u32::try_from(event.attempts.max(0)).unwrap_or(0) + 1;
-                        // Attempts that failed for the broker's own unavailability do not
-                        // use up the retry budget.
-                        let counted =
-                            u32::try_from((event.attempts - event.attempts_unavailable).max(0))
-                                .unwrap_or(0)
-                                + 1;
-                        let unavailable = e.kind() == ErrorKind::Unavailable;
-                        let dead = match e.kind() {
-                            ErrorKind::Permanent => true,
-                            ErrorKind::Unavailable => false,
-                            _ => counted >= cfg.max_attempts,
-                        };
-                        let error = crate::publish::redact_secrets(&e.chain());
-                        tracing::warn!(event_id = %event.id, event_type = %event.event_type,
-                            aggregate_id = %event.aggregate_id, attempt = failures, kind = %e.kind(),
-                            dead, error = %error, "publish failed");
-                        ::metrics::counter!(m::FAILED_TOTAL, "event_type" => event.event_type.clone())
-                            .increment(1);
-                        if dead {
+                        let failure = self.failure(event, &e, &mut rng);
+                        if failure.dead {
                             report.dead += 1;
-                            ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
-                                .increment(1);
                         }
-                        failed.push(Failure {
-                            id: event.id,
-                            error,
-                            retry_in: if dead {
-                                Duration::ZERO
-                            } else {
-                                // A broker that says when to come back (HTTP Retry-After) is
-                                // honoured, capped at the longest backoff.
-                                let backoff = cfg.backoff.delay(failures, &mut rng);
-                                match e.retry_after() {
-                                    Some(after) => after.min(cfg.backoff.max).max(backoff),
-                                    None => backoff,
-                                }
-                            },
-                            dead,
-                            unavailable,
-                        });
+                        failed.push(failure);
                     }
                     None => released.push(event.id),
                 }
@@ -215,6 +174,66 @@ impl Relay {
                 .await?;
         }
         Ok(report)
+    }
+}
+
+impl Relay {
+    /// An event the broker acknowledged: its commit-to-publish latency, a debug line.
+    pub(super) fn count_published(&self, event: &OutboxEvent) {
+        let since_insert = (chrono::Utc::now() - event.created_at)
+            .to_std()
+            .unwrap_or_default();
+        ::metrics::histogram!(m::COMMIT_TO_PUBLISH_SECONDS).record(since_insert.as_secs_f64());
+        tracing::debug!(event_id = %event.id, event_type = %event.event_type,
+            aggregate_id = %event.aggregate_id, attempt = event.attempts + 1, "published");
+    }
+
+    /// What a failed publish does to its event: dead (a permanent error, or out of attempts)
+    /// or retried after a backoff; logged and counted.
+    pub(super) fn failure(
+        &self,
+        event: &OutboxEvent,
+        e: &PublishError,
+        rng: &mut impl rand::Rng,
+    ) -> Failure {
+        let cfg = &self.config;
+        let failures = u32::try_from(event.attempts.max(0)).unwrap_or(0) + 1;
+        // Attempts that failed for the broker's own unavailability do not use up the retry
+        // budget.
+        let counted =
+            u32::try_from((event.attempts - event.attempts_unavailable).max(0)).unwrap_or(0) + 1;
+        let unavailable = e.kind() == ErrorKind::Unavailable;
+        let dead = match e.kind() {
+            ErrorKind::Permanent => true,
+            ErrorKind::Unavailable => false,
+            _ => counted >= cfg.max_attempts,
+        };
+        let error = crate::publish::redact_secrets(&e.chain());
+        tracing::warn!(event_id = %event.id, event_type = %event.event_type,
+            aggregate_id = %event.aggregate_id, attempt = failures, kind = %e.kind(),
+            dead, error = %error, "publish failed");
+        ::metrics::counter!(m::FAILED_TOTAL, "event_type" => event.event_type.clone()).increment(1);
+        if dead {
+            ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
+                .increment(1);
+        }
+        Failure {
+            id: event.id,
+            error,
+            retry_in: if dead {
+                Duration::ZERO
+            } else {
+                // A broker that says when to come back (HTTP Retry-After) is honoured, capped
+                // at the longest backoff.
+                let backoff = cfg.backoff.delay(failures, rng);
+                match e.retry_after() {
+                    Some(after) => after.min(cfg.backoff.max).max(backoff),
+                    None => backoff,
+                }
+            },
+            dead,
+            unavailable,
+        }
     }
 }
 

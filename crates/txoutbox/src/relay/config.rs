@@ -37,6 +37,35 @@ pub struct RelayConfig {
     /// published and settled. In ordered mode an aggregate's later events still wait for its
     /// earlier ones (they are leased until settled), so order is unaffected.
     pub pipeline: usize,
+    /// Where committed events come from: the table (claimed rows, any database) or
+    /// PostgreSQL's logical replication stream.
+    pub source: Source,
+    /// With [`Source::Wal`]: the replication slot to read (default
+    /// `txoutbox_<schema>_<table>`), created when missing.
+    pub slot: Option<String>,
+}
+
+/// Where a relay reads committed events from: the daemon's `--source`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Source {
+    /// Claim rows of the outbox table (every database).
+    #[default]
+    Table,
+    /// Read committed inserts from PostgreSQL's logical replication stream (PostgreSQL 15+,
+    /// `wal_level = logical`), in commit order; events that cannot go now are handed to the
+    /// table, which is also the way back when the stream's slot is lost.
+    Wal,
+}
+
+impl Source {
+    /// The name the daemon's `--source` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Table => "table",
+            Source::Wal => "wal",
+        }
+    }
 }
 
 impl Default for RelayConfig {
@@ -54,6 +83,8 @@ impl Default for RelayConfig {
             ordering: Ordering::Ordered,
             partition_lease: Duration::from_secs(10),
             pipeline: 2,
+            source: Source::Table,
+            slot: None,
         }
     }
 }

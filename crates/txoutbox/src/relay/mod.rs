@@ -4,6 +4,8 @@ mod batch;
 mod config;
 mod in_flight;
 mod send;
+#[cfg(feature = "postgres")]
+mod wal;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 pub use batch::BatchReport;
 pub use config::{
     default_relay_id, format_duration, parse_duration, InvalidDuration, InvalidSetting, Mode,
-    OnDeadLetter, RelayConfig,
+    OnDeadLetter, RelayConfig, Source,
 };
 
 use crate::error::Error;
@@ -117,6 +119,15 @@ impl Relay {
     /// On cancel: stop claiming, finish and settle what is in flight, release leases.
     pub async fn run(&self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
         self.config.validate().map_err(RelayError::Config)?;
+        if self.config.source == Source::Wal {
+            #[cfg(feature = "postgres")]
+            return self.run_wal(cancel).await;
+            #[cfg(not(feature = "postgres"))]
+            return Err(RelayError::Config(InvalidSetting {
+                field: "source",
+                rule: "wal needs PostgreSQL (this build has no postgres feature)",
+            }));
+        }
         let cfg = &self.config;
         let mut stats = RelayStats::default();
         let retry = Backoff {

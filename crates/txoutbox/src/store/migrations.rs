@@ -50,6 +50,16 @@ macro_rules! migrations {
                     "/0003_fencing.sql"
                 )),
             },
+            $crate::store::migrations::Migration {
+                version: 4,
+                name: "wal",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0004_wal.sql"
+                )),
+            },
         ]
     };
 }
@@ -138,7 +148,7 @@ pub(crate) fn assert_rendered(
 }
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// What [`crate::migrate()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,3 +8,5 @@ mod key_order;
 mod ordering_pg;
 mod pg;
 mod wakeups;
+#[path = "wal_pg.rs"]
+mod wal_pg;

@@ -81,6 +81,7 @@ pub struct PgStore {
     pool: PgPool,
     table: OutboxTable,
     q: Queries,
+    retention: Retention,
     listener: Mutex<Option<PgListener>>,
     partitions: std::sync::OnceLock<i32>,
     scan: std::sync::Mutex<ScanState>,
@@ -99,6 +100,7 @@ impl PgStore {
     pub fn with_retention(pool: PgPool, table: OutboxTable, retention: Retention) -> Self {
         Self {
             q: Queries::new(&table, retention),
+            retention,
             pool,
             table,
             listener: Mutex::new(None),
@@ -335,5 +337,13 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         rows::counts(&r)
+    }
+
+    fn wal(&self) -> Option<wal::WalStore> {
+        Some(wal::WalStore::new(
+            self.pool.clone(),
+            self.table.clone(),
+            self.retention,
+        ))
     }
 }

@@ -18,6 +18,7 @@
 
 pub mod pgoutput;
 mod row;
+mod store;
 
 use std::collections::HashMap;
 
@@ -27,6 +28,7 @@ use sqlx::{PgPool, Row};
 pub use self::pgoutput::{DecodeError, Lsn};
 use self::pgoutput::{Message, Relation};
 use self::row::Layout;
+pub use self::store::{AggregateKey, Opened, SlotLock, StreamSettled, TablePath, WalStore};
 use crate::{OutboxEvent, OutboxTable};
 
 /// What went wrong reading the WAL.

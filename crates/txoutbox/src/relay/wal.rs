@@ -1,0 +1,464 @@
+//! The WAL source (`--source wal`): committed events read from PostgreSQL's logical
+//! replication stream, in commit order, published, settled in one statement per batch, and
+//! the slot confirmed past them. Beside it runs the table path (the ordinary claim -> publish
+//! -> settle loop over the events the stream handed to the table: failed ones retrying with
+//! backoff, those held behind them, those committed before the slot existed).
+//!
+//! Guarantees, and what gives them:
+//! - never a rolled-back event: logical decoding decodes committed transactions only;
+//! - at least once: the slot is confirmed only past transactions whose every event is settled
+//!   (published, or handed to the table in the same statement); after a crash the stream hands
+//!   out again everything after the confirmed position;
+//! - per-aggregate commit order: transactions come in commit order, an aggregate's events go
+//!   one after the other, and an aggregate that has an event waiting in the table has its later
+//!   events handed over behind it;
+//! - one reader: a session advisory lock per slot; a standby waits on it and takes over when
+//!   the reader's connection ends;
+//! - a lost slot (dropped, `wal_status = lost`) is created again, and every event not yet
+//!   published is handed to the table: duplicates possible, nothing lost.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::batch::cancel_deadline;
+use super::{in_flight, AbortOnDrop, Relay, RelayError, RelayStats};
+use crate::error::Error;
+use crate::metrics as m;
+use crate::retry::Backoff;
+use crate::store::postgres::wal::{AggregateKey, SlotLock, WalStore, WalTx};
+use crate::store::{DeregisterParams, Failure, Ordering, Store};
+use crate::OutboxEvent;
+
+/// How often the reader checks that its slot lock's connection is up.
+const LOCK_CHECK: Duration = Duration::from_secs(1);
+
+/// While idle, confirm the slot up to the server's flush position at most this often (the
+/// slot keeps WAL of other tables' transactions too until confirmed past them).
+const IDLE_CONFIRM: Duration = Duration::from_secs(1);
+
+/// Why events held back by the stream were handed over.
+const HELD: &str = "handed to the table by the WAL source: an earlier event of its aggregate \
+                    waits there (failed, or not acknowledged in time)";
+
+impl Relay {
+    /// [`Relay::run`] with [`Source::Wal`](super::Source::Wal).
+    pub(super) async fn run_wal(
+        &self,
+        cancel: CancellationToken,
+    ) -> Result<RelayStats, RelayError> {
+        let cfg = &self.config;
+        let mut stats = RelayStats::default();
+        let Some(wal) = self.store.wal() else {
+            return Err(RelayError::Config(super::InvalidSetting {
+                field: "source",
+                rule: "wal needs PostgreSQL (15 or later); use --source table with this database",
+            }));
+        };
+        let wal = match &cfg.slot {
+            Some(slot) => wal.with_slot(slot).map_err(Error::from)?,
+            None => wal,
+        };
+        let wal = Arc::new(wal);
+        for warning in wal.preflight().await? {
+            tracing::warn!("{warning}");
+        }
+        let Some(lock) = wal.lock(&cancel).await? else {
+            return Ok(stats);
+        };
+        let opened = wal.open_slot().await?;
+        tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
+            mode = cfg.ordering.mode_name(), source = "wal", slot = wal.slot(),
+            created = opened.created, handed_to_table = opened.handed_off, "relay started");
+
+        let stop = cancel.child_token();
+        let lock_lost = Arc::new(AtomicBool::new(false));
+        let watcher = AbortOnDrop(tokio::spawn(watch_lock(
+            lock,
+            stop.clone(),
+            lock_lost.clone(),
+        )));
+
+        // The table path: the ordinary loop over the handed-off events.
+        let table = Relay {
+            store: Arc::new(wal.table_path()),
+            publisher: self.publisher.clone(),
+            config: super::RelayConfig {
+                exit_when_drained: false,
+                ..cfg.clone()
+            },
+            claim_lock: Arc::new(tokio::sync::RwLock::new(())),
+            release_wanted: Arc::new(AtomicBool::new(false)),
+            instance: self.instance,
+            in_flight: Arc::<in_flight::InFlight>::default(),
+        };
+        let retry = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(10).min(cfg.poll_interval.max(Duration::from_secs(1)) * 5),
+            jitter: true,
+        };
+        let table_stop = CancellationToken::new();
+        let table_task = {
+            let (stop, retry) = (table_stop.clone(), retry);
+            AbortOnDrop(tokio::spawn(async move {
+                let mut s = RelayStats::default();
+                let r = table.pipeline(&stop, &mut s, &retry).await;
+                (s, r)
+            }))
+        };
+
+        let result = self.stream(&wal, &stop, &mut stats, &retry).await;
+        // The table path stops with the stream: on shutdown it settles what it has in flight.
+        table_stop.cancel();
+        let table_result = match table_task.join().await {
+            Some((s, r)) => {
+                stats.batches += s.batches;
+                stats.published += s.published;
+                stats.failed += s.failed;
+                stats.dead += s.dead;
+                stats.released += s.released;
+                r
+            }
+            None => Err(Error::Task("the WAL relay's table path panicked".into())),
+        };
+        drop(watcher);
+        if let Err(e) = wal
+            .table_path()
+            .deregister(DeregisterParams {
+                relay_id: &cfg.relay_id,
+                instance: self.instance,
+            })
+            .await
+        {
+            tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
+        }
+        if let Err(e) = wal.clear_waiting(&cfg.relay_id).await {
+            tracing::debug!(error = %e, "could not clear the wait flag; it expires by itself");
+        }
+        if let Err(e) = self.publisher.close().await {
+            tracing::warn!(error = %e, "publisher did not close cleanly");
+        }
+        tracing::info!(relay_id = %cfg.relay_id, published = stats.published, failed = stats.failed,
+            dead = stats.dead, "relay stopped");
+        if lock_lost.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(RelayError::Store(Error::Unsupported(format!(
+                "lost the connection that holds slot {}'s lock: stopped reading (a standby may \
+                 read it now)",
+                wal.slot()
+            ))));
+        }
+        result
+            .and(table_result)
+            .map(|_| stats)
+            .map_err(RelayError::Store)
+    }
+
+    /// Read, publish, settle and confirm, batch after batch, until `stop` (or, with
+    /// `exit_when_drained`, until the stream and the table path have nothing left).
+    async fn stream(
+        &self,
+        wal: &Arc<WalStore>,
+        stop: &CancellationToken,
+        stats: &mut RelayStats,
+        retry: &Backoff,
+    ) -> Result<(), Error> {
+        let cfg = &self.config;
+        let ordered = cfg.ordering.is_ordered();
+        let hold = cfg.ordering == Ordering::OrderedHold;
+        let mut blocked: HashSet<AggregateKey> = HashSet::new();
+        let mut load_blocked = ordered;
+        let mut errors = 0u32;
+        let mut confirmed_idle_at: Option<Instant> = None;
+        let mut flagged = false;
+        loop {
+            if stop.is_cancelled() {
+                break Ok(());
+            }
+            let step = async {
+                if load_blocked {
+                    blocked = wal.blocked(hold, None).await?;
+                    load_blocked = false;
+                }
+                let flush = wal.flush_lsn().await?;
+                let txs = wal.read(cfg.batch_size).await?;
+                Ok::<_, Error>((flush, txs))
+            };
+            let (flush, txs) = match step.await {
+                Ok(r) => r,
+                Err(e) => {
+                    match self.after_read_error(wal, e).await {
+                        Ok(true) => {
+                            // The slot was created again: what waits in the table changed.
+                            load_blocked = ordered;
+                            continue;
+                        }
+                        Ok(false) => continue,
+                        Err(e) => match self.backoff_after(e, &mut errors, retry, stop).await {
+                            Ok(()) => continue,
+                            Err(e) => break Err(e),
+                        },
+                    }
+                }
+            };
+            errors = 0;
+            if !txs.is_empty() {
+                if flagged {
+                    flagged = false;
+                    wal.clear_waiting(&cfg.relay_id).await?;
+                }
+                let started = Instant::now();
+                let done = self
+                    .stream_batch(wal, &txs, &mut blocked, ordered, hold, stop, stats)
+                    .await;
+                match done {
+                    Ok(Some(lsn)) => {
+                        if let Err(e) = wal.confirm(lsn).await {
+                            // Not confirmed: the batch comes again, unless the slot is gone.
+                            match self.after_read_error(wal, e).await {
+                                Ok(recreated) => load_blocked |= recreated && ordered,
+                                Err(e) => {
+                                    if let Err(e) =
+                                        self.backoff_after(e, &mut errors, retry, stop).await
+                                    {
+                                        break Err(e);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Nothing is confirmed: the batch comes again (duplicates of what was
+                        // published, nothing lost).
+                        if let Err(e) = self.backoff_after(e, &mut errors, retry, stop).await {
+                            break Err(e);
+                        }
+                    }
+                }
+                ::metrics::histogram!(m::BATCH_DURATION_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
+                continue;
+            }
+            // Caught up: everything committed before `flush` has been read.
+            if confirmed_idle_at.is_none_or(|t| t.elapsed() >= IDLE_CONFIRM) {
+                if let Err(e) = wal.confirm(flush).await {
+                    tracing::debug!(error = %e, "could not confirm the slot while idle");
+                }
+                confirmed_idle_at = Some(Instant::now());
+            }
+            if cfg.exit_when_drained && !wal.table_path().has_unfinished(cfg.ordering).await? {
+                break Ok(());
+            }
+            if !flagged {
+                // Flag first, then read again: a commit after the flag notifies; one before it
+                // is seen by that read.
+                if let Err(e) = wal
+                    .flag_waiting(&cfg.relay_id, cfg.poll_interval + Duration::from_secs(1))
+                    .await
+                {
+                    tracing::warn!(error = %e, "LISTEN failed; polling only");
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(cfg.poll_interval) => {}
+                    }
+                    continue;
+                }
+                flagged = true;
+                continue;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = wal.wait_notified(cfg.poll_interval) => {}
+            }
+            // The flag lasts a poll interval and a second: say it again on the next idle turn.
+            flagged = false;
+        }
+    }
+
+    /// A read or confirm failed: if the slot is gone (dropped, or its WAL lost), create it again and
+    /// hand what it did not deliver to the table (`Ok(true)`). `Ok(false)`: read again now.
+    async fn after_read_error(&self, wal: &WalStore, e: Error) -> Result<bool, Error> {
+        if e.is_transient() {
+            return Err(e);
+        }
+        if e.sql_state().as_deref() == Some("55006") {
+            // object_in_use: the slot is still held by a reader that just died (its last
+            // statement runs on until the server notices), or by something else for a moment.
+            tracing::info!(slot = wal.slot(), error = %e, "replication slot is in use; reading again shortly");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return Ok(false);
+        }
+        match wal.slot_lost().await {
+            Ok(true) => {
+                tracing::error!(slot = wal.slot(), error = %e,
+                    "replication slot is gone; creating it again and delivering from the table \
+                     what it did not");
+                let opened = wal.open_slot().await?;
+                tracing::info!(
+                    slot = wal.slot(),
+                    handed_to_table = opened.handed_off,
+                    "replication slot created again"
+                );
+                Ok(true)
+            }
+            Ok(false) => Err(e),
+            Err(check) => {
+                tracing::warn!(error = %check, "could not look at the replication slot");
+                Err(e)
+            }
+        }
+    }
+
+    /// Publish one batch of transactions and settle it. Returns the position to confirm: the
+    /// end of the last transaction of the longest prefix whose every event is settled
+    /// (`None`: not even the first one, e.g. shutdown before its acknowledgements).
+    #[allow(clippy::too_many_arguments)]
+    async fn stream_batch(
+        &self,
+        wal: &WalStore,
+        txs: &[WalTx],
+        blocked: &mut HashSet<AggregateKey>,
+        ordered: bool,
+        hold: bool,
+        stop: &CancellationToken,
+        stats: &mut RelayStats,
+    ) -> Result<Option<crate::store::postgres::wal::Lsn>, Error> {
+        let cfg = &self.config;
+        // Aggregates that waited in the table may have caught up: ask for those of this batch.
+        if ordered && !blocked.is_empty() {
+            let mut keys: Vec<AggregateKey> = txs
+                .iter()
+                .flat_map(|t| &t.events)
+                .map(|e| key(&e.event))
+                .filter(|k| blocked.contains(k))
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            if !keys.is_empty() {
+                let still = wal.blocked(hold, Some(&keys)).await?;
+                for k in keys {
+                    if !still.contains(&k) {
+                        blocked.remove(&k);
+                    }
+                }
+            }
+        }
+        let mut send: Vec<OutboxEvent> = Vec::new();
+        // Per send: its transaction.
+        let mut tx_of: Vec<usize> = Vec::new();
+        let mut held: Vec<Uuid> = Vec::new();
+        let mut failed: Vec<Failure> = Vec::new();
+        let mut dead = 0usize;
+        let mut claimed = 0usize;
+        for (t, tx) in txs.iter().enumerate() {
+            for we in &tx.events {
+                claimed += 1;
+                let event = &we.event;
+                if !we.problems.is_empty() {
+                    // A value the relay cannot read: a dead letter, as a claimed row would be.
+                    let error = format!("undecodable row: {}", we.problems.join("; "));
+                    tracing::warn!(event_id = %event.id, error = %error,
+                        "dead-lettering an event that does not decode");
+                    ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
+                        .increment(1);
+                    if hold {
+                        blocked.insert(key(event));
+                    }
+                    dead += 1;
+                    failed.push(Failure {
+                        id: event.id,
+                        error,
+                        retry_in: Duration::ZERO,
+                        dead: true,
+                        unavailable: false,
+                    });
+                    continue;
+                }
+                if ordered && blocked.contains(&key(event)) {
+                    held.push(event.id);
+                    continue;
+                }
+                send.push(event.clone());
+                tx_of.push(t);
+            }
+        }
+        let deadline = Instant::now() + cfg.lease;
+        let shutdown = cancel_deadline(stop, cfg.shutdown_timeout);
+        let outcome = if ordered && !self.publisher.keeps_key_order() {
+            self.publish_chains(&send, deadline, stop, shutdown).await
+        } else {
+            self.publish_pipelined(&send, deadline, stop, shutdown)
+                .await
+        };
+        let stopping = stop.is_cancelled();
+        // The first transaction that is not settled: it and those after are not confirmed.
+        let mut unsettled = txs.len();
+        let mut published = Vec::new();
+        {
+            let mut rng = rand::thread_rng();
+            for ((event, result), &t) in send.iter().zip(outcome).zip(&tx_of) {
+                match result {
+                    Some(Ok(())) => {
+                        self.count_published(event);
+                        published.push(event.id);
+                    }
+                    Some(Err(e)) => {
+                        let f = self.failure(event, &e, &mut rng);
+                        dead += usize::from(f.dead);
+                        if ordered && !(f.dead && cfg.ordering == Ordering::Ordered) {
+                            blocked.insert(key(event));
+                        }
+                        failed.push(f);
+                    }
+                    // Not sent, or not acknowledged in time: while stopping, left to the
+                    // stream (not confirmed); otherwise handed to the table path, which tries
+                    // again (ordered: behind its aggregate's failed event).
+                    None if stopping => unsettled = unsettled.min(t),
+                    None => {
+                        if ordered {
+                            blocked.insert(key(event));
+                        }
+                        held.push(event.id);
+                    }
+                }
+            }
+        }
+        let settled = wal.settle_stream(&published, &failed, &held, HELD).await?;
+        ::metrics::counter!(m::CLAIMED_TOTAL).increment(claimed as u64);
+        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
+        stats.batches += 1;
+        stats.published += published.len() as u64;
+        stats.failed += failed.len() as u64;
+        stats.dead += dead as u64;
+        Ok(match unsettled {
+            0 => None,
+            n => Some(txs[n - 1].end_lsn),
+        })
+    }
+}
+
+fn key(e: &OutboxEvent) -> AggregateKey {
+    (e.aggregate_type.clone(), e.aggregate_id.clone())
+}
+
+/// Check the slot lock's connection every second; when it is gone, stop the relay (another
+/// relay may take the slot over now).
+async fn watch_lock(mut lock: SlotLock, stop: CancellationToken, lost: Arc<AtomicBool>) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(LOCK_CHECK) => {}
+        }
+        if let Err(e) = lock.check().await {
+            tracing::error!(error = %e, "the slot lock's connection is gone; stopping");
+            lost.store(true, std::sync::atomic::Ordering::SeqCst);
+            stop.cancel();
+            return;
+        }
+    }
+}

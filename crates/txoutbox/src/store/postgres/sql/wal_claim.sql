@@ -1,0 +1,27 @@
+-- The table path of a WAL relay: claim handed-off events (see migration 4), leased like the
+-- unordered claim. Ordered ($5), an event waits while an earlier event of its aggregate backs
+-- off, is leased, or (with $6, `hold`) is dead: one short probe of the `blocking` index.
+-- $1 limit, $2 lease (ms), $3 relay id, $4 token.
+WITH c AS (
+   SELECT e.id FROM {{table}} e
+   WHERE e.handed_off_at IS NOT NULL AND e.processed_at IS NULL AND e.dead_at IS NULL
+     AND e.available_at <= now()
+     AND (e.locked_until IS NULL OR e.locked_until <= now())
+     AND NOT ($5 AND EXISTS (
+       SELECT 1 FROM {{table}} b
+       WHERE b.partition_key = e.partition_key AND b.seq < e.seq
+         AND {{blocking}}
+         AND b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+         AND ((b.dead_at IS NULL AND (b.available_at > now() OR b.locked_until > now()))
+              OR (b.dead_at IS NOT NULL AND $6))
+       OFFSET 0))
+   ORDER BY e.seq
+   LIMIT $1
+   FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE {{table}} AS e
+SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
+FROM c WHERE e.id = c.id
+RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+  e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
+  e.locked_by, e.locked_until, e.last_error

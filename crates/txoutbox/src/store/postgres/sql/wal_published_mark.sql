@@ -1,0 +1,3 @@
+-- Events the WAL source published ($1 ids), kept with `processed_at` set (retention `mark`).
+UPDATE {{table}} SET processed_at = now(), last_error = NULL
+WHERE id = ANY($1) AND processed_at IS NULL RETURNING 1

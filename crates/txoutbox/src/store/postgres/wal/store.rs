@@ -1,0 +1,530 @@
+//! The database side of a WAL relay (`relay --source wal`): the slot it reads, the lock that
+//! lets one relay read it at a time, the settle of a batch read from the stream, and the
+//! table path, a [`Store`] over the events the stream handed to the table.
+//!
+//! The stream never claims a row: it reads committed inserts from the slot, publishes them,
+//! and settles each batch in one statement before confirming the slot past it. An event it
+//! cannot deliver now (its publish failed, or an earlier event of its aggregate waits in the
+//! table) is handed to the table path (`handed_off_at`, migration 4), which retries it with
+//! backoff and dead-letters it like the table relay, so a failing event never pins the slot's
+//! WAL. While an aggregate has a handed-off event not yet published, the stream hands that
+//! aggregate's later events over too, behind it: order holds across the two paths.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    advance, check_slot_name, check_wal_level, drop_slot, ensure_publication, ensure_slot, peek,
+    slot_info, slot_name, Lsn, WalError, WalTx,
+};
+use crate::error::Error;
+use crate::store::operator::millis;
+use crate::store::postgres::decode::decode_row;
+use crate::store::postgres::queries::names;
+use crate::store::postgres::PgStore;
+use crate::store::sql::sql_file;
+use crate::store::{
+    undecodable, Claim, ClaimParams, Counts, DeregisterParams, Failure, Membership, Ordering,
+    RebalanceParams, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams,
+    Wake,
+};
+use crate::OutboxTable;
+
+/// The oldest server the WAL source runs on (`server_version_num`).
+const MIN_SERVER_VERSION: i32 = 150_000;
+
+/// An aggregate: its type and id.
+pub type AggregateKey = (String, String);
+
+/// The statements of a WAL relay for one outbox table.
+#[derive(Debug)]
+struct WalQueries {
+    settle: String,
+    claim: String,
+    due: String,
+    unfinished: String,
+    blocked: String,
+    handoff_all: String,
+    wait: String,
+    wait_clear: String,
+}
+
+impl WalQueries {
+    fn new(t: &OutboxTable, retention: Retention) -> Self {
+        let published = match retention {
+            Retention::Mark => sql_file!("postgres", "wal_published_mark"),
+            Retention::Delete => sql_file!("postgres", "wal_published_delete"),
+        };
+        let f = names(t)
+            .fragment("{{wal_published}}", published)
+            .fragment("{{failed}}", sql_file!("postgres", "failed"))
+            .fragment("{{failures}}", sql_file!("postgres", "failures"))
+            .fragment("{{blocking}}", sql_file!("postgres", "blocking"));
+        Self {
+            settle: f.fill(sql_file!("postgres", "wal_settle")),
+            claim: f.fill(sql_file!("postgres", "wal_claim")),
+            due: f.fill(sql_file!("postgres", "wal_due")),
+            unfinished: f.fill(sql_file!("postgres", "wal_unfinished")),
+            blocked: f.fill(sql_file!("postgres", "wal_blocked")),
+            handoff_all: f.fill(sql_file!("postgres", "wal_handoff_all")),
+            wait: f.fill(sql_file!("postgres", "wal_wait")),
+            wait_clear: f.fill(sql_file!("postgres", "wait_clear")),
+        }
+    }
+}
+
+/// What opening the slot did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The slot did not exist (first start, or it was dropped) and was created.
+    pub created: bool,
+    /// It existed but its WAL was gone (`wal_status = lost`): dropped and created again.
+    pub recreated: bool,
+    /// Events committed before the slot existed, handed to the table path.
+    pub handed_off: u64,
+}
+
+/// What settling a stream batch changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamSettled {
+    /// Rows marked published (or deleted).
+    pub published: u64,
+    /// Failed events recorded and handed to the table path.
+    pub failed: u64,
+    /// Events handed over unattempted.
+    pub held: u64,
+}
+
+/// The WAL relay's database side for one outbox table and slot. Get it from
+/// [`Store::wal`] of a [`PgStore`].
+#[derive(Debug)]
+pub struct WalStore {
+    store: PgStore,
+    q: WalQueries,
+    slot: String,
+    /// Fired when the stream hands events to the table path, which then looks at once.
+    handed_off: Arc<Notify>,
+}
+
+impl WalStore {
+    pub(crate) fn new(pool: sqlx::PgPool, table: OutboxTable, retention: Retention) -> Self {
+        Self {
+            q: WalQueries::new(&table, retention),
+            slot: slot_name(&table),
+            store: PgStore::with_retention(pool, table, retention),
+            handed_off: Arc::default(),
+        }
+    }
+
+    /// Read slot `slot` instead of the table's own (`txoutbox_<schema>_<table>`).
+    pub fn with_slot(mut self, slot: &str) -> Result<Self, WalError> {
+        check_slot_name(slot)?;
+        slot.clone_into(&mut self.slot);
+        Ok(self)
+    }
+
+    /// The slot this relay reads.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &OutboxTable {
+        self.store.table()
+    }
+
+    /// The pool the statements run on.
+    pub fn pool(&self) -> &sqlx::PgPool {
+        self.store.pool()
+    }
+
+    /// Check the server before reading: PostgreSQL 15 or later, `wal_level = logical`, the
+    /// schema migrated, the publication there (created if missing). Returns warnings to log
+    /// (e.g. `max_slot_wal_keep_size` unlimited).
+    pub async fn preflight(&self) -> Result<Vec<String>, Error> {
+        let pool = self.pool();
+        let version: String = sqlx::query_scalar("SHOW server_version_num")
+            .fetch_one(pool)
+            .await
+            .map_err(Error::Database)?;
+        if version.trim().parse::<i32>().unwrap_or(0) < MIN_SERVER_VERSION {
+            return Err(WalError::Setup(format!(
+                "the WAL source needs PostgreSQL 15 or later (server_version_num {version}); \
+                 use --source table"
+            ))
+            .into());
+        }
+        check_wal_level(pool).await?;
+        self.store.check_schema().await?;
+        ensure_publication(pool, self.table()).await?;
+        let mut warnings = Vec::new();
+        let keep: String = sqlx::query_scalar("SHOW max_slot_wal_keep_size")
+            .fetch_one(pool)
+            .await
+            .map_err(Error::Database)?;
+        if keep.trim() == "-1" {
+            warnings.push(format!(
+                "max_slot_wal_keep_size is unlimited (-1): while this relay is stopped, slot {} \
+                 keeps all WAL written since and can fill the server's disk; set a limit (the \
+                 slot is then invalidated instead, and the relay recovers from the table)",
+                self.slot
+            ));
+        }
+        Ok(warnings)
+    }
+
+    /// Become the one relay that reads the slot: a session advisory lock on a connection of
+    /// its own, held until the returned [`SlotLock`] is dropped. While another relay holds it,
+    /// wait (a standby) and take over within about a second of its end. `None`: `cancel`
+    /// fired while waiting.
+    pub async fn lock(&self, cancel: &CancellationToken) -> Result<Option<SlotLock>, Error> {
+        let key = crate::table::stable_hash(&format!("txoutbox wal slot {}", self.slot)) as i64;
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(Error::Database)?
+            .detach();
+        let mut said = false;
+        loop {
+            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(key)
+                .fetch_one(&mut conn)
+                .await
+                .map_err(Error::Database)?;
+            if got {
+                if said {
+                    tracing::info!(slot = %self.slot, "the other relay is gone; taking over the slot");
+                }
+                return Ok(Some(SlotLock { conn }));
+            }
+            if !said {
+                tracing::info!(slot = %self.slot,
+                    "another relay reads this slot; waiting as a standby to take over when it stops");
+                said = true;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    /// Make sure the slot exists and can be read: create it when missing, drop and create it
+    /// again when its WAL is gone. Whenever it is created, every unpublished event committed
+    /// before is handed to the table path: nothing committed is left behind.
+    pub async fn open_slot(&self) -> Result<Opened, Error> {
+        let pool = self.pool();
+        let mut opened = Opened {
+            created: false,
+            recreated: false,
+            handed_off: 0,
+        };
+        match slot_info(pool, &self.slot).await? {
+            Some(info) if info.wal_status.as_deref() == Some("lost") => {
+                tracing::error!(slot = %self.slot,
+                    "replication slot lost its WAL (wal_status = lost, max_slot_wal_keep_size \
+                     passed); creating it again and delivering from the table what it did not");
+                drop_slot(pool, &self.slot).await?;
+                opened.recreated = true;
+            }
+            Some(info) if info.plugin.as_deref() != Some("pgoutput") => {
+                return Err(WalError::Setup(format!(
+                    "replication slot {} exists with output plugin {:?}, not pgoutput: drop it \
+                     (txoutbox slot drop) or choose another with --slot",
+                    self.slot,
+                    info.plugin.unwrap_or_default()
+                ))
+                .into());
+            }
+            Some(_) => return Ok(opened),
+            None => {}
+        }
+        opened.created = ensure_slot(pool, &self.slot).await? || opened.recreated;
+        // After the slot exists: what commits from now on the stream delivers (a row both
+        // streamed and handed over is delivered twice, never lost).
+        let why = if opened.recreated {
+            "the WAL source's slot lost its WAL and was created again: delivered from the table"
+        } else {
+            "committed before the WAL source's slot existed: delivered from the table"
+        };
+        let n: i64 = sqlx::query_scalar(&self.q.handoff_all)
+            .bind(why)
+            .fetch_one(pool)
+            .await
+            .map_err(Error::Database)?;
+        opened.handed_off = n as u64;
+        if n > 0 {
+            self.handed_off.notify_one();
+        }
+        Ok(opened)
+    }
+
+    /// The server's WAL flush position now. Read before [`WalStore::read`]: once a read
+    /// returns nothing new, everything committed before this position has been seen.
+    pub async fn flush_lsn(&self) -> Result<Lsn, Error> {
+        let s: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+            .fetch_one(self.pool())
+            .await
+            .map_err(Error::Database)?;
+        Ok(s.parse().map_err(WalError::from)?)
+    }
+
+    /// The committed transactions after the slot's confirmed position, up to about
+    /// `max_changes` changes (whole transactions).
+    pub async fn read(&self, max_changes: usize) -> Result<Vec<WalTx>, Error> {
+        let max = i32::try_from(max_changes).unwrap_or(i32::MAX);
+        Ok(peek(self.pool(), self.table(), &self.slot, max).await?)
+    }
+
+    /// Confirm everything up to `lsn`.
+    pub async fn confirm(&self, lsn: Lsn) -> Result<(), Error> {
+        Ok(advance(self.pool(), &self.slot, lsn).await?)
+    }
+
+    /// Is the slot gone or unreadable (dropped, or `wal_status = lost`)? Asked after a read
+    /// failed, to tell a lost slot from a passing error.
+    pub async fn slot_lost(&self) -> Result<bool, Error> {
+        Ok(match slot_info(self.pool(), &self.slot).await? {
+            None => true,
+            Some(info) => info.wal_status.as_deref() == Some("lost"),
+        })
+    }
+
+    /// The aggregates among `keys` (all, with `None`) that wait in the table: a handed-off
+    /// event of theirs is not yet published (with `hold`, a dead one counts).
+    pub async fn blocked(
+        &self,
+        hold: bool,
+        keys: Option<&[AggregateKey]>,
+    ) -> Result<HashSet<AggregateKey>, Error> {
+        let (types, ids): (Option<Vec<&str>>, Option<Vec<&str>>) = match keys {
+            None => (None, None),
+            Some(k) => (
+                Some(k.iter().map(|(t, _)| t.as_str()).collect()),
+                Some(k.iter().map(|(_, i)| i.as_str()).collect()),
+            ),
+        };
+        let rows = sqlx::query(&self.q.blocked)
+            .bind(hold)
+            .bind(types)
+            .bind(ids)
+            .fetch_all(self.pool())
+            .await
+            .map_err(Error::Database)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Error::Database)
+    }
+
+    /// Settle a batch read from the stream, in one statement: `published` marked published
+    /// (or deleted), `failed` recorded and handed to the table path, `held` handed over
+    /// unattempted with `why` as their last error.
+    pub async fn settle_stream(
+        &self,
+        published: &[Uuid],
+        failed: &[Failure],
+        held: &[Uuid],
+        why: &str,
+    ) -> Result<StreamSettled, Error> {
+        if published.is_empty() && failed.is_empty() && held.is_empty() {
+            return Ok(StreamSettled::default());
+        }
+        let ids: Vec<Uuid> = failed.iter().map(|f| f.id).collect();
+        let errs: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+        let delays: Vec<i64> = failed.iter().map(|f| millis(f.retry_in)).collect();
+        let dead: Vec<bool> = failed.iter().map(|f| f.dead).collect();
+        let unavailable: Vec<bool> = failed.iter().map(|f| f.unavailable).collect();
+        let row = sqlx::query(&self.q.settle)
+            .bind(published)
+            .bind(&ids)
+            .bind(&errs)
+            .bind(&delays)
+            .bind(held)
+            .bind(&dead)
+            .bind(&unavailable)
+            .bind(why)
+            .fetch_one(self.pool())
+            .await
+            .map_err(Error::Database)?;
+        let get = |i: usize| row.try_get::<i64, _>(i).map(|n| n as u64);
+        let settled = StreamSettled {
+            published: get(0).map_err(Error::Database)?,
+            failed: get(1).map_err(Error::Database)?,
+            held: get(2).map_err(Error::Database)?,
+        };
+        if settled.failed + settled.held > 0 {
+            self.handed_off.notify_one();
+        }
+        Ok(settled)
+    }
+
+    /// Ask writers to notify this relay's channel on their next commit (for `ttl`), then
+    /// [`WalStore::wait_notified`]; [`WalStore::clear_waiting`] after.
+    pub async fn flag_waiting(&self, relay_id: &str, ttl: Duration) -> Result<(), Error> {
+        let mut slot = self.store.listener.lock().await;
+        self.store.listen(&mut slot).await?;
+        if let Some(l) = slot.as_mut() {
+            // Notifications from before the flag are stale: the read after it sees their rows.
+            while l.next_buffered().is_some() {}
+        }
+        sqlx::query(&self.q.wait)
+            .bind(relay_id)
+            .bind(millis(ttl))
+            .execute(self.pool())
+            .await
+            .map_err(Error::Database)?;
+        Ok(())
+    }
+
+    /// Sleep until a writer's commit notifies, or `max`. True if notified.
+    pub async fn wait_notified(&self, max: Duration) -> bool {
+        let mut slot = self.store.listener.lock().await;
+        let Some(l) = slot.as_mut() else {
+            tokio::time::sleep(max).await;
+            return false;
+        };
+        match tokio::time::timeout(max, l.recv()).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                *slot = None;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Stop writers notifying for this relay.
+    pub async fn clear_waiting(&self, relay_id: &str) -> Result<(), Error> {
+        sqlx::query(&self.q.wait_clear)
+            .bind(relay_id)
+            .execute(self.pool())
+            .await
+            .map_err(Error::Database)?;
+        Ok(())
+    }
+
+    /// The table path: a [`Store`] over the handed-off events, for the relay's claim ->
+    /// publish -> settle loop.
+    pub fn table_path(self: &Arc<Self>) -> TablePath {
+        TablePath(self.clone())
+    }
+}
+
+/// The session lock that makes a relay the one reader of a slot; released when dropped (its
+/// connection closes) or when the relay's process dies.
+#[derive(Debug)]
+pub struct SlotLock {
+    conn: PgConnection,
+}
+
+impl SlotLock {
+    /// Is the lock's connection still up (and so the lock still held)? A relay whose lock
+    /// connection died must stop reading: a standby may hold the slot now.
+    pub async fn check(&mut self) -> Result<(), Error> {
+        self.conn.ping().await.map_err(Error::Database)
+    }
+}
+
+/// The table path of a WAL relay: claims only handed-off events (see [`WalStore`]).
+#[derive(Debug, Clone)]
+pub struct TablePath(Arc<WalStore>);
+
+#[async_trait::async_trait]
+impl Store for TablePath {
+    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
+        let w = &self.0;
+        let started = Instant::now();
+        let rows = sqlx::query(&w.q.claim)
+            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+            .bind(millis(p.lease))
+            .bind(p.relay_id)
+            .bind(p.token)
+            .bind(p.ordering.is_ordered())
+            .bind(p.ordering == Ordering::OrderedHold)
+            .fetch_all(w.pool())
+            .await
+            .map_err(|e| w.store.err(e))?;
+        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        let (events, bad, held) = undecodable::split(rows, p.ordering);
+        if !bad.is_empty() {
+            w.store.bury_undecodable(&p, &bad, None).await;
+        }
+        let claim = Claim::leased(p.token, events, started + p.lease);
+        if !held.is_empty() {
+            let ids: Vec<Uuid> = held.iter().map(|e| e.id).collect();
+            w.store
+                .release(ReleaseParams {
+                    claim: &claim,
+                    ids: &ids,
+                })
+                .await?;
+        }
+        Ok(claim)
+    }
+
+    async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
+        self.0.store.settle(p).await
+    }
+
+    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        self.0.store.release(p).await
+    }
+
+    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
+        let w = &self.0;
+        sqlx::query_scalar(&w.q.unfinished)
+            .bind(ordering == Ordering::OrderedHold)
+            .fetch_one(w.pool())
+            .await
+            .map_err(|e| w.store.err(e))
+    }
+
+    async fn rebalance(&self, _: RebalanceParams<'_>) -> Result<Membership, Error> {
+        // One WAL relay at a time reads the slot (the slot lock): it needs no partitions.
+        Ok(Membership {
+            partitions: 0,
+            live_relays: 1,
+            owned: Vec::new(),
+            target: 0,
+            acquired: Vec::new(),
+            released: Vec::new(),
+        })
+    }
+
+    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
+        let w = &self.0;
+        let due: Option<f64> = sqlx::query_scalar(&w.q.due)
+            .bind(p.ordering.is_ordered())
+            .bind(p.ordering == Ordering::OrderedHold)
+            .fetch_one(w.pool())
+            .await
+            .map_err(|e| w.store.err(e))?;
+        let sleep = match due {
+            Some(s) if s <= 0.0 => return Ok(Wake::Ready),
+            Some(s) => Duration::from_secs_f64(s.min(p.max.as_secs_f64())),
+            None => p.max,
+        };
+        tokio::select! {
+            _ = w.handed_off.notified() => Ok(Wake::Notified),
+            _ = tokio::time::sleep(sleep) => Ok(Wake::Timeout),
+        }
+    }
+
+    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        self.0.store.deregister(p).await
+    }
+
+    async fn counts(&self) -> Result<Counts, Error> {
+        self.0.store.counts().await
+    }
+}
