@@ -9,6 +9,7 @@ scripts/kafka.sh   # a Kafka-protocol broker (tansu), installed with cargo on a 
 scripts/tools.sh || echo "test: could not install chromium/promtool; the browser test will skip outside CI" >&2
 if command -v promtool >/dev/null; then
   promtool check rules deploy/prometheus/txoutbox-rules.yml
+  promtool test rules deploy/prometheus/txoutbox-rules.test.yml
 elif [ -n "${CI:-}" ]; then
   echo "test: promtool is missing" >&2; exit 1
 fi

@@ -38,6 +38,32 @@ pub const PURGED_TOTAL: &str = "outbox_events_purged_total";
 /// export dropped rather than hold up the relay.
 pub const SPANS_DROPPED_TOTAL: &str = "outbox_trace_spans_dropped_total";
 
+/// Gauge: WAL the WAL source's replication slot keeps that the relay has not confirmed, in
+/// bytes (`pg_current_wal_lsn() - confirmed_flush_lsn`; sampled every few seconds).
+pub const WAL_SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
+/// Gauge: seconds from the commit of the last transaction the WAL source read to its reading
+/// (0 once it has caught up): how far behind the stream the relay is.
+pub const WAL_LAG_SECONDS: &str = "outbox_wal_lag_seconds";
+/// Gauge: the slot's confirmed position (`confirmed_flush_lsn`) as a byte offset.
+pub const WAL_CONFIRMED_LSN: &str = "outbox_wal_confirmed_lsn";
+/// Gauge: WAL that may still be written before the slot is invalidated
+/// (`safe_wal_size`, bytes); absent while `max_slot_wal_keep_size` is unlimited.
+pub const WAL_SAFE_WAL_SIZE_BYTES: &str = "outbox_wal_safe_wal_size_bytes";
+/// Gauge: 1 while a relay reads the WAL source's slot (`pg_replication_slots.active`, or a
+/// relay holds the slot's reader lock); reported by every relay of the slot, standbys too.
+pub const WAL_SLOT_ACTIVE: &str = "outbox_wal_slot_active";
+/// Gauge, label `status` (`reserved`, `extended`, `unreserved`, `lost`): 1 for the slot's
+/// `wal_status` now, 0 for the others.
+pub const WAL_SLOT_STATUS: &str = "outbox_wal_slot_status";
+/// Counter: events the WAL source handed to the table path (failed, held behind a failed one
+/// of their aggregate, or committed before the slot existed).
+pub const WAL_HANDED_OFF_TOTAL: &str = "outbox_wal_handed_off_total";
+/// Counter: times the WAL source found its slot gone or lost and created it again.
+pub const WAL_SLOT_RECREATED_TOTAL: &str = "outbox_wal_slot_recreated_total";
+
+/// The values `pg_replication_slots.wal_status` takes, for [`WAL_SLOT_STATUS`].
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
+
 /// Describe every metric (units and help texts) to the installed recorder, and start every
 /// series the relay records at zero, so that a relay that has published nothing yet exposes
 /// them: a dashboard panel shows 0 rather than "no data", and `increase()` sees the first
@@ -106,6 +132,41 @@ fn describe_only() {
     describe_counter!(
         PURGED_TOTAL,
         "Published events deleted by the retention purge."
+    );
+    describe_gauge!(
+        WAL_SLOT_LAG_BYTES,
+        Unit::Bytes,
+        "WAL the WAL source's slot keeps that the relay has not confirmed."
+    );
+    describe_gauge!(
+        WAL_LAG_SECONDS,
+        Unit::Seconds,
+        "Seconds from the commit of the last transaction read from the WAL to its reading (0 when caught up)."
+    );
+    describe_gauge!(
+        WAL_CONFIRMED_LSN,
+        "The WAL source slot's confirmed position, as a byte offset."
+    );
+    describe_gauge!(
+        WAL_SAFE_WAL_SIZE_BYTES,
+        Unit::Bytes,
+        "WAL that may still be written before the slot is invalidated (max_slot_wal_keep_size)."
+    );
+    describe_gauge!(
+        WAL_SLOT_ACTIVE,
+        "1 while a relay reads the WAL source's slot."
+    );
+    describe_gauge!(
+        WAL_SLOT_STATUS,
+        "1 for the slot's wal_status now (label status), 0 for the others."
+    );
+    describe_counter!(
+        WAL_HANDED_OFF_TOTAL,
+        "Events the WAL source handed to the table path."
+    );
+    describe_counter!(
+        WAL_SLOT_RECREATED_TOTAL,
+        "Times the WAL source created its lost or dropped slot again."
     );
     describe_counter!(
         SPANS_DROPPED_TOTAL,

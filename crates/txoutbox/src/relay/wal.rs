@@ -31,7 +31,7 @@ use super::{in_flight, AbortOnDrop, Relay, RelayError, RelayStats};
 use crate::error::Error;
 use crate::metrics as m;
 use crate::retry::Backoff;
-use crate::store::postgres::wal::{AggregateKey, SlotLock, WalStore, WalTx};
+use crate::store::postgres::wal::{self, AggregateKey, SlotLock, WalStore, WalTx};
 use crate::store::{DeregisterParams, Failure, Ordering, Store};
 use crate::OutboxEvent;
 
@@ -41,6 +41,9 @@ const LOCK_CHECK: Duration = Duration::from_secs(1);
 /// While idle, confirm the slot up to the server's flush position at most this often (the
 /// slot keeps WAL of other tables' transactions too until confirmed past them).
 const IDLE_CONFIRM: Duration = Duration::from_secs(1);
+
+/// How often the slot's lag, status and safe size are sampled into the metrics.
+const SLOT_SAMPLE: Duration = Duration::from_secs(5);
 
 /// Why events held back by the stream were handed over.
 const HELD: &str = "handed to the table by the WAL source: an earlier event of its aggregate \
@@ -68,6 +71,8 @@ impl Relay {
         for warning in wal.preflight().await? {
             tracing::warn!("{warning}");
         }
+        // Sampled from the start: a standby reports the slot (and whether anyone reads it) too.
+        let sampler = AbortOnDrop(tokio::spawn(sample_slot(wal.clone())));
         let Some(lock) = wal.lock(&cancel).await? else {
             return Ok(stats);
         };
@@ -83,6 +88,7 @@ impl Relay {
             stop.clone(),
             lock_lost.clone(),
         )));
+        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(opened.handed_off);
 
         // The table path: the ordinary loop over the handed-off events.
         let table = Relay {
@@ -127,6 +133,7 @@ impl Relay {
             None => Err(Error::Task("the WAL relay's table path panicked".into())),
         };
         drop(watcher);
+        drop(sampler);
         if let Err(e) = wal
             .table_path()
             .deregister(DeregisterParams {
@@ -245,6 +252,7 @@ impl Relay {
                 continue;
             }
             // Caught up: everything committed before `flush` has been read.
+            ::metrics::gauge!(m::WAL_LAG_SECONDS).set(0.0);
             if confirmed_idle_at.is_none_or(|t| t.elapsed() >= IDLE_CONFIRM) {
                 if let Err(e) = wal.confirm(flush).await {
                     tracing::debug!(error = %e, "could not confirm the slot while idle");
@@ -429,6 +437,13 @@ impl Relay {
             }
         }
         let settled = wal.settle_stream(&published, &failed, &held, HELD).await?;
+        if let Some(last) = txs.last() {
+            let behind = (chrono::Utc::now() - last.commit_time)
+                .to_std()
+                .unwrap_or_default();
+            ::metrics::gauge!(m::WAL_LAG_SECONDS).set(behind.as_secs_f64());
+        }
+        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(settled.failed + settled.held);
         ::metrics::counter!(m::CLAIMED_TOTAL).increment(claimed as u64);
         ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
         stats.batches += 1;
@@ -444,6 +459,37 @@ impl Relay {
 
 fn key(e: &OutboxEvent) -> AggregateKey {
     (e.aggregate_type.clone(), e.aggregate_id.clone())
+}
+
+/// Every few seconds: the slot's lag, status, confirmed position and safe size as gauges.
+async fn sample_slot(wal: Arc<WalStore>) {
+    loop {
+        match wal::slot_info(wal.pool(), wal.slot()).await {
+            Ok(Some(info)) => {
+                if let Some(lag) = info.lag_bytes {
+                    ::metrics::gauge!(m::WAL_SLOT_LAG_BYTES).set(lag as f64);
+                }
+                if let Some(lsn) = info.confirmed_flush_lsn {
+                    ::metrics::gauge!(m::WAL_CONFIRMED_LSN).set(lsn.0 as f64);
+                }
+                if let Some(safe) = info.safe_wal_size {
+                    ::metrics::gauge!(m::WAL_SAFE_WAL_SIZE_BYTES).set(safe as f64);
+                }
+                // Active: a relay reads it (the streaming transport holds the slot open; a
+                // relay reading over SQL holds it only per read, but holds the reader lock).
+                let reading = info.active || wal.reader_present().await.unwrap_or(false);
+                ::metrics::gauge!(m::WAL_SLOT_ACTIVE).set(f64::from(u8::from(reading)));
+                let now = info.wal_status.as_deref().unwrap_or_default();
+                for status in m::WAL_STATUSES {
+                    ::metrics::gauge!(m::WAL_SLOT_STATUS, "status" => status)
+                        .set(f64::from(u8::from(status == now)));
+                }
+            }
+            Ok(None) => ::metrics::gauge!(m::WAL_SLOT_ACTIVE).set(0.0),
+            Err(e) => tracing::debug!(error = %e, "could not sample the replication slot"),
+        }
+        tokio::time::sleep(SLOT_SAMPLE).await;
+    }
 }
 
 /// Check the slot lock's connection every second; when it is gone, stop the relay (another

@@ -217,7 +217,76 @@ async fn suite(b: &dyn Broker) {
     if b.proxyable() {
         broker_goes_away(b).await;
     }
+
+    // 7. Through a relay reading PostgreSQL's WAL (`--source wal`): committed events reach
+    // the broker under their ids, each aggregate's in commit order.
+    #[cfg(all(feature = "testing", feature = "postgres"))]
+    through_the_wal_relay(b).await;
     b.cleanup().await;
+}
+
+#[cfg(all(feature = "testing", feature = "postgres"))]
+async fn through_the_wal_relay(b: &dyn Broker) {
+    use txoutbox::relay::{Relay, RelayConfig, Source};
+    use txoutbox::testing::postgres::PgHarness;
+    use txoutbox::testing::Harness;
+    let name = b.name();
+    let h = PgHarness::new().await;
+    let mut cfg = RelayConfig::default();
+    cfg.source = Source::Wal;
+    cfg.poll_interval = Duration::from_millis(200);
+    let before: std::collections::HashSet<String> =
+        b.received().await.into_iter().map(|r| r.dedup_id).collect();
+    let relay = Relay::new(h.pool_store(), connect(&b.url()).await, cfg).spawn();
+    let outbox = h.outbox();
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        let event = txoutbox::NewEvent::new(
+            "order",
+            format!("w-{}", n % 3),
+            "created",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap();
+        ids.push(outbox.enqueue(&h.pool, &event).await.unwrap().to_string());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        let got: Vec<Received> = b
+            .received()
+            .await
+            .into_iter()
+            .filter(|r| !before.contains(&r.dedup_id))
+            .collect();
+        if ids.iter().all(|id| got.iter().any(|r| &r.dedup_id == id)) {
+            break got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: the WAL relay delivered {} of 30",
+            got.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if b.keeps_send_order() {
+        for key in 0..3 {
+            let aggregate = format!("w-{key}");
+            let mut seen = std::collections::HashSet::new();
+            let arrived: Vec<&String> = got
+                .iter()
+                .filter(|r| r.headers.get("outbox-aggregate-id") == Some(&aggregate))
+                .map(|r| &r.dedup_id)
+                .filter(|id| seen.insert(*id))
+                .collect();
+            let committed: Vec<&String> = ids.iter().skip(key).step_by(3).collect();
+            assert_eq!(arrived, committed, "{name}: WAL relay order of {aggregate}");
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(30), relay.shutdown())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the WAL relay did not stop"))
+        .unwrap_or_else(|e| panic!("{name}: the WAL relay failed: {e}"));
+    h.cleanup().await;
 }
 
 async fn broker_goes_away(b: &dyn Broker) {

@@ -12,7 +12,7 @@ use sqlx::Connection;
 use txoutbox::relay::{Relay, RelayConfig, RelayError, RelayHandle, Source};
 use txoutbox::retry::Backoff;
 use txoutbox::store::postgres::wal;
-use txoutbox::store::Ordering;
+use txoutbox::store::{Ordering, Store};
 use txoutbox::testing::postgres::{database_url, PgHarness};
 use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
@@ -365,6 +365,11 @@ async fn a_standby_takes_over_when_the_reader_dies_and_two_never_read_at_once() 
     })
     .await;
     assert_eq!(standby.sent_count(), 0, "the standby read the slot too");
+    let wal_side = h.pool_store().wal().unwrap();
+    assert!(
+        wal_side.reader_present().await.unwrap(),
+        "a relay reads the slot"
+    );
 
     a.abort();
     let mut second = Vec::new();
@@ -376,6 +381,10 @@ async fn a_standby_takes_over_when_the_reader_dies_and_two_never_read_at_once() 
     })
     .await;
     shutdown(b).await;
+    assert!(
+        !wal_side.reader_present().await.unwrap(),
+        "the reader lock outlived its relay"
+    );
     h.cleanup().await;
 }
 
