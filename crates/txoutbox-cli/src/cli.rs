@@ -4,7 +4,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use txoutbox::relay::{format_duration, parse_duration, Mode, OnDeadLetter, RelayConfig};
+use txoutbox::relay::{format_duration, parse_duration, Mode, OnDeadLetter, RelayConfig, Source};
 use txoutbox::retention::Purger;
 use txoutbox::OutboxTable;
 
@@ -124,6 +124,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once per process: the size of the relay's variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create or upgrade the outbox schema (idempotent)
@@ -132,8 +134,11 @@ pub enum Command {
     Enqueue(EnqueueArgs),
     /// Run the relay: publish committed events to a broker until stopped (SIGTERM/SIGINT)
     Relay(RelayArgs),
-    /// Show pending, leased, dead and processed counts
+    /// Show pending, leased, dead and processed counts (PostgreSQL: and the WAL source's
+    /// replication slot, when it exists)
     Status(StatusArgs),
+    /// The WAL source's replication slot (PostgreSQL only): list, create or drop it
+    Slot(SlotArgs),
     /// Inspect, retry or discard dead letters
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -186,6 +191,15 @@ pub struct RelayArgs {
     pub publisher_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub tuning: RelayTuning,
+    /// Where committed events come from: `table` claims rows of the outbox table (every
+    /// database); `wal` reads them from PostgreSQL's logical replication slot in commit order
+    /// (PostgreSQL 15+, wal_level = logical, a role with REPLICATION; see docs/wal.md)
+    #[arg(long, env = "TXOUTBOX_SOURCE", value_enum, default_value_t = DEFAULTS.relay.source)]
+    pub source: Source,
+    /// With --source wal: the replication slot to read, created when missing (1 to 63 of
+    /// a-z, 0-9, _) [default: txoutbox_<schema>_<table>]
+    #[arg(long, env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
+    pub slot: Option<String>,
     /// Exit 0 once nothing is pending or leased
     #[arg(long, env = "TXOUTBOX_DRAIN")]
     pub drain: bool,
@@ -292,6 +306,50 @@ pub struct StatusArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// PostgreSQL: the replication slot to show [default: txoutbox_<schema>_<table>]
+    #[arg(long, env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
+    pub slot: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SlotArgs {
+    #[command(subcommand)]
+    pub command: SlotCommand,
+    /// The replication slot (1 to 63 of a-z, 0-9, _) [default: txoutbox_<schema>_<table>,
+    /// the one `relay --source wal` reads]
+    #[arg(
+        long,
+        env = "TXOUTBOX_SLOT",
+        value_name = "NAME",
+        value_parser = parse_slot,
+        global = true
+    )]
+    pub slot: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SlotCommand {
+    /// Show the slot: whether a relay reads it, wal_status, confirmed position, the WAL it
+    /// keeps (lag) and how much more it may keep before it is invalidated
+    List {
+        /// Print JSON lines instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create the slot unless it exists. It keeps WAL from now until a relay reads it: create
+    /// it only for a relay that will (`relay --source wal` creates it by itself too)
+    Create {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop the slot (refused while a relay reads it). Nothing is lost: the next
+    /// `relay --source wal` creates it again and delivers the unpublished events from the table
+    Drop {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -414,6 +472,21 @@ fn parse_state(s: &str) -> Result<txoutbox::EventState, String> {
     txoutbox::store::operator::parse_state(s).map_err(|e| e.to_string())
 }
 
+/// A replication slot name as PostgreSQL takes it: 1 to 63 of a-z, 0-9 and `_`.
+pub fn parse_slot(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a replication slot name: 1 to 63 of a-z, 0-9 and _"
+        ))
+    }
+}
+
 /// A number from 0 to 1.
 pub fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -454,6 +527,8 @@ mod tests {
         let want = RelayConfig::default();
         got.relay_id.clone_from(&want.relay_id);
         assert_eq!(format!("{got:?}"), format!("{want:?}"));
+        assert_eq!(r.source, want.source, "--source");
+        assert_eq!(r.slot, want.slot, "--slot");
         let purger = Purger::default();
         assert_eq!(r.tuning.retention_period, purger.keep);
         assert_eq!(r.ops.retention_interval, purger.every);

@@ -121,6 +121,26 @@ mod tests {
     }
 
     #[test]
+    fn source_and_slot_come_from_the_file_and_flags_win() {
+        use txoutbox::relay::Source;
+        let file = "[relay]\nsource = \"wal\"\nslot = \"s1\"\n";
+        let cli = parse(file, &["txoutbox", "relay"]).unwrap();
+        let Cmd::Relay(r) = cli.command else { panic!() };
+        assert_eq!((r.source, r.slot.as_deref()), (Source::Wal, Some("s1")));
+        let cli = parse(
+            file,
+            &["txoutbox", "relay", "--source", "table", "--slot", "s2"],
+        )
+        .unwrap();
+        let Cmd::Relay(r) = cli.command else { panic!() };
+        assert_eq!((r.source, r.slot.as_deref()), (Source::Table, Some("s2")));
+        let e = parse("[relay]\nslot = \"No\"\n", &["txoutbox", "relay"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("replication slot name"), "{e}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let e = parse("batch_sise = 3\n", &["txoutbox", "status"])
             .unwrap_err()

@@ -88,6 +88,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Enqueue(a) => cmd::enqueue::run(&ctx, a).await,
         Command::Relay(a) => cmd::relay::run(&ctx, a).await,
         Command::Status(a) => cmd::status::run(&ctx, a).await,
+        Command::Slot(a) => cmd::slot::run(&ctx, a).await,
         Command::Dlq(a) => cmd::dlq::run(&ctx, a).await,
         Command::Events(a) => cmd::events::run(&ctx, a).await,
         Command::Demo(a) => cmd::demo::run(&ctx, a).await,

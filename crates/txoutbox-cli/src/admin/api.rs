@@ -26,12 +26,14 @@ use super::SharedState;
 /// How long a readiness probe waits for the database or the broker.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The status document: `GET /api/v1/status` and `txoutbox status --json`.
+/// The status document: `GET /api/v1/status` and `txoutbox status --json`. `wal_slot` is the
+/// WAL source's replication slot (PostgreSQL, when the slot exists), `null` otherwise.
 pub fn status_body(
     table: &OutboxTable,
     c: &Counts,
     relay_id: Option<&str>,
     relays: &[txoutbox::store::RelayInfo],
+    wal_slot: Option<&crate::cmd::slot::SlotStatus>,
 ) -> Value {
     json!({
         "table": table.display(),
@@ -42,6 +44,7 @@ pub fn status_body(
         "dead": c.dead,
         "processed": c.processed,
         "oldest_pending_age_secs": c.oldest_pending_age_secs,
+        "wal_slot": wal_slot,
     })
 }
 
@@ -69,6 +72,7 @@ pub async fn status(State(s): State<SharedState>) -> Result<Json<Value>, AppErro
         &latest.counts,
         s.relay_id.as_deref(),
         &latest.relays,
+        s.history.slot().as_ref(),
     );
     body["sampled_at"] = json!(latest.at);
     Ok(Json(body))

@@ -14,6 +14,7 @@ use txoutbox::OutboxTable;
 
 use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth};
 use crate::cli::{OpsArgs, RelayTuning};
+use crate::cmd::slot::SlotReader;
 use crate::ctx::{Ctx, Db, UsageError};
 
 /// What `txoutbox relay` runs beside the relay: the admin listener, the gauge refresher and
@@ -35,6 +36,8 @@ pub struct OpsConfig {
     /// The address is the default one: if it is taken (another relay on this host), go on
     /// without a listener rather than fail.
     pub default_addr: bool,
+    /// The replication slot whose reading the status shows (PostgreSQL; default: the table's).
+    pub slot: Option<String>,
 }
 
 /// Where the admin listener binds unless told otherwise.
@@ -48,6 +51,7 @@ impl Ops {
         probe: Arc<dyn Operator>,
         table: OutboxTable,
         broker: Arc<dyn Publisher>,
+        slot: Option<SlotReader>,
     ) -> anyhow::Result<Self> {
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -65,6 +69,7 @@ impl Ops {
             store.clone(),
             metrics.clone(),
             history.clone(),
+            slot,
             cfg.metrics_interval,
             cancel.clone(),
         )));
@@ -148,6 +153,7 @@ impl OpsConfig {
             relay_id: relay_id.to_string(),
             secrets,
             default_addr: ops.admin_addr.is_none(),
+            slot: None,
         })
     }
 }
@@ -186,12 +192,10 @@ pub async fn start_for_relay(
 ) -> anyhow::Result<Ops> {
     let url = ctx.require_url()?;
     let retention = txoutbox::store::Retention::Mark;
-    let store: Arc<dyn Operator> = Arc::from(
-        db.sibling(url, &ctx.table, 3)
-            .await?
-            .store(&ctx.table, retention),
-    );
+    let sibling = db.sibling(url, &ctx.table, 3).await?;
+    let slot = SlotReader::for_db(&sibling, ctx, cfg.slot.as_deref());
+    let store: Arc<dyn Operator> = Arc::from(sibling.store(&ctx.table, retention));
     let probe = db.probe(url, &ctx.table, super::api::PROBE_TIMEOUT).await?;
     let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, retention));
-    Ops::start(cfg, store, probe, ctx.table.clone(), broker).await
+    Ops::start(cfg, store, probe, ctx.table.clone(), broker, slot).await
 }

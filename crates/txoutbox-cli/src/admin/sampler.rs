@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 use txoutbox::metrics as m;
 use txoutbox::store::Operator;
 
+use crate::cmd::slot::{SlotReader, SlotStatus};
+
 /// Samples kept for the dashboard's chart (at 5 s: the last 15 minutes).
 const KEEP: usize = 180;
 
@@ -34,6 +36,8 @@ pub struct Sample {
 pub struct History {
     inner: Mutex<State>,
     latest: Mutex<Option<Latest>>,
+    /// The WAL source's replication slot at the last reading (PostgreSQL, when it exists).
+    slot: Mutex<Option<SlotStatus>>,
 }
 
 /// The newest reading: what `/api/v1/status` answers with, without a query of its own.
@@ -63,6 +67,18 @@ impl History {
     /// The newest reading, if one was taken yet.
     pub fn latest(&self) -> Option<Latest> {
         self.latest.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// The replication slot at the last reading; `None` when it does not exist (or the
+    /// database is not PostgreSQL).
+    pub fn slot(&self) -> Option<SlotStatus> {
+        self.slot.lock().ok().and_then(|s| s.clone())
+    }
+
+    fn set_slot(&self, slot: Option<SlotStatus>) {
+        if let Ok(mut s) = self.slot.lock() {
+            *s = slot;
+        }
     }
 
     fn set_latest(&self, latest: Latest) {
@@ -103,16 +119,21 @@ impl History {
     }
 }
 
-/// Refresh the gauges and the history every `every` until `cancel`.
+/// Refresh the gauges and the history (and the slot's reading, given a `slot`) every
+/// `every` until `cancel`.
 pub async fn run(
     store: Arc<dyn Operator>,
     metrics: Option<PrometheusHandle>,
     history: Arc<History>,
+    slot: Option<SlotReader>,
     every: Duration,
     cancel: CancellationToken,
 ) {
     loop {
         refresh(&*store, metrics.as_ref(), &history).await;
+        if let Some(slot) = &slot {
+            refresh_slot(slot, &history).await;
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
@@ -153,6 +174,17 @@ pub async fn refresh(store: &dyn Operator, metrics: Option<&PrometheusHandle>, h
     }
     if let Some(h) = metrics {
         h.run_upkeep();
+    }
+}
+
+/// Read the replication slot; a failure keeps the last reading.
+pub async fn refresh_slot(slot: &SlotReader, history: &History) {
+    match slot.read().await {
+        Ok(s) => history.set_slot(s),
+        Err(e) => {
+            let e = txoutbox::publish::redact_secrets(&format!("{e:#}"));
+            tracing::warn!(error = %e, slot = slot.name(), "could not read the replication slot for the status");
+        }
     }
 }
 

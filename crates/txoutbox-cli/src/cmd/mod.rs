@@ -6,6 +6,7 @@ pub mod enqueue;
 pub mod events;
 pub mod migrate;
 pub mod relay;
+pub mod slot;
 pub mod status;
 
 use clap::{Args, Command};

@@ -1,18 +1,21 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use txoutbox::relay::Relay;
+use txoutbox::relay::{Relay, Source};
 
 use super::{open_publisher, relay_config, retention};
 use crate::cli::RelayArgs;
-use crate::ctx::{Ctx, UsageError};
+use crate::ctx::{Ctx, Kind, UsageError};
 
 pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     let url = a.publisher.as_deref().ok_or_else(|| {
         UsageError("no publisher given: pass --publisher URL or set TXOUTBOX_PUBLISHER (e.g. nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, stdout:)".into())
     })?;
-    let config = relay_config(&a.tuning, a.drain)?;
+    let mut config = relay_config(&a.tuning, a.drain)?;
     let db_url = ctx.require_url()?;
+    check_source(a.source, a.slot.as_deref(), crate::ctx::kind_of(db_url)?)?;
+    config.source = a.source;
+    config.slot.clone_from(&a.slot);
     // The publisher first: a malformed URL is reported before anything else is touched.
     let mut publisher = open_publisher(url).await?;
     if a.tuning.inject_faults > 0.0 {
@@ -36,15 +39,17 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         database = %txoutbox::publish::redact_url(db_url),
         publisher = %txoutbox::publish::redact_url(url),
         relay_id = %config.relay_id,
+        source = config.source.as_str(),
         "starting relay"
     );
     // --- operations: admin listener, metrics gauges, retention purge (crate::admin) -----------
-    let ops_config = crate::admin::ops::OpsConfig::from_args(
+    let mut ops_config = crate::admin::ops::OpsConfig::from_args(
         &a.ops,
         &a.tuning,
         &config.relay_id,
         &[db_url, url],
     )?;
+    ops_config.slot.clone_from(&a.slot);
     let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
     let ops = crate::admin::ops::start_for_relay(ctx, &db, ops_config, broker).await?;
     // --- end operations ---------------------------------------------------------------------
@@ -66,6 +71,24 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         "relay exited"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--source wal` needs PostgreSQL, and `--slot` needs `--source wal`: refused before anything
+/// is connected.
+fn check_source(source: Source, slot: Option<&str>, kind: Kind) -> Result<(), UsageError> {
+    if slot.is_some() && source != Source::Wal {
+        return Err(UsageError(
+            "--slot names the replication slot of the WAL source: it needs --source wal".into(),
+        ));
+    }
+    if source == Source::Wal && kind != Kind::Postgres {
+        return Err(UsageError(format!(
+            "--source wal needs PostgreSQL (logical replication); this database is {}: use \
+             --source table (the default)",
+            kind.name()
+        )));
+    }
+    Ok(())
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).
@@ -91,5 +114,27 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_and_slot_are_checked_before_connecting() {
+        let e = check_source(Source::Wal, None, Kind::Sqlite).unwrap_err();
+        assert!(e.0.starts_with("--source wal needs PostgreSQL"), "{e}");
+        assert!(e.0.contains("SQLite"), "{e}");
+        let e = check_source(Source::Wal, None, Kind::Mysql).unwrap_err();
+        assert!(e.0.contains("MySQL"), "{e}");
+        let e = check_source(Source::Table, Some("s"), Kind::Postgres).unwrap_err();
+        assert!(
+            e.0.contains("--slot") && e.0.contains("--source wal"),
+            "{e}"
+        );
+        assert!(check_source(Source::Wal, Some("s"), Kind::Postgres).is_ok());
+        assert!(check_source(Source::Wal, None, Kind::Postgres).is_ok());
+        assert!(check_source(Source::Table, None, Kind::Sqlite).is_ok());
     }
 }

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use txoutbox::store::{Retention, Store};
 
 use crate::cli::StatusArgs;
+use crate::cmd::slot::{describe, SlotReader};
 use crate::ctx::Ctx;
 
 pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -11,11 +12,15 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
     store.check_schema().await?;
     let c = store.counts().await?;
     let relays = store.relays().await?;
+    let slot = match SlotReader::for_db(&db, ctx, a.slot.as_deref()) {
+        Some(r) => r.read().await?,
+        None => None,
+    };
     if a.json {
         // The same document as the admin API's GET /api/v1/status (without a relay).
         println!(
             "{}",
-            crate::admin::api::status_body(&ctx.table, &c, None, &relays)
+            crate::admin::api::status_body(&ctx.table, &c, None, &relays, slot.as_ref())
         );
     } else {
         println!("table      {}", ctx.table.display());
@@ -44,6 +49,12 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
                 ranges(&r.partitions),
                 age as f64 / 1000.0
             );
+        }
+        if let Some(s) = &slot {
+            println!("WAL source");
+            for (k, v) in describe(s) {
+                println!("  {k:<13} {v}");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

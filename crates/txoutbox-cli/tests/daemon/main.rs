@@ -16,3 +16,4 @@ mod otel;
 mod relay_process;
 mod secrets;
 mod undecodable_rows;
+mod wal_cli;

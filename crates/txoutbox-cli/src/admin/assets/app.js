@@ -154,6 +154,33 @@ function renderRelays(s) {
   $("no-relays").hidden = relays.length > 0;
 }
 
+// 1536 -> "1.5 KiB", as `txoutbox status` prints them (in parentheses).
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  let v = n;
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return i === 0 ? n + " B" : v.toFixed(1) + " " + units[i];
+}
+
+// The WAL source's slot (PostgreSQL), shown only when it exists.
+function renderSlot(s) {
+  const w = s.wal_slot;
+  $("wal").hidden = !w;
+  if (!w) return;
+  $("wal-slot").textContent = [
+    "slot " + w.slot,
+    w.reader_pid !== null ? "read by a relay (server pid " + w.reader_pid + ")" : "no relay reads it",
+    "wal_status " + (w.wal_status || "–"),
+    "confirmed " + (w.confirmed_flush_lsn || "–"),
+    "lag " + (w.lag_bytes !== null ? bytes(w.lag_bytes) : "–"),
+    "safe_wal_size " + (w.safe_wal_size !== null ? bytes(w.safe_wal_size) : "unlimited"),
+  ].join(" · ");
+}
+
 function cell(tr, text, cls) {
   const td = document.createElement("td");
   td.textContent = text;
@@ -220,6 +247,7 @@ async function refresh() {
     ]);
     renderStatus(status);
     renderRelays(status);
+    renderSlot(status);
     renderHistory(history);
     renderDead(dead);
   } catch (err) {

@@ -1,0 +1,335 @@
+//! `txoutbox slot list|create|drop`: the WAL source's replication slot (PostgreSQL), and the
+//! slot's reading that `status`, `/api/v1/status` and the dashboard show.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+#[cfg(feature = "postgres")]
+use sqlx::PgPool;
+
+use crate::cli::SlotArgs;
+use crate::ctx::{Ctx, Db, Kind, UsageError};
+
+/// A replication slot as the operator sees it: `pg_replication_slots`, and which relay reads it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub slot: String,
+    /// Its output plugin (`pgoutput` for the WAL source).
+    pub plugin: Option<String>,
+    /// `pg_replication_slots.active`: a session is decoding from it at this moment. The WAL
+    /// source reads it in short statements, so this is mostly false even while a relay runs;
+    /// `reader_pid` says whether one does.
+    pub active: bool,
+    /// The server process of the relay that holds the slot's lock (the one reader), if any.
+    pub reader_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// The position up to which the relay confirmed delivery.
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since that position, in bytes: what the slot keeps on the server's disk.
+    pub lag_bytes: Option<i64>,
+    /// How much more WAL may be written before the slot is invalidated
+    /// (`max_slot_wal_keep_size`); `None`: unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads one slot's [`SlotStatus`] on a PostgreSQL pool; `None` on other databases.
+#[derive(Debug, Clone)]
+pub struct SlotReader {
+    #[cfg(feature = "postgres")]
+    pool: PgPool,
+    name: String,
+}
+
+impl SlotReader {
+    /// For `slot` (default: the table's) on `db`, if it is PostgreSQL.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    pub fn for_db(db: &Db, ctx: &Ctx, slot: Option<&str>) -> Option<Self> {
+        match db {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pool) => Some(Self {
+                pool: pool.clone(),
+                name: slot.map_or_else(|| default_slot(ctx), str::to_string),
+            }),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The slot's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The slot now; `None` if it does not exist.
+    pub async fn read(&self) -> anyhow::Result<Option<SlotStatus>> {
+        #[cfg(feature = "postgres")]
+        {
+            read(&self.pool, &self.name).await
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            Ok(None)
+        }
+    }
+}
+
+/// The table's own slot: the one `relay --source wal` reads without `--slot`.
+#[cfg(feature = "postgres")]
+pub fn default_slot(ctx: &Ctx) -> String {
+    txoutbox::store::postgres::wal::slot_name(&ctx.table)
+}
+
+/// The session advisory lock key a WAL relay takes on its slot (`WalStore::lock`): the
+/// FNV-1a hash of `txoutbox wal slot <name>`, as the library computes it. The test
+/// `slot_drop_is_refused_while_a_relay_reads` fails should the two ever differ.
+#[cfg(feature = "postgres")]
+fn lock_key(slot: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("txoutbox wal slot {slot}").bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(feature = "postgres")]
+async fn read(pool: &PgPool, slot: &str) -> anyhow::Result<Option<SlotStatus>> {
+    use anyhow::Context;
+    let Some(info) = txoutbox::store::postgres::wal::slot_info(pool, slot)
+        .await
+        .with_context(|| format!("cannot read replication slot {slot}"))?
+    else {
+        return Ok(None);
+    };
+    // A bigint advisory lock shows in pg_locks as its high and low 32 bits.
+    let key = lock_key(slot);
+    let reader: Option<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND classid::int8 = $1 AND objid::int8 = $2 LIMIT 1",
+    )
+    .bind((key >> 32) as i64)
+    .bind((key & 0xFFFF_FFFF) as i64)
+    .fetch_optional(pool)
+    .await
+    .with_context(|| format!("cannot look up the relay reading replication slot {slot}"))?;
+    Ok(Some(SlotStatus {
+        slot: info.name,
+        plugin: info.plugin,
+        active: info.active,
+        reader_pid: reader,
+        wal_status: info.wal_status,
+        confirmed_flush_lsn: info.confirmed_flush_lsn.map(|l| l.to_string()),
+        lag_bytes: info.lag_bytes,
+        safe_wal_size: info.safe_wal_size,
+    }))
+}
+
+/// `1536` -> `1536 B (1.5 KiB)`; small values stay plain.
+pub fn bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n.abs() < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if v.abs() < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{n} B ({v:.1} {unit})")
+}
+
+/// The lines `status` and `slot list` print about a slot, as (label, value).
+pub fn describe(s: &SlotStatus) -> Vec<(&'static str, String)> {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    vec![
+        ("slot", s.slot.clone()),
+        (
+            "reader",
+            s.reader_pid.map_or_else(
+                || "none (no relay reads it)".into(),
+                |p| format!("a relay (server pid {p})"),
+            ),
+        ),
+        ("active", if s.active { "yes" } else { "no" }.into()),
+        (
+            "wal_status",
+            match s.wal_status.as_deref() {
+                Some("lost") => "lost (its WAL is gone: the next `relay --source wal` creates it \
+                                 again and delivers the rest from the table)"
+                    .into(),
+                _ => opt(&s.wal_status),
+            },
+        ),
+        ("confirmed", opt(&s.confirmed_flush_lsn)),
+        ("lag", s.lag_bytes.map_or_else(|| "-".into(), bytes)),
+        (
+            "safe_wal_size",
+            s.safe_wal_size
+                .map_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into(), bytes),
+        ),
+        ("plugin", opt(&s.plugin)),
+    ]
+}
+
+pub async fn run(ctx: &Ctx, a: SlotArgs) -> anyhow::Result<ExitCode> {
+    let url = ctx.require_url()?;
+    let kind = crate::ctx::kind_of(url)?;
+    if kind != Kind::Postgres {
+        return Err(UsageError(format!(
+            "txoutbox slot needs PostgreSQL (the WAL source's replication slot); this database \
+             is {}, whose relay reads the table (--source table)",
+            kind.name()
+        ))
+        .into());
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let db = ctx.db(1).await?;
+        // Irrefutable when PostgreSQL is the only database compiled in.
+        #[allow(irrefutable_let_patterns)]
+        let Db::Postgres(pool) = &db
+        else {
+            return Err(UsageError("txoutbox slot needs PostgreSQL".into()).into());
+        };
+        let slot = a.slot.clone().unwrap_or_else(|| default_slot(ctx));
+        pg::run(pool, &ctx.table, &slot, a.command).await
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = a;
+        Err(UsageError("this txoutbox was built without PostgreSQL support".into()).into())
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use std::process::ExitCode;
+
+    use anyhow::{bail, Context};
+    use sqlx::PgPool;
+    use txoutbox::store::postgres::wal;
+
+    use super::{describe, read};
+    use crate::cli::SlotCommand;
+
+    pub async fn run(
+        pool: &PgPool,
+        table: &txoutbox::OutboxTable,
+        slot: &str,
+        cmd: SlotCommand,
+    ) -> anyhow::Result<ExitCode> {
+        match cmd {
+            SlotCommand::List { json } => {
+                let got = read(pool, slot).await?;
+                match (got, json) {
+                    (Some(s), true) => println!("{}", serde_json::to_string(&s)?),
+                    (Some(s), false) => {
+                        for (k, v) in describe(&s) {
+                            println!("{k:<13} {v}");
+                        }
+                    }
+                    (None, true) => {}
+                    (None, false) => println!(
+                        "no replication slot {slot} (`txoutbox slot create` or \
+                         `txoutbox relay --source wal` creates it)"
+                    ),
+                }
+            }
+            SlotCommand::Create { json } => {
+                wal::check_wal_level(pool).await?;
+                txoutbox::check_schema(pool, table).await?;
+                // As the relay opens it: created, and every unpublished event committed before
+                // it existed handed to the table path (the stream never sees those).
+                let store = txoutbox::store::postgres::PgStore::new(pool.clone(), table.clone());
+                let Some(w) = txoutbox::store::Store::wal(&store) else {
+                    bail!("this store has no WAL source");
+                };
+                let opened = w.with_slot(slot)?.open_slot().await?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "slot": slot,
+                            "created": opened.created,
+                            "handed_to_table": opened.handed_off,
+                        })
+                    );
+                } else if opened.created {
+                    println!(
+                        "created replication slot {slot}: it keeps the server's WAL from now \
+                         until a relay reads it (txoutbox relay --source wal)"
+                    );
+                    if opened.handed_off > 0 {
+                        println!(
+                            "{} unpublished event(s) committed before it will go by the table",
+                            opened.handed_off
+                        );
+                    }
+                } else {
+                    println!("replication slot {slot} exists");
+                }
+            }
+            SlotCommand::Drop { json } => {
+                let Some(s) = read(pool, slot).await? else {
+                    if json {
+                        println!("{}", serde_json::json!({ "slot": slot, "dropped": false }));
+                    }
+                    eprintln!("no replication slot {slot}");
+                    return Ok(ExitCode::FAILURE);
+                };
+                let in_use = || {
+                    let who = s
+                        .reader_pid
+                        .map_or_else(String::new, |p| format!(" (server pid {p})"));
+                    anyhow::anyhow!(
+                        "replication slot {slot} is in use by a relay{who}: stop the \
+                         `txoutbox relay --source wal` reading it, and its standbys, then drop it"
+                    )
+                };
+                if s.active || s.reader_pid.is_some() {
+                    return Err(in_use());
+                }
+                match wal::drop_slot(pool, slot).await {
+                    Ok(_) => {}
+                    // object_in_use: a reader took it between the look and the drop.
+                    Err(wal::WalError::Database(sqlx::Error::Database(e)))
+                        if e.code().as_deref() == Some("55006") =>
+                    {
+                        return Err(in_use());
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .with_context(|| format!("cannot drop replication slot {slot}"))
+                    }
+                }
+                if json {
+                    println!("{}", serde_json::json!({ "slot": slot, "dropped": true }));
+                } else {
+                    println!(
+                        "dropped replication slot {slot}; the next `txoutbox relay --source wal` \
+                         creates it again and delivers the unpublished events from the table"
+                    );
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bytes_are_human_readable_too() {
+        assert_eq!(super::bytes(0), "0 B");
+        assert_eq!(super::bytes(1023), "1023 B");
+        assert_eq!(super::bytes(1536), "1536 B (1.5 KiB)");
+        assert_eq!(super::bytes(3 << 30), "3221225472 B (3.0 GiB)");
+    }
+}
