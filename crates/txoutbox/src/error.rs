@@ -104,7 +104,7 @@ impl Error {
         match self {
             Error::Database(e) => is_transient_sqlx(e),
             #[cfg(feature = "postgres")]
-            Error::Wal(crate::store::postgres::wal::WalError::Database(e)) => is_transient_sqlx(e),
+            Error::Wal(e) => e.is_transient(),
             _ => false,
         }
     }

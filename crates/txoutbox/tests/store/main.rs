@@ -8,3 +8,4 @@ mod membership_pg;
 mod mysql;
 mod pg;
 mod wal_pg;
+mod wal_stream_pg;

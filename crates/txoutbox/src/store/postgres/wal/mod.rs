@@ -6,8 +6,9 @@
 //! [`Transactions`], which turns the decoded messages into committed transactions of
 //! [`OutboxEvent`]s. [`peek`] and [`advance`] read and confirm through plain SQL
 //! (`pg_logical_slot_peek_binary_changes`, `pg_replication_slot_advance`) on an ordinary
-//! connection, TLS and all. The relay's `--source wal` (streaming over the replication
-//! protocol, the confirmed position behind the settled transactions) builds on these.
+//! connection, TLS and all; [`stream`] reads the same slot over the streaming replication
+//! protocol instead, the server pushing each transaction as it commits. The relay's
+//! `--source wal` (the confirmed position behind the settled transactions) builds on these.
 //!
 //! The guarantees come from PostgreSQL: a transaction is decoded only once it committed (a
 //! rolled-back one never is), transactions come in commit order, and a slot hands out again
@@ -19,6 +20,7 @@
 pub mod pgoutput;
 mod row;
 mod store;
+pub mod stream;
 
 use std::collections::HashMap;
 
@@ -44,6 +46,88 @@ pub enum WalError {
     /// A statement failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The replication connection's settings (its URL) are wrong; the message names the
+    /// parameter, never the password.
+    #[error("replication connection settings: {0}")]
+    Config(String),
+    /// The replication connection failed or broke: the network, TLS, or a server that does
+    /// not speak the protocol as expected.
+    #[error("replication connection to {peer}: {what}{}", source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Connection {
+        /// `host:port`.
+        peer: String,
+        /// What failed.
+        what: String,
+        /// The I/O error, if one.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The server refused (an ErrorResponse on the replication connection): its SQLSTATE and
+    /// message; the error's text adds the usual fix.
+    #[error("{}", server_error_text(code, message))]
+    Server {
+        /// The SQLSTATE, like `42501`.
+        code: String,
+        /// The server's message (with its detail and hint).
+        message: String,
+    },
+}
+
+impl WalError {
+    /// Is this worth retrying: a connection that broke, a server shutting down or starting,
+    /// no free connection, a slot still held by a client that went away.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            WalError::Database(e) => crate::error::is_transient_sqlx(e),
+            WalError::Connection { .. } => true,
+            WalError::Server { code, .. } => {
+                matches!(
+                    code.as_str(),
+                    "53300" | "55006" | "57P01" | "57P02" | "57P03"
+                ) || code.starts_with("08")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A server error with the fix that usually goes with its SQLSTATE.
+fn server_error_text(code: &str, message: &str) -> String {
+    let fix = match code {
+        "42501" => {
+            "the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION) or to be a \
+             superuser"
+        }
+        "28000" => {
+            "check the user name, and that pg_hba.conf has a line for this user, database and \
+             address (a logical replication connection is matched by its database name, like any \
+             other connection)"
+        }
+        "28P01" => "the password is wrong: check the database URL's password (or PGPASSWORD)",
+        "53300" => {
+            "no free connection: stop an unused replication client, or raise max_wal_senders \
+             (and max_connections) and restart PostgreSQL"
+        }
+        "3D000" => "the database does not exist: check the database URL",
+        "42704" => {
+            "the replication slot does not exist: create it (the relay does at start, \
+             txoutbox::store::postgres::wal::ensure_slot)"
+        }
+        "55006" => {
+            "another client streams from this slot: stop it, or wait until the server notices \
+             it is gone (wal_sender_timeout)"
+        }
+        "55000" => {
+            "the server is not ready for logical decoding: wal_level = logical needs a restart"
+        }
+        "57P01" | "57P02" | "57P03" => "the server is shutting down or starting up: try again",
+        _ => "",
+    };
+    if fix.is_empty() {
+        format!("server error {code}: {message}")
+    } else {
+        format!("server error {code}: {message} ({fix})")
+    }
 }
 
 /// The outbox table's publication: `txoutbox_<schema>_<table>` (inserts only).
