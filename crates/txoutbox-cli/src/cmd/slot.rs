@@ -81,19 +81,6 @@ pub fn default_slot(ctx: &Ctx) -> String {
     txoutbox::store::postgres::wal::slot_name(&ctx.table)
 }
 
-/// The session advisory lock key a WAL relay takes on its slot (`WalStore::lock`): the
-/// FNV-1a hash of `txoutbox wal slot <name>`, as the library computes it. The test
-/// `slot_drop_is_refused_while_a_relay_reads` fails should the two ever differ.
-#[cfg(feature = "postgres")]
-fn lock_key(slot: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in format!("txoutbox wal slot {slot}").bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 #[cfg(feature = "postgres")]
 async fn read(pool: &PgPool, slot: &str) -> anyhow::Result<Option<SlotStatus>> {
     use anyhow::Context;
@@ -103,18 +90,9 @@ async fn read(pool: &PgPool, slot: &str) -> anyhow::Result<Option<SlotStatus>> {
     else {
         return Ok(None);
     };
-    // A bigint advisory lock shows in pg_locks as its high and low 32 bits.
-    let key = lock_key(slot);
-    let reader: Option<i32> = sqlx::query_scalar(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-           AND classid::int8 = $1 AND objid::int8 = $2 LIMIT 1",
-    )
-    .bind((key >> 32) as i64)
-    .bind((key & 0xFFFF_FFFF) as i64)
-    .fetch_optional(pool)
-    .await
-    .with_context(|| format!("cannot look up the relay reading replication slot {slot}"))?;
+    let reader = txoutbox::store::postgres::wal::reader_pid(pool, slot)
+        .await
+        .with_context(|| format!("cannot look up the relay reading replication slot {slot}"))?;
     Ok(Some(SlotStatus {
         slot: info.name,
         plugin: info.plugin,

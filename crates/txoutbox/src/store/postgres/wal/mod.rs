@@ -258,6 +258,27 @@ fn check_slot_name(slot: &str) -> Result<(), WalError> {
     }
 }
 
+/// The session advisory lock a WAL relay holds while it reads `slot` (one reader per slot;
+/// standbys wait on it).
+pub(crate) fn reader_lock_key(slot: &str) -> i64 {
+    crate::table::stable_hash(&format!("txoutbox wal slot {slot}")) as i64
+}
+
+/// The server process of the relay that reads `slot` now (holds its reader lock), if any.
+pub async fn reader_pid(pool: &PgPool, slot: &str) -> Result<Option<i32>, WalError> {
+    // pg_locks shows a bigint advisory key as its high (classid) and low (objid) halves.
+    let key = reader_lock_key(slot) as u64;
+    Ok(sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND classid::int8 = $1 AND objid::int8 = $2 LIMIT 1",
+    )
+    .bind((key >> 32) as i64)
+    .bind((key & 0xFFFF_FFFF) as i64)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// A replication slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotInfo {

@@ -219,24 +219,13 @@ impl WalStore {
 
     /// The advisory lock key of this slot's reader.
     fn lock_key(&self) -> i64 {
-        crate::table::stable_hash(&format!("txoutbox wal slot {}", self.slot)) as i64
+        super::reader_lock_key(&self.slot)
     }
 
     /// Does a relay read the slot now (hold its reader lock, see [`WalStore::lock`])? Asked
     /// by any relay, standbys included.
     pub async fn reader_present(&self) -> Result<bool, Error> {
-        // pg_locks shows a bigint advisory key as its high (classid) and low (objid) halves.
-        let key = self.lock_key() as u64;
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-               AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1 \
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
-        )
-        .bind((key >> 32) as i64)
-        .bind((key & 0xFFFF_FFFF) as i64)
-        .fetch_one(self.pool())
-        .await
-        .map_err(Error::Database)
+        Ok(super::reader_pid(self.pool(), &self.slot).await?.is_some())
     }
 
     /// Make sure the slot exists and can be read: create it when missing, drop and create it
