@@ -474,11 +474,7 @@ fn parse_state(s: &str) -> Result<txoutbox::EventState, String> {
 
 /// A replication slot name as PostgreSQL takes it: 1 to 63 of a-z, 0-9 and `_`.
 pub fn parse_slot(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
+    if txoutbox::ident::is_slot_name(s) {
         Ok(s.to_string())
     } else {
         Err(format!(

@@ -69,6 +69,16 @@ impl fmt::Display for Ident {
     }
 }
 
+/// Is `name` a name PostgreSQL takes for a replication slot (and the WAL source for its
+/// publication): 1 to 63 of `a-z`, `0-9` and `_`?
+pub fn is_slot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

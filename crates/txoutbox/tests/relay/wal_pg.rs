@@ -438,3 +438,38 @@ async fn the_wal_source_on_another_database_is_a_usage_error() {
     }
     let _ = std::fs::remove_file(dir);
 }
+
+#[tokio::test]
+async fn shutdown_mid_batch_confirms_only_what_was_settled() {
+    let h = PgHarness::new().await;
+    let p = RecordingPublisher::new();
+    p.set_ack_delay(Duration::from_millis(50));
+    let mut cfg = config("wal-shutdown");
+    cfg.shutdown_timeout = Duration::from_millis(100);
+    let relay = start(&h, &p, cfg.clone());
+    streaming(&h).await;
+    let outbox = h.outbox();
+    // One transaction of 40 events over two aggregates: 20 acknowledgements of 50 ms in a row
+    // each, so the shutdown lands in the middle of it.
+    let events: Vec<NewEvent> = (0..40).map(|i| event(&format!("s-{}", i % 2), i)).collect();
+    let ids = outbox.enqueue_many(&h.pool, &events).await.unwrap();
+    wait_until("some acknowledged", || async { p.acked_count() >= 4 }).await;
+    shutdown(relay).await;
+    let first: HashSet<Uuid> = p.acked_ids().into_iter().collect();
+    assert!(first.len() < 40, "the relay was done before the shutdown");
+
+    // The transaction was not confirmed: a new relay gets all of it again.
+    let p2 = RecordingPublisher::new();
+    let relay = start(&h, &p2, cfg);
+    wait_until("the rest delivered after the restart", || async {
+        let again: HashSet<Uuid> = p2.acked_ids().into_iter().collect();
+        ids.iter().all(|id| again.contains(id))
+    })
+    .await;
+    wait_until("all marked published", || async {
+        h.processed().await == 40
+    })
+    .await;
+    shutdown(relay).await;
+    h.cleanup().await;
+}

@@ -244,12 +244,7 @@ pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
 }
 
 fn check_slot_name(slot: &str) -> Result<(), WalError> {
-    let ok = !slot.is_empty()
-        && slot.len() <= 63
-        && slot
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
+    if crate::ident::is_slot_name(slot) {
         Ok(())
     } else {
         Err(WalError::Setup(format!(

@@ -597,12 +597,7 @@ fn pg_now() -> i64 {
 }
 
 fn check_publication_name(name: &str) -> Result<(), WalError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
+    if crate::ident::is_slot_name(name) {
         Ok(())
     } else {
         Err(WalError::Setup(format!(
