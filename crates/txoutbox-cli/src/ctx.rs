@@ -267,6 +267,36 @@ impl Db {
         }
     }
 
+    /// The store for `txoutbox relay`: [`Db::store`], and for `--source wal` on PostgreSQL
+    /// the replication connection's settings, from the same URL (the WAL relay streams its
+    /// slot over it).
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    pub fn relay_store(
+        &self,
+        table: &OutboxTable,
+        retention: Retention,
+        url: &str,
+        source: txoutbox::relay::Source,
+    ) -> anyhow::Result<Box<dyn Operator>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Db::Postgres(pool) if source == txoutbox::relay::Source::Wal => {
+                use txoutbox::store::postgres::wal::stream::ReplicationConfig;
+                let replication = ReplicationConfig::from_url(url)
+                    .map_err(|e| UsageError(format!("the database URL: {e}")))?;
+                Ok(Box::new(
+                    txoutbox::store::postgres::PgStore::with_retention(
+                        pool.clone(),
+                        table.clone(),
+                        retention,
+                    )
+                    .with_replication(replication),
+                ))
+            }
+            _ => Ok(self.store(table, retention)),
+        }
+    }
+
     /// An `Outbox` for this process's writers: on MySQL it wakes this process's relay.
     pub fn outbox(&self, table: &OutboxTable) -> txoutbox::Outbox {
         let outbox = txoutbox::Outbox::new(table.clone());

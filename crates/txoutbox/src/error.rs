@@ -117,6 +117,10 @@ impl Error {
             Error::Database(e) => e,
             #[cfg(feature = "postgres")]
             Error::Wal(crate::store::postgres::wal::WalError::Database(e)) => e,
+            #[cfg(feature = "postgres")]
+            Error::Wal(crate::store::postgres::wal::WalError::Server { code, .. }) => {
+                return Some(code.clone())
+            }
             _ => return None,
         };
         match e {

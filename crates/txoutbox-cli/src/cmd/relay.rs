@@ -32,7 +32,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     }
     // Claim + settle, the LISTEN connection, and one spare.
     let db = ctx.db(4).await?;
-    let store = db.store(&ctx.table, retention(&a.tuning));
+    let store = db.relay_store(&ctx.table, retention(&a.tuning), db_url, config.source)?;
     store.check_schema().await?;
     tracing::info!(
         table = %ctx.table.display(),

@@ -6,6 +6,8 @@ mod in_flight;
 mod send;
 #[cfg(feature = "postgres")]
 mod wal;
+#[cfg(feature = "postgres")]
+mod wal_reader;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;

@@ -27,11 +27,13 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::batch::cancel_deadline;
+use super::wal_reader::StreamReader;
 use super::{in_flight, AbortOnDrop, Relay, RelayError, RelayStats};
 use crate::error::Error;
 use crate::metrics as m;
 use crate::retry::Backoff;
-use crate::store::postgres::wal::{self, AggregateKey, SlotLock, WalStore, WalTx};
+use crate::store::postgres::wal::stream::ReplicationConfig;
+use crate::store::postgres::wal::{self, AggregateKey, Lsn, SlotLock, WalStore, WalTx};
 use crate::store::{DeregisterParams, Failure, Ordering, Store};
 use crate::OutboxEvent;
 
@@ -44,6 +46,9 @@ const IDLE_CONFIRM: Duration = Duration::from_secs(1);
 
 /// How often the slot's lag, status and safe size are sampled into the metrics.
 const SLOT_SAMPLE: Duration = Duration::from_secs(5);
+
+/// With `exit_when_drained`, how often an idle stream looks whether it is done.
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 /// Why events held back by the stream were handed over.
 const HELD: &str = "handed to the table by the WAL source: an earlier event of its aggregate \
@@ -118,7 +123,20 @@ impl Relay {
             }))
         };
 
-        let result = self.stream(&wal, &stop, &mut stats, &retry).await;
+        let result = match wal.replication().cloned() {
+            Some(rcfg) => {
+                self.stream_live(&wal, rcfg, &stop, &mut stats, &retry)
+                    .await
+            }
+            None => {
+                tracing::info!(
+                    slot = wal.slot(),
+                    "no replication connection settings (PgStore::with_replication): reading \
+                     the slot through SQL, polling"
+                );
+                self.stream(&wal, &stop, &mut stats, &retry).await
+            }
+        };
         // The table path stops with the stream: on shutdown it settles what it has in flight.
         table_stop.cancel();
         let table_result = match table_task.join().await {
@@ -165,8 +183,119 @@ impl Relay {
             .map_err(RelayError::Store)
     }
 
-    /// Read, publish, settle and confirm, batch after batch, until `stop` (or, with
-    /// `exit_when_drained`, until the stream and the table path have nothing left).
+    /// Stream the slot over a replication connection: each transaction arrives as it
+    /// commits; publish, settle and confirm batch after batch until `stop` (or, with
+    /// `exit_when_drained`, until everything committed before the start is settled). A stream
+    /// that breaks, or a batch that cannot be settled, starts a new stream from the confirmed
+    /// position (what was not confirmed comes again: duplicates, nothing lost).
+    async fn stream_live(
+        &self,
+        wal: &Arc<WalStore>,
+        rcfg: ReplicationConfig,
+        stop: &CancellationToken,
+        stats: &mut RelayStats,
+        retry: &Backoff,
+    ) -> Result<(), Error> {
+        let cfg = &self.config;
+        let ordered = cfg.ordering.is_ordered();
+        let hold = cfg.ordering == Ordering::OrderedHold;
+        let mut blocked: HashSet<AggregateKey> = HashSet::new();
+        let mut load_blocked = ordered;
+        let mut errors = 0u32;
+        // With `exit_when_drained`: a marker written at the start; drained once the stream is
+        // past it and the table path has nothing left.
+        let mut target: Option<Lsn> = None;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let prepared = async {
+                if load_blocked {
+                    blocked = wal.blocked(hold, None).await?;
+                    load_blocked = false;
+                }
+                if cfg.exit_when_drained && target.is_none() {
+                    target = Some(wal.mark_position().await?);
+                }
+                Ok::<_, Error>(())
+            };
+            if let Err(e) = prepared.await {
+                self.backoff_after(e, &mut errors, retry, stop).await?;
+                continue;
+            }
+            let mut reader = StreamReader::start(wal, rcfg.clone(), cfg.batch_size.max(16));
+            let session = Session {
+                wal,
+                blocked: &mut blocked,
+                ordered,
+                hold,
+                target,
+                errors: &mut errors,
+            };
+            match self.stream_session(session, &mut reader, stop, stats).await {
+                Ok(()) => {
+                    reader.close().await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    drop(reader);
+                    match self.after_read_error(wal, e).await {
+                        // The slot was created again: what waits in the table changed.
+                        Ok(recreated) => load_blocked |= recreated && ordered,
+                        Err(e) => self.backoff_after(e, &mut errors, retry, stop).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One replication stream's life: batches until `stop`, drained (`Ok`), or an error
+    /// (the stream broke, or a batch could not be settled).
+    async fn stream_session(
+        &self,
+        s: Session<'_>,
+        reader: &mut StreamReader,
+        stop: &CancellationToken,
+        stats: &mut RelayStats,
+    ) -> Result<(), Error> {
+        let cfg = &self.config;
+        loop {
+            let got = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Ok(()),
+                b = reader.batch(cfg.batch_size) => Some(b),
+                _ = tokio::time::sleep(DRAIN_CHECK), if s.target.is_some() => None,
+            };
+            let txs = match got {
+                Some(b) => b?,
+                None => {
+                    if s.target.is_some_and(|t| reader.position() >= t)
+                        && reader.is_idle()
+                        && !wal_unfinished(s.wal, cfg.ordering).await?
+                    {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            let started = Instant::now();
+            let done = self
+                .stream_batch(s.wal, &txs, s.blocked, s.ordered, s.hold, stop, stats)
+                .await?;
+            if let Some(lsn) = done {
+                reader.confirm(lsn);
+            }
+            *s.errors = 0;
+            if reader.is_idle() {
+                ::metrics::gauge!(m::WAL_LAG_SECONDS).set(0.0);
+            }
+            ::metrics::histogram!(m::BATCH_DURATION_SECONDS)
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Read, publish, settle and confirm through SQL, batch after batch, until `stop` (or,
+    /// with `exit_when_drained`, until the stream and the table path have nothing left).
     async fn stream(
         &self,
         wal: &Arc<WalStore>,
@@ -335,7 +464,7 @@ impl Relay {
         hold: bool,
         stop: &CancellationToken,
         stats: &mut RelayStats,
-    ) -> Result<Option<crate::store::postgres::wal::Lsn>, Error> {
+    ) -> Result<Option<Lsn>, Error> {
         let cfg = &self.config;
         // Aggregates that waited in the table may have caught up: ask for those of this batch.
         if ordered && !blocked.is_empty() {
@@ -455,6 +584,21 @@ impl Relay {
             n => Some(txs[n - 1].end_lsn),
         })
     }
+}
+
+/// What one replication stream's loop works with.
+struct Session<'a> {
+    wal: &'a Arc<WalStore>,
+    blocked: &'a mut HashSet<AggregateKey>,
+    ordered: bool,
+    hold: bool,
+    target: Option<Lsn>,
+    errors: &'a mut u32,
+}
+
+/// Does the table path have events left (handed-off ones not yet settled)?
+async fn wal_unfinished(wal: &Arc<WalStore>, ordering: Ordering) -> Result<bool, Error> {
+    wal.table_path().has_unfinished(ordering).await
 }
 
 fn key(e: &OutboxEvent) -> AggregateKey {

@@ -49,15 +49,35 @@ async fn drop_schema(pool: &PgPool, schema: &str) {
     // not of the schema: a slot left behind would keep the server's WAL for ever.
     if let Ok(table) = OutboxTable::new(schema, "outbox_events") {
         let slot = crate::store::postgres::wal::slot_name(&table);
-        let dropped = sqlx::query(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-             WHERE slot_name = $1",
-        )
-        .bind(&slot)
-        .execute(pool)
-        .await;
-        if let Err(e) = dropped {
-            eprintln!("cleanup of replication slot {slot} failed: {e}");
+        // A stream still open on it (a relay a test aborted) is ended first; the server may
+        // take a moment to release the slot.
+        let mut tries = 0;
+        loop {
+            let _ = sqlx::query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            )
+            .bind(&slot)
+            .execute(pool)
+            .await;
+            let dropped = sqlx::query(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .execute(pool)
+            .await;
+            match dropped {
+                Ok(_) => break,
+                Err(e) if tries >= 50 => {
+                    eprintln!("cleanup of replication slot {slot} failed: {e}");
+                    break;
+                }
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
         }
         let publication = crate::store::postgres::wal::publication_name(&table);
         let sql = format!("DROP PUBLICATION IF EXISTS \"{publication}\"");
@@ -93,12 +113,23 @@ impl PgHarness {
     }
 
     /// A store on the harness's own pool (where [`Harness::store`] opens a pool of its own).
+    /// A WAL relay on it streams the slot over a replication connection to
+    /// [`database_url`].
     pub fn pool_store(&self) -> PgStore {
         self.pool_store_with(Retention::Mark)
     }
 
     /// [`PgHarness::pool_store`] with the given retention.
     pub fn pool_store_with(&self, retention: Retention) -> PgStore {
+        self.pool_store_sql(retention).with_replication(
+            crate::store::postgres::wal::stream::ReplicationConfig::from_url(&database_url())
+                .expect("DATABASE_URL is a valid replication URL"),
+        )
+    }
+
+    /// [`PgHarness::pool_store_with`] without replication settings: a WAL relay on it reads
+    /// the slot through SQL.
+    pub fn pool_store_sql(&self, retention: Retention) -> PgStore {
         PgStore::with_retention(self.pool.clone(), self.table.clone(), retention)
     }
 

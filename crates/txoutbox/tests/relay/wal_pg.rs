@@ -51,21 +51,36 @@ fn start(h: &PgHarness, publisher: &RecordingPublisher, cfg: RelayConfig) -> Rel
     Relay::new(h.pool_store(), publisher.boxed(), cfg).spawn()
 }
 
-/// Wait until the relay has made its slot (what commits after it, the stream delivers).
+/// Wait until the relay has made its slot (what commits after it, the stream delivers). A
+/// slot being created is listed already, without a confirmed position: its creation waits
+/// for the transactions open at the time to end, so a test must not open one before.
 async fn slot_ready(h: &PgHarness) {
     let slot = wal::slot_name(&h.table);
     wait_until("the relay created its slot", || async {
-        wal::slot_info(&h.pool, &slot).await.unwrap().is_some()
+        wal::slot_info(&h.pool, &slot)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.confirmed_flush_lsn.is_some())
     })
     .await;
 }
 
-/// Wait until the relay reads the stream and waits for commits: its slot is made and what
-/// was committed before it handed to the table, so what commits now goes by the stream.
+/// Wait until the relay reads the stream: its slot is made and what was committed before it
+/// handed to the table, and it streams the slot (or, reading through SQL, waits for commits).
 async fn streaming(h: &PgHarness) {
     slot_ready(h).await;
-    wait_until("the relay waits for commits", || async {
-        h.waiter_count().await > 0
+    let slot = wal::slot_name(&h.table);
+    wait_until("the relay streams the slot", || async {
+        // A walsender holds it (not the backend that created it).
+        let streamed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s \
+             JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1)",
+        )
+        .bind(&slot)
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+        streamed || h.waiter_count().await > 0
     })
     .await;
 }
@@ -94,6 +109,21 @@ async fn delivers_in_commit_order_and_never_a_rolled_back_event() {
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
     let relay = start(&h, &p, config("wal-order"));
+    commit_order(h, &p, relay).await;
+}
+
+/// The same through SQL (`pg_logical_slot_peek_binary_changes`), for a store without
+/// replication settings.
+#[tokio::test]
+async fn reading_the_slot_through_sql_delivers_in_commit_order_too() {
+    let h = PgHarness::new().await;
+    let p = RecordingPublisher::new();
+    let store = h.pool_store_sql(txoutbox::store::Retention::Mark);
+    let relay = Relay::new(store, p.boxed(), config("wal-order-sql")).spawn();
+    commit_order(h, &p, relay).await;
+}
+
+async fn commit_order(h: PgHarness, p: &RecordingPublisher, relay: RelayHandle) {
     slot_ready(&h).await;
     let outbox = h.outbox();
     let mut c1 = sqlx::PgConnection::connect(&database_url()).await.unwrap();
@@ -319,9 +349,18 @@ async fn a_slot_dropped_under_the_relay_is_created_again_and_nothing_is_lost() {
     let first = outbox.enqueue(&h.pool, &event("a", 1)).await.unwrap();
     wait_until("the first delivered", || async { p.was_acked(first) }).await;
 
-    // Drop the slot (it is in use only while the relay reads: try until it is free).
+    // Drop the slot: end the relay's stream on it, then drop it before the relay is back
+    // (try until that wins).
     let slot = wal::slot_name(&h.table);
     wait_until("the slot dropped", || async {
+        sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+        )
+        .bind(&slot)
+        .execute(&h.pool)
+        .await
+        .unwrap();
         sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(&slot)
             .execute(&h.pool)

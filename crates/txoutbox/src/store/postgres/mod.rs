@@ -82,6 +82,8 @@ pub struct PgStore {
     table: OutboxTable,
     q: Queries,
     retention: Retention,
+    /// How a WAL relay opens its replication stream (see [`PgStore::with_replication`]).
+    replication: Option<wal::stream::ReplicationConfig>,
     listener: Mutex<Option<PgListener>>,
     partitions: std::sync::OnceLock<i32>,
     scan: std::sync::Mutex<ScanState>,
@@ -101,6 +103,7 @@ impl PgStore {
         Self {
             q: Queries::new(&table, retention),
             retention,
+            replication: None,
             pool,
             table,
             listener: Mutex::new(None),
@@ -112,6 +115,16 @@ impl PgStore {
             }),
             pending_clear: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Let a WAL relay (`--source wal`) stream its slot over a replication connection made
+    /// with `cfg` (usually [`ReplicationConfig::from_url`](wal::stream::ReplicationConfig::from_url)
+    /// of the pool's own URL): the server pushes each transaction as it commits. Without
+    /// it, a WAL relay reads the slot through SQL on the pool, polling (slower, and more
+    /// latency: each read decodes the slot's WAL from its restart position again).
+    pub fn with_replication(mut self, cfg: wal::stream::ReplicationConfig) -> Self {
+        self.replication = Some(cfg);
+        self
     }
 
     /// The pool the store runs its statements on.
@@ -344,6 +357,7 @@ impl Store for PgStore {
             self.pool.clone(),
             self.table.clone(),
             self.retention,
+            self.replication.clone(),
         ))
     }
 }

@@ -352,6 +352,8 @@ pub struct Transactions {
     /// Per relation OID: how to read its rows (`None`: a table that is not the outbox).
     relations: HashMap<u32, Option<Layout>>,
     open: Option<WalTx>,
+    /// The end of the last transaction that committed, outbox events or not.
+    position: Lsn,
 }
 
 impl Transactions {
@@ -361,7 +363,19 @@ impl Transactions {
             table,
             relations: HashMap::new(),
             open: None,
+            position: Lsn(0),
         }
+    }
+
+    /// The end of the last transaction fed whole, whether it inserted outbox events or not
+    /// (0/0 before the first).
+    pub fn position(&self) -> Lsn {
+        self.position
+    }
+
+    /// Is a transaction open: its Begin fed, its Commit not yet?
+    pub fn in_transaction(&self) -> bool {
+        self.open.is_some()
     }
 
     /// Feed one message; at a Commit, the transaction it ends (`None` for a transaction that
@@ -398,6 +412,7 @@ impl Transactions {
                 };
                 tx.commit_lsn = commit_lsn;
                 tx.end_lsn = end_lsn;
+                self.position = self.position.max(end_lsn);
                 tx.commit_time = commit_time;
                 return Ok((!tx.events.is_empty()).then_some(tx));
             }

@@ -20,9 +20,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::stream::ReplicationConfig;
 use super::{
     advance, check_slot_name, check_wal_level, drop_slot, ensure_publication, ensure_slot, peek,
-    slot_info, slot_name, Lsn, WalError, WalTx,
+    publication_name, slot_info, slot_name, Lsn, WalError, WalTx,
 };
 use crate::error::Error;
 use crate::store::operator::millis;
@@ -109,15 +110,23 @@ pub struct WalStore {
     store: PgStore,
     q: WalQueries,
     slot: String,
+    /// The replication connection's settings: `None` reads the slot through SQL.
+    replication: Option<ReplicationConfig>,
     /// Fired when the stream hands events to the table path, which then looks at once.
     handed_off: Arc<Notify>,
 }
 
 impl WalStore {
-    pub(crate) fn new(pool: sqlx::PgPool, table: OutboxTable, retention: Retention) -> Self {
+    pub(crate) fn new(
+        pool: sqlx::PgPool,
+        table: OutboxTable,
+        retention: Retention,
+        replication: Option<ReplicationConfig>,
+    ) -> Self {
         Self {
             q: WalQueries::new(&table, retention),
             slot: slot_name(&table),
+            replication,
             store: PgStore::with_retention(pool, table, retention),
             handed_off: Arc::default(),
         }
@@ -133,6 +142,29 @@ impl WalStore {
     /// The slot this relay reads.
     pub fn slot(&self) -> &str {
         &self.slot
+    }
+
+    /// The replication connection's settings, if the slot is streamed (see
+    /// [`PgStore::with_replication`]); `None`: read through SQL.
+    pub fn replication(&self) -> Option<&ReplicationConfig> {
+        self.replication.as_ref()
+    }
+
+    /// The outbox table's publication, which the slot is read for.
+    pub fn publication(&self) -> String {
+        publication_name(self.table())
+    }
+
+    /// Write a marker into the WAL (a transactional logical message, in a transaction of its
+    /// own) and return its position: once the stream has delivered a commit past it,
+    /// everything committed before this call has been read.
+    pub async fn mark_position(&self) -> Result<Lsn, Error> {
+        let s: String =
+            sqlx::query_scalar("SELECT pg_logical_emit_message(true, 'txoutbox', 'drain')::text")
+                .fetch_one(self.pool())
+                .await
+                .map_err(Error::Database)?;
+        Ok(s.parse().map_err(WalError::from)?)
     }
 
     /// The outbox table.

@@ -372,6 +372,8 @@ pub struct ReplicationStream {
     confirmed: Lsn,
     /// When the last standby status update was queued.
     last_status: Instant,
+    /// The server's position from its last keepalive: everything before it has been sent.
+    server_end: Lsn,
 }
 
 impl fmt::Debug for ReplicationStream {
@@ -442,6 +444,7 @@ impl ReplicationStream {
             wire,
             confirmed: Lsn(0),
             last_status: Instant::now(),
+            server_end: Lsn(0),
         })
     }
 
@@ -506,6 +509,15 @@ impl ReplicationStream {
         self.confirmed
     }
 
+    /// The server's position as of its last keepalive (0/0 before the first): it has sent
+    /// every message of the WAL before it, and those came out of [`Self::next`] before the
+    /// keepalive was read. The server sends one when it has caught up and the client has not
+    /// confirmed that far, so a client with nothing outstanding may confirm up to here (the
+    /// slot then lets go of WAL written by other tables' transactions).
+    pub fn server_position(&self) -> Lsn {
+        self.server_end
+    }
+
     /// End the stream (CopyDone), wait briefly for the server to release the slot, and
     /// disconnect. Best effort: an error says the goodbye did not go as planned, the
     /// connection is closed either way. Dropping the stream also closes the connection, but
@@ -557,6 +569,11 @@ impl ReplicationStream {
             }
             Some(b'k') if body.len() >= 18 => {
                 // wal_end (8), server time (8), reply requested (1).
+                let wal_end =
+                    Lsn(u64::from_be_bytes(body[1..9].try_into().map_err(|_| {
+                        self.wire.protocol("sent a short keepalive".into())
+                    })?));
+                self.server_end = self.server_end.max(wal_end);
                 if body[17] == 1 {
                     self.queue_status();
                 }

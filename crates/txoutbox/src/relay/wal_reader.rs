@@ -1,0 +1,280 @@
+//! The WAL relay's stream reader: a task that owns the replication connection, turns the
+//! slot's `pgoutput` messages into committed transactions, and hands them to the relay loop
+//! through a bounded channel; the loop's confirmations go back to it through a watch.
+//!
+//! The task serves the connection the whole time, also while the channel is full (the relay
+//! is behind, or waits out a broker): it answers keepalives and sends a status update at least
+//! every few seconds, so the server never drops a slow reader for a missing reply.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::AbortOnDrop;
+use crate::error::Error;
+use crate::store::postgres::wal::stream::{ReplicationConfig, ReplicationStream};
+use crate::store::postgres::wal::{Lsn, Transactions, WalStore, WalTx};
+use crate::OutboxTable;
+
+/// While nothing is outstanding, confirm up to the server's position at most this often
+/// (the slot keeps the WAL of other tables' transactions too until confirmed past them).
+const IDLE_CONFIRM: Duration = Duration::from_secs(1);
+
+/// While the channel is full, a status update this often keeps the connection alive.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How long [`StreamReader::close`] waits for the task to confirm and end the stream.
+const CLOSE_WAIT: Duration = Duration::from_secs(8);
+
+/// One replication stream from the slot, read by a task of its own.
+pub(super) struct StreamReader {
+    rx: mpsc::Receiver<Result<WalTx, Error>>,
+    confirm: watch::Sender<Lsn>,
+    position: watch::Receiver<Lsn>,
+    close: CancellationToken,
+    task: AbortOnDrop<()>,
+    /// What was received but not taken into the last batch: a transaction that did not
+    /// fit, or the error after the batch's last one.
+    next: Option<Result<WalTx, Error>>,
+}
+
+impl StreamReader {
+    /// Start streaming `wal`'s slot from its confirmed position; at most `capacity`
+    /// transactions wait in the channel. A failure to connect comes out of
+    /// [`StreamReader::batch`].
+    pub(super) fn start(wal: &WalStore, cfg: ReplicationConfig, capacity: usize) -> Self {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (confirm, confirm_rx) = watch::channel(Lsn(0));
+        let (position_tx, position) = watch::channel(Lsn(0));
+        let close = CancellationToken::new();
+        let task = Task {
+            cfg,
+            slot: wal.slot().to_owned(),
+            publication: wal.publication(),
+            table: wal.table().clone(),
+            tx,
+            confirm: confirm_rx,
+            position: position_tx,
+            close: close.clone(),
+        };
+        Self {
+            rx,
+            confirm,
+            position,
+            close,
+            task: AbortOnDrop(tokio::spawn(task.run())),
+            next: None,
+        }
+    }
+
+    /// The next batch: whole transactions, at least one, about `max_events` events in all
+    /// (a transaction larger than that comes alone). Waits for the first. An error (the
+    /// stream broke, or never started) ends this reader: start another. Cancel-safe.
+    pub(super) async fn batch(&mut self, max_events: usize) -> Result<Vec<WalTx>, Error> {
+        let first = match self.next.take() {
+            Some(r) => r?,
+            None => match self.rx.recv().await {
+                Some(r) => r?,
+                None => {
+                    return Err(Error::Task(
+                        "the WAL relay's stream reader stopped without saying why".into(),
+                    ))
+                }
+            },
+        };
+        let mut events = first.events.len();
+        let mut batch = vec![first];
+        while events < max_events {
+            match self.rx.try_recv() {
+                Ok(Ok(t)) if events + t.events.len() > max_events => {
+                    self.next = Some(Ok(t));
+                    break;
+                }
+                Ok(Ok(t)) => {
+                    events += t.events.len();
+                    batch.push(t);
+                }
+                // The error waits for the next call: this batch is good.
+                Ok(Err(e)) => {
+                    self.next = Some(Err(e));
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Is nothing waiting to be taken?
+    pub(super) fn is_idle(&self) -> bool {
+        self.next.is_none() && self.rx.is_empty()
+    }
+
+    /// The end of the last transaction the stream delivered whole (with outbox events or
+    /// without): once past a position, everything committed before it has been handed out.
+    pub(super) fn position(&self) -> Lsn {
+        *self.position.borrow()
+    }
+
+    /// Confirm the slot up to `lsn` (sent by the task; a lower position changes nothing).
+    pub(super) fn confirm(&self, lsn: Lsn) {
+        self.confirm.send_if_modified(|l| {
+            let newer = lsn > *l;
+            *l = (*l).max(lsn);
+            newer
+        });
+    }
+
+    /// Send the last confirmation, end the stream, and wait (briefly) for the server to
+    /// release the slot.
+    pub(super) async fn close(self) {
+        self.close.cancel();
+        if tokio::time::timeout(CLOSE_WAIT, self.task.join())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the replication stream did not end in time; dropping it");
+        }
+    }
+}
+
+struct Task {
+    cfg: ReplicationConfig,
+    slot: String,
+    publication: String,
+    table: OutboxTable,
+    tx: mpsc::Sender<Result<WalTx, Error>>,
+    confirm: watch::Receiver<Lsn>,
+    position: watch::Sender<Lsn>,
+    close: CancellationToken,
+}
+
+/// Why the read loop ended without an error.
+enum Ended {
+    /// [`StreamReader::close`]: confirm and end the stream.
+    Close,
+    /// The reader was dropped: nobody listens.
+    Dropped,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut stream = match ReplicationStream::start(
+            &self.cfg,
+            &self.slot,
+            &self.publication,
+            Lsn(0),
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.tx.send(Err(e.into())).await;
+                return;
+            }
+        };
+        tracing::debug!(slot = %self.slot, "replication stream started");
+        match self.read(&mut stream).await {
+            Ok(Ended::Close) => {
+                let last = *self.confirm.borrow();
+                let closed = async {
+                    stream.confirm(last).await?;
+                    stream.close().await
+                };
+                if let Err(e) = closed.await {
+                    tracing::debug!(error = %e, "the replication stream did not end cleanly");
+                }
+            }
+            Ok(Ended::Dropped) => {}
+            Err(e) => {
+                let _ = self.tx.send(Err(e)).await;
+            }
+        }
+    }
+
+    async fn read(&mut self, stream: &mut ReplicationStream) -> Result<Ended, Error> {
+        let mut asm = Transactions::new(self.table.clone());
+        // The end of the last transaction handed to the relay, and the relay's confirmation.
+        let mut forwarded = Lsn(0);
+        let mut acked = Lsn(0);
+        let mut idle = tokio::time::interval(IDLE_CONFIRM);
+        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.close.cancelled() => return Ok(Ended::Close),
+                changed = self.confirm.changed() => {
+                    if changed.is_err() {
+                        return Ok(Ended::Dropped);
+                    }
+                    let lsn = *self.confirm.borrow_and_update();
+                    acked = acked.max(lsn);
+                    stream.confirm(lsn).await?;
+                }
+                _ = idle.tick() => {
+                    // Nothing outstanding: what the server sent since is other tables' WAL.
+                    let server = stream.server_position();
+                    if acked >= forwarded && !asm.in_transaction() && server > stream.confirmed() {
+                        stream.confirm(server).await?;
+                    }
+                }
+                m = stream.next() => {
+                    let x = m?;
+                    if let Some(t) = asm.feed(&x.data)? {
+                        forwarded = t.end_lsn;
+                        if let Some(ended) = self.forward(t, stream, &mut acked).await? {
+                            return Ok(ended);
+                        }
+                    }
+                    if !asm.in_transaction() {
+                        self.position.send_if_modified(|p| {
+                            let newer = asm.position() > *p;
+                            *p = (*p).max(asm.position());
+                            newer
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hand `t` to the relay, waiting for room; meanwhile the connection is kept alive and
+    /// the relay's confirmations go out.
+    async fn forward(
+        &mut self,
+        t: WalTx,
+        stream: &mut ReplicationStream,
+        acked: &mut Lsn,
+    ) -> Result<Option<Ended>, Error> {
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.tick().await;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.close.cancelled() => return Ok(Some(Ended::Close)),
+                permit = self.tx.reserve() => {
+                    return match permit {
+                        Ok(p) => {
+                            p.send(Ok(t));
+                            Ok(None)
+                        }
+                        Err(_) => Ok(Some(Ended::Dropped)),
+                    };
+                }
+                changed = self.confirm.changed() => {
+                    if changed.is_err() {
+                        return Ok(Some(Ended::Dropped));
+                    }
+                    let lsn = *self.confirm.borrow_and_update();
+                    *acked = (*acked).max(lsn);
+                    stream.confirm(lsn).await?;
+                }
+                _ = heartbeat.tick() => {
+                    let same = stream.confirmed();
+                    stream.confirm(same).await?;
+                }
+            }
+        }
+    }
+}
