@@ -259,16 +259,21 @@ impl Relay {
         stats: &mut RelayStats,
     ) -> Result<(), Error> {
         let cfg = &self.config;
+        let mut pending = PendingSettle::default();
         loop {
             let got = tokio::select! {
                 biased;
-                _ = stop.cancelled() => return Ok(()),
+                _ = stop.cancelled() => {
+                    pending.finish(reader).await?;
+                    return Ok(());
+                }
                 b = reader.batch(cfg.batch_size) => Some(b),
                 _ = tokio::time::sleep(DRAIN_CHECK), if s.target.is_some() => None,
             };
             let txs = match got {
                 Some(b) => b?,
                 None => {
+                    pending.finish(reader).await?;
                     if s.target.is_some_and(|t| reader.position() >= t)
                         && reader.is_idle()
                         && !wal_unfinished(s.wal, cfg.ordering).await?
@@ -279,14 +284,19 @@ impl Relay {
                 }
             };
             let started = Instant::now();
-            let done = self
-                .stream_batch(s.wal, &txs, s.blocked, s.ordered, s.hold, stop, stats)
-                .await?;
-            if let Some(lsn) = done {
-                reader.confirm(lsn);
+            // Whether an aggregate that waits in the table has caught up is asked of the
+            // table: the handoffs before must be in it.
+            if s.ordered && touches(s.blocked, &txs) {
+                pending.finish(reader).await?;
             }
+            let published = self
+                .publish_stream(s.wal, &txs, s.blocked, s.ordered, s.hold, stop, stats)
+                .await?;
+            pending.start(s.wal, published, reader).await?;
             *s.errors = 0;
             if reader.is_idle() {
+                // Caught up: settle now, so that the slot is confirmed while idle.
+                pending.finish(reader).await?;
                 ::metrics::gauge!(m::WAL_LAG_SECONDS).set(0.0);
             }
             ::metrics::histogram!(m::BATCH_DURATION_SECONDS)
@@ -465,6 +475,26 @@ impl Relay {
         stop: &CancellationToken,
         stats: &mut RelayStats,
     ) -> Result<Option<Lsn>, Error> {
+        let done = self
+            .publish_stream(wal, txs, blocked, ordered, hold, stop, stats)
+            .await?;
+        done.settle(wal).await
+    }
+
+    /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
+    /// aggregate in `blocked` whose handed-off events may have been published is looked up
+    /// in the table: every earlier batch must be settled before this runs.
+    #[allow(clippy::too_many_arguments)]
+    async fn publish_stream(
+        &self,
+        wal: &WalStore,
+        txs: &[WalTx],
+        blocked: &mut HashSet<AggregateKey>,
+        ordered: bool,
+        hold: bool,
+        stop: &CancellationToken,
+        stats: &mut RelayStats,
+    ) -> Result<Published, Error> {
         let cfg = &self.config;
         // Aggregates that waited in the table may have caught up: ask for those of this batch.
         if ordered && !blocked.is_empty() {
@@ -565,24 +595,85 @@ impl Relay {
                 }
             }
         }
-        let settled = wal.settle_stream(&published, &failed, &held, HELD).await?;
         if let Some(last) = txs.last() {
             let behind = (chrono::Utc::now() - last.commit_time)
                 .to_std()
                 .unwrap_or_default();
             ::metrics::gauge!(m::WAL_LAG_SECONDS).set(behind.as_secs_f64());
         }
-        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(settled.failed + settled.held);
         ::metrics::counter!(m::CLAIMED_TOTAL).increment(claimed as u64);
-        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
         stats.batches += 1;
         stats.published += published.len() as u64;
         stats.failed += failed.len() as u64;
         stats.dead += dead as u64;
-        Ok(match unsettled {
-            0 => None,
-            n => Some(txs[n - 1].end_lsn),
+        Ok(Published {
+            published,
+            failed,
+            held,
+            confirm: match unsettled {
+                0 => None,
+                n => Some(txs[n - 1].end_lsn),
+            },
         })
+    }
+}
+
+/// A published stream batch, to settle: then its position may be confirmed.
+struct Published {
+    published: Vec<Uuid>,
+    failed: Vec<Failure>,
+    held: Vec<Uuid>,
+    /// The end of the longest prefix of its transactions whose every event this settles.
+    confirm: Option<Lsn>,
+}
+
+impl Published {
+    /// Settle in one statement; the position to confirm after.
+    async fn settle(self, wal: &WalStore) -> Result<Option<Lsn>, Error> {
+        let settled = wal
+            .settle_stream(&self.published, &self.failed, &self.held, HELD)
+            .await?;
+        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(settled.failed + settled.held);
+        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
+        Ok(self.confirm)
+    }
+}
+
+/// The settle of the last published batch, running while the next one is read and published
+/// (one at a time, in order: its position is confirmed once it is done).
+#[derive(Default)]
+struct PendingSettle(Option<AbortOnDrop<Result<Option<Lsn>, Error>>>);
+
+impl PendingSettle {
+    /// Start settling `p` (after the one before it is done and confirmed).
+    async fn start(
+        &mut self,
+        wal: &Arc<WalStore>,
+        p: Published,
+        reader: &StreamReader,
+    ) -> Result<(), Error> {
+        self.finish(reader).await?;
+        let wal = wal.clone();
+        self.0 = Some(AbortOnDrop(tokio::spawn(
+            async move { p.settle(&wal).await },
+        )));
+        Ok(())
+    }
+
+    /// Wait for the running settle, and confirm its position.
+    async fn finish(&mut self, reader: &StreamReader) -> Result<(), Error> {
+        let Some(task) = self.0.take() else {
+            return Ok(());
+        };
+        match task.join().await {
+            Some(Ok(Some(lsn))) => {
+                reader.confirm(lsn);
+                Ok(())
+            }
+            Some(Ok(None)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(Error::Task("a WAL batch's settle panicked".into())),
+        }
     }
 }
 
@@ -594,6 +685,15 @@ struct Session<'a> {
     hold: bool,
     target: Option<Lsn>,
     errors: &'a mut u32,
+}
+
+/// Has one of `txs`' events an aggregate in `blocked`?
+fn touches(blocked: &HashSet<AggregateKey>, txs: &[WalTx]) -> bool {
+    !blocked.is_empty()
+        && txs
+            .iter()
+            .flat_map(|t| &t.events)
+            .any(|e| blocked.contains(&key(&e.event)))
 }
 
 /// Does the table path have events left (handed-off ones not yet settled)?
