@@ -1,6 +1,6 @@
 //! The WAL source (`--source wal`): committed events read from PostgreSQL's logical
-//! replication stream, in commit order, published, settled in one statement per batch, and
-//! the slot confirmed past them. Beside it runs the table path (the ordinary claim -> publish
+//! replication stream (or, without replication settings, through SQL), in commit order,
+//! published, settled in one statement per batch, and the slot confirmed past them. Beside it runs the table path (the ordinary claim -> publish
 //! -> settle loop over the events the stream handed to the table: failed ones retrying with
 //! backoff, those held behind them, those committed before the slot existed).
 //!
@@ -47,6 +47,10 @@ const IDLE_CONFIRM: Duration = Duration::from_secs(1);
 /// How often the slot's lag, status and safe size are sampled into the metrics.
 const SLOT_SAMPLE: Duration = Duration::from_secs(5);
 
+/// How long a settle waits for its transactions to become visible (a few milliseconds at
+/// most, normally: the commit is in the WAL before the server has let go of it).
+const VISIBLE_WAIT: Duration = Duration::from_secs(5);
+
 /// With `exit_when_drained`, how often an idle stream looks whether it is done.
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
@@ -73,7 +77,11 @@ impl Relay {
             None => wal,
         };
         let wal = Arc::new(wal);
-        for warning in wal.preflight().await? {
+        let Some(warnings) = until_up(&cancel, "checking the server", || wal.preflight()).await?
+        else {
+            return Ok(stats);
+        };
+        for warning in warnings {
             tracing::warn!("{warning}");
         }
         // Sampled from the start: a standby reports the slot (and whether anyone reads it) too.
@@ -81,7 +89,9 @@ impl Relay {
         let Some(lock) = wal.lock(&cancel).await? else {
             return Ok(stats);
         };
-        let opened = wal.open_slot().await?;
+        let Some(opened) = until_up(&cancel, "opening the slot", || wal.open_slot()).await? else {
+            return Ok(stats);
+        };
         tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
             mode = cfg.ordering.mode_name(), source = "wal", slot = wal.slot(),
             created = opened.created, handed_to_table = opened.handed_off, "relay started");
@@ -606,10 +616,14 @@ impl Relay {
         stats.published += published.len() as u64;
         stats.failed += failed.len() as u64;
         stats.dead += dead as u64;
+        let mut xids: Vec<u32> = txs.iter().map(|t| t.xid).collect();
+        xids.sort_unstable();
+        xids.dedup();
         Ok(Published {
             published,
             failed,
             held,
+            xids,
             confirm: match unsettled {
                 0 => None,
                 n => Some(txs[n - 1].end_lsn),
@@ -623,13 +637,20 @@ struct Published {
     published: Vec<Uuid>,
     failed: Vec<Failure>,
     held: Vec<Uuid>,
+    /// Its transactions: their rows must be visible before the settle can find them.
+    xids: Vec<u32>,
     /// The end of the longest prefix of its transactions whose every event this settles.
     confirm: Option<Lsn>,
 }
 
 impl Published {
-    /// Settle in one statement; the position to confirm after.
+    /// Settle in one statement, once its transactions are visible; the position to confirm
+    /// after.
     async fn settle(self, wal: &WalStore) -> Result<Option<Lsn>, Error> {
+        if !wal.wait_visible(&self.xids, VISIBLE_WAIT).await? {
+            tracing::warn!(xids = ?self.xids, "a streamed transaction is still not visible \
+                after {VISIBLE_WAIT:?}; settling what is");
+        }
         let settled = wal
             .settle_stream(&self.published, &self.failed, &self.held, HELD)
             .await?;
@@ -677,6 +698,41 @@ impl PendingSettle {
     }
 }
 
+/// Run `step` until it succeeds or fails for good: a transient error (the database
+/// restarting, a connection reset) is retried with backoff, as a table relay rides an outage
+/// out. `None`: `cancel` fired meanwhile.
+async fn until_up<T, F, Fut>(
+    cancel: &CancellationToken,
+    what: &str,
+    mut step: F,
+) -> Result<Option<T>, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let retry = Backoff {
+        base: Duration::from_millis(250),
+        max: Duration::from_secs(5),
+        jitter: true,
+    };
+    let mut failures = 0u32;
+    loop {
+        match step().await {
+            Ok(v) => return Ok(Some(v)),
+            Err(e) if e.is_transient() => {
+                failures += 1;
+                let delay = retry.delay(failures, &mut rand::thread_rng());
+                tracing::warn!(error = %e, retry_in = ?delay, "{what}: database unavailable; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// What one replication stream's loop works with.
 struct Session<'a> {
     wal: &'a Arc<WalStore>,
@@ -719,8 +775,8 @@ async fn sample_slot(wal: Arc<WalStore>) {
                 if let Some(safe) = info.safe_wal_size {
                     ::metrics::gauge!(m::WAL_SAFE_WAL_SIZE_BYTES).set(safe as f64);
                 }
-                // Active: a relay reads it (the streaming transport holds the slot open; a
-                // relay reading over SQL holds it only per read, but holds the reader lock).
+                // Active: a relay reads it (a stream holds the slot open; a relay reading
+                // through SQL holds it only per read, but holds the reader lock).
                 let reading = info.active || wal.reader_present().await.unwrap_or(false);
                 ::metrics::gauge!(m::WAL_SLOT_ACTIVE).set(f64::from(u8::from(reading)));
                 let now = info.wal_status.as_deref().unwrap_or_default();

@@ -138,3 +138,33 @@ async fn set_up_is_idempotent_and_bad_names_are_refused() {
     assert!(wal::slot_info(&h.pool, &slot).await.unwrap().is_none());
     h.cleanup().await;
 }
+
+/// The settle waits for a streamed transaction to be visible: an open transaction's id is
+/// not, a committed one's is, and the 32-bit ids the stream gives are widened right.
+#[tokio::test]
+async fn a_transaction_is_visible_only_once_it_has_ended() {
+    use std::time::Duration;
+    use txoutbox::store::Store;
+    let h = PgHarness::new().await;
+    let w = h.pool_store().wal().unwrap();
+    let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let full: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let xid = (full.parse::<u64>().unwrap() & 0xFFFF_FFFF) as u32;
+    assert!(
+        !w.wait_visible(&[xid], Duration::from_millis(50))
+            .await
+            .unwrap(),
+        "an open transaction counted as visible"
+    );
+    tx.commit().await.unwrap();
+    assert!(w
+        .wait_visible(&[xid], Duration::from_secs(5))
+        .await
+        .unwrap());
+    assert!(w.wait_visible(&[], Duration::ZERO).await.unwrap());
+    h.cleanup().await;
+}

@@ -38,6 +38,17 @@ use crate::store::{
 };
 use crate::OutboxTable;
 
+/// Are all of these 32-bit transaction ids ($1) visible in a new snapshot? Each is widened to
+/// its 64-bit id by the snapshot's epoch (the one before, if it is above the snapshot's xmax:
+/// it came before a wraparound).
+const VISIBLE: &str = "\
+SELECT coalesce(bool_and(pg_visible_in_snapshot(
+         ((((m.xmax >> 32) - CASE WHEN t.xid > (m.xmax & 4294967295) THEN 1 ELSE 0 END) << 32)
+          | t.xid)::text::xid8, m.snap)), true)
+FROM (SELECT s AS snap, pg_snapshot_xmax(s)::text::bigint AS xmax
+      FROM pg_current_snapshot() AS s) AS m,
+     unnest($1::bigint[]) AS t(xid)";
+
 /// The oldest server the WAL source runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 150_000;
 
@@ -218,20 +229,45 @@ impl WalStore {
     /// fired while waiting.
     pub async fn lock(&self, cancel: &CancellationToken) -> Result<Option<SlotLock>, Error> {
         let key = self.lock_key();
-        let mut conn = self
-            .pool()
-            .acquire()
-            .await
-            .map_err(Error::Database)?
-            .detach();
+        let mut conn: Option<PgConnection> = None;
         let mut said = false;
+        let mut broken = 0u32;
         loop {
-            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-                .bind(key)
-                .fetch_one(&mut conn)
-                .await
-                .map_err(Error::Database)?;
+            // A connection that breaks while waiting (the server restarted, the link was
+            // reset) is replaced: a standby waits on, as a table relay rides an outage out.
+            let tried = async {
+                let c = match conn.as_mut() {
+                    Some(c) => c,
+                    None => conn.insert(self.pool().acquire().await?.detach()),
+                };
+                sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+                    .bind(key)
+                    .fetch_one(c)
+                    .await
+            };
+            let got = match tried.await {
+                Ok(got) => {
+                    broken = 0;
+                    got
+                }
+                Err(e) if crate::error::is_transient_sqlx(&e) => {
+                    conn = None;
+                    broken += 1;
+                    let pause = Duration::from_millis(250 * u64::from(broken.min(8)));
+                    tracing::warn!(slot = %self.slot, error = %e, retry_in = ?pause,
+                        "the slot lock's connection failed; trying again");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Error::Database(e)),
+            };
             if got {
+                let Some(conn) = conn else {
+                    return Err(Error::Task("the slot lock's connection vanished".into()));
+                };
                 if said {
                     tracing::info!(slot = %self.slot, "the other relay is gone; taking over the slot");
                 }
@@ -366,6 +402,36 @@ impl WalStore {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Error::Database)
+    }
+
+    /// Wait until the transactions `xids` (top-level ids, as the stream gives them) are
+    /// visible to new snapshots. The server writes a commit to the WAL, where the stream can
+    /// read it, a moment before other sessions see its rows: a settle that ran in that moment
+    /// would find none of them and leave them pending for ever. Gives up after `max` (the
+    /// rows may be gone for another reason, e.g. a batch delivered again after they were
+    /// deleted): true if they became visible.
+    pub async fn wait_visible(&self, xids: &[u32], max: Duration) -> Result<bool, Error> {
+        if xids.is_empty() {
+            return Ok(true);
+        }
+        let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let visible: bool = sqlx::query_scalar(VISIBLE)
+                .bind(&xids)
+                .fetch_one(self.pool())
+                .await
+                .map_err(Error::Database)?;
+            if visible {
+                return Ok(true);
+            }
+            if started.elapsed() >= max {
+                return Ok(false);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
     }
 
     /// Settle a batch read from the stream, in one statement: `published` marked published
