@@ -15,7 +15,7 @@ use super::child::{RelayChild, RelaySpec};
 use super::report::{col, quantile, Column, RunResult};
 use super::schema::BenchDb;
 use super::{published_within, wait_published, Env};
-use txoutbox::relay::Mode;
+use txoutbox::relay::{Mode, Source};
 
 pub const COLUMNS: &[Column] = &[
     col("p50_ms", "p50", "ms"),
@@ -46,14 +46,16 @@ pub struct LatencyConfig {
     pub rate: u32,
     pub publisher: String,
     pub mode: Mode,
+    pub source: Source,
 }
 
 impl LatencyConfig {
     pub fn name(&self) -> String {
         format!(
-            "{}/s {} -> {}",
+            "{}/s {} {} -> {}",
             self.rate,
             self.mode.as_str(),
+            self.source.as_str(),
             super::short_url(&self.publisher)
         )
     }
@@ -62,18 +64,20 @@ impl LatencyConfig {
             "rate": self.rate,
             "publisher": txoutbox::publish::redact_url(&self.publisher),
             "mode": self.mode.as_str(),
+            "source": self.source.as_str(),
         })
     }
 }
 
 pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source).await?;
     let spec = RelaySpec {
         txoutbox: &env.txoutbox,
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &cfg.publisher,
         mode: cfg.mode,
+        source: cfg.source,
         drain: false,
         extra: &env.relay_args,
     };
