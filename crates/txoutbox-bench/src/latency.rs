@@ -35,7 +35,8 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
          wall-clock right after COMMIT returned, corrected by the measured database clock \
          offset. kept_up: the writers achieved >= 95% of the target rate and \
          every event was published within {}s after they stopped. A run fails if any event is \
-         never published.",
+         never published. wal rows: `relay --source wal`, its publication and slot created \
+         before the first write.",
         duration.as_secs_f64(),
         grace.as_secs_f64()
     )
