@@ -166,15 +166,19 @@ impl RelayChild {
         Ok(self.peak_kib)
     }
 
+    /// The last lines of its stderr (at most 20).
+    pub fn log_tail(&self) -> String {
+        self.stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+
     fn check(&self, status: ExitStatus) -> anyhow::Result<()> {
         if status.success() {
             return Ok(());
         }
-        let tail = self
-            .stderr_tail
-            .lock()
-            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default();
+        let tail = self.log_tail();
         anyhow::bail!(
             "relay child {} failed ({status}); its last log lines:\n{tail}",
             self.pid

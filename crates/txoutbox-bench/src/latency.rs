@@ -85,8 +85,17 @@ pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResul
     let result = match RelayChild::spawn(&spec) {
         Ok(mut relay) => {
             let r = relay.sample_while(measure(env, &db, cfg)).await;
+            // A run that failed says what the relay said last (run with TXOUTBOX_LOG=info
+            // or debug for more), and whether it also failed to stop.
+            let r = r.map_err(|e| {
+                e.context(format!("the relay's last log lines:\n{}", relay.log_tail()))
+            });
             let stopped = relay.stop().await;
-            r.and_then(|r| stopped.map(|_| r))
+            match (r, stopped) {
+                (Ok(r), Ok(_)) => Ok(r),
+                (Err(e), Err(s)) => Err(e.context(format!("and the relay: {s:#}"))),
+                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            }
         }
         Err(e) => Err(e),
     };
