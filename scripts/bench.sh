@@ -7,6 +7,7 @@
 # measurements of docs/performance.md (docs/bench/*.txt) are scripts/bench-all.sh's.
 #   scripts/bench.sh                  # everything (about 10 minutes on 2 cores)
 #   EVENTS=1000000 scripts/bench.sh   # other sizes: EVENTS, DURATION, REPEATS, WRITERS; BIN
+#   SOURCE=table,wal scripts/bench.sh # the table relay beside relay --source wal (twice as long)
 #   scripts/bench.sh --relay-arg=--retention-period=0   # extra arguments go to txoutbox-bench
 # Needs the services of scripts/services.sh (PostgreSQL; NATS for the broker reference).
 # The bench is its own binary (crates/txoutbox-bench; `txoutbox-bench --help`); its relays are
@@ -20,6 +21,7 @@ events=${EVENTS:-100000}
 duration=${DURATION:-10s}
 repeats=${REPEATS:-3}
 writers=${WRITERS:-16}
+source=${SOURCE:-table}
 # BIN=path/to/txoutbox runs the relays with that binary instead of building one (the bench
 # itself is built either way).
 release="${CARGO_TARGET_DIR:-target}/release"
@@ -32,6 +34,7 @@ export TXOUTBOX_BIN=${BIN:-$release/txoutbox}
 mkdir -p docs
 "$release/txoutbox-bench" all \
   --events "$events" --duration "$duration" --repeats "$repeats" --writers "$writers" \
+  --source "$source" \
   --publisher null: \
   --publisher "$nats?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}" \
   --rate 500,5000 --relays 1,2,4 --mode ordered,unordered \

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use txoutbox::relay::{parse_duration, Mode, RelayConfig};
+use txoutbox::relay::{parse_duration, Mode, RelayConfig, Source};
 
 /// Measure the outbox on this PostgreSQL: drain rate, commit-to-ack latency, write-path cost
 /// and scaling with relays. Every run gets a fresh schema (txo_bench_<pid>_<n>), migrated,
@@ -70,6 +70,20 @@ pub struct BenchArgs {
         value_enum
     )]
     pub modes: Vec<Mode>,
+    /// Where the relays read events from: table (claim rows), wal (PostgreSQL's logical
+    /// replication stream, `relay --source wal`), or both to compare them (table,wal): drain,
+    /// latency, write and scale run every configuration once per source, interleaved, and
+    /// add each one's ratio to table. A wal run creates its schema's publication and slot
+    /// before inserting anything and drops them with the schema
+    #[arg(
+        long = "source",
+        value_name = "SOURCE",
+        env = "TXOUTBOX_BENCH_SOURCE",
+        value_delimiter = ',',
+        default_values_t = [Source::Table],
+        value_enum
+    )]
+    pub sources: Vec<Source>,
     /// Runs per configuration; configurations are interleaved (A B C A B C ...) and the
     /// median, min and max are reported
     #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -106,6 +120,17 @@ impl BenchArgs {
             .first()
             .copied()
             .unwrap_or_else(|| RelayConfig::default().mode())
+    }
+
+    /// The sources to compare, each once, in the order given.
+    pub fn sources(&self) -> Vec<Source> {
+        let mut out: Vec<Source> = Vec::new();
+        for s in &self.sources {
+            if !out.contains(s) {
+                out.push(*s);
+            }
+        }
+        out
     }
 
     /// The modes `scale` compares.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use txoutbox::relay::Mode;
+use txoutbox::relay::{Mode, Source};
 
 use crate::UsageError;
 
@@ -24,6 +24,7 @@ pub struct RelaySpec<'a> {
     pub schema: &'a str,
     pub publisher: &'a str,
     pub mode: Mode,
+    pub source: Source,
     pub drain: bool,
     pub extra: &'a [String],
 }
@@ -43,6 +44,8 @@ impl RelayChild {
             .arg(spec.publisher)
             .arg("--mode")
             .arg(spec.mode.as_str())
+            .arg("--source")
+            .arg(spec.source.as_str())
             .arg("--admin-addr")
             .arg("off");
         if spec.drain {
@@ -54,6 +57,8 @@ impl RelayChild {
             .env("TXOUTBOX_SCHEMA", spec.schema)
             .env("TXOUTBOX_TABLE", "outbox_events")
             .env_remove("TXOUTBOX_DRAIN")
+            // The slot is the one named for the bench's table, which the bench drops.
+            .env_remove("TXOUTBOX_SLOT")
             .env(
                 "TXOUTBOX_LOG",
                 std::env::var("TXOUTBOX_LOG").unwrap_or_else(|_| "warn".into()),
@@ -161,15 +166,19 @@ impl RelayChild {
         Ok(self.peak_kib)
     }
 
+    /// The last lines of its stderr (at most 20).
+    pub fn log_tail(&self) -> String {
+        self.stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+
     fn check(&self, status: ExitStatus) -> anyhow::Result<()> {
         if status.success() {
             return Ok(());
         }
-        let tail = self
-            .stderr_tail
-            .lock()
-            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
-            .unwrap_or_default();
+        let tail = self.log_tail();
         anyhow::bail!(
             "relay child {} failed ({status}); its last log lines:\n{tail}",
             self.pid

@@ -7,22 +7,29 @@ use super::child::{RelayChild, RelaySpec};
 use super::report::{col, Column, RunResult};
 use super::schema::BenchDb;
 use super::Env;
-use txoutbox::relay::Mode;
+use txoutbox::relay::{Mode, Source};
 
 pub const COLUMNS: &[Column] = &[
     col("events_per_s", "events/s", ""),
     col("seconds", "time", "s"),
     col("peak_rss_mib", "peak RSS", "MiB"),
+    col("ratio_to_table", "ratio to table", ""),
+    col("handed_off", "via table", "events"),
 ];
 
 pub fn measures(events: u64, aggregates: u64) -> String {
     format!(
         "{events} events over {aggregates} aggregates (~200-byte JSON payloads) inserted set-based \
-         and VACUUM ANALYZEd, then `txoutbox relay --drain` child process(es) publish them all. \
+         in transactions of {per_tx} and VACUUM ANALYZEd (with --source wal after the \
+         publication and slot were created), then `txoutbox relay --drain` child process(es) publish them all. \
          events/s = events / wall-clock from the relays' start to the last relay's exit \
          (process start-up, migration check and connection set-up included). Peak RSS = \
          largest VmHWM of one relay (sampled every 20 ms). A run fails unless every event was \
-         published (processed_at set after the broker's ack)."
+         published (processed_at set after the broker's ack). ratio to table (with \
+         --source table,wal) = events/s / events/s of the same configuration reading the \
+         table, in the same round. via table (wal) = events the WAL relay handed to its table \
+         path instead of publishing them from the stream (0 unless publishes failed).",
+        per_tx = super::schema::EVENTS_PER_TX
     )
 }
 
@@ -31,15 +38,17 @@ pub struct DrainConfig {
     pub publisher: String,
     pub relays: u32,
     pub mode: Mode,
+    pub source: Source,
 }
 
 impl DrainConfig {
     pub fn name(&self) -> String {
         format!(
-            "{} relay{} {} -> {}",
+            "{} relay{} {} {} -> {}",
             self.relays,
             if self.relays == 1 { "" } else { "s" },
             self.mode.as_str(),
+            self.source.as_str(),
             super::short_url(&self.publisher)
         )
     }
@@ -49,12 +58,13 @@ impl DrainConfig {
             "publisher": txoutbox::publish::redact_url(&self.publisher),
             "relays": self.relays,
             "mode": self.mode.as_str(),
+            "source": self.source.as_str(),
         })
     }
 }
 
 pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source).await?;
     let result = measure(env, &db, cfg).await;
     let dropped = db.drop().await;
     let r = result?;
@@ -73,6 +83,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
         schema: db.schema(),
         publisher: &cfg.publisher,
         mode: cfg.mode,
+        source: cfg.source,
         drain: true,
         extra: &env.relay_args,
     };
@@ -95,8 +106,12 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
         );
     }
     let peak = relays.iter().map(RelayChild::peak_kib).max().unwrap_or(0);
-    Ok(RunResult::default()
+    let r = RunResult::default()
         .value("events_per_s", env.events as f64 / elapsed)
         .value("seconds", elapsed)
-        .value("peak_rss_mib", peak as f64 / 1024.0))
+        .value("peak_rss_mib", peak as f64 / 1024.0);
+    Ok(match cfg.source {
+        Source::Wal => r.value("handed_off", db.handed_off().await? as f64),
+        Source::Table => r,
+    })
 }

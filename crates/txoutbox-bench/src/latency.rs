@@ -15,7 +15,7 @@ use super::child::{RelayChild, RelaySpec};
 use super::report::{col, quantile, Column, RunResult};
 use super::schema::BenchDb;
 use super::{published_within, wait_published, Env};
-use txoutbox::relay::Mode;
+use txoutbox::relay::{Mode, Source};
 
 pub const COLUMNS: &[Column] = &[
     col("p50_ms", "p50", "ms"),
@@ -35,7 +35,8 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
          wall-clock right after COMMIT returned, corrected by the measured database clock \
          offset. kept_up: the writers achieved >= 95% of the target rate and \
          every event was published within {}s after they stopped. A run fails if any event is \
-         never published.",
+         never published. wal rows: `relay --source wal`, its publication and slot created \
+         before the first write.",
         duration.as_secs_f64(),
         grace.as_secs_f64()
     )
@@ -46,14 +47,16 @@ pub struct LatencyConfig {
     pub rate: u32,
     pub publisher: String,
     pub mode: Mode,
+    pub source: Source,
 }
 
 impl LatencyConfig {
     pub fn name(&self) -> String {
         format!(
-            "{}/s {} -> {}",
+            "{}/s {} {} -> {}",
             self.rate,
             self.mode.as_str(),
+            self.source.as_str(),
             super::short_url(&self.publisher)
         )
     }
@@ -62,26 +65,37 @@ impl LatencyConfig {
             "rate": self.rate,
             "publisher": txoutbox::publish::redact_url(&self.publisher),
             "mode": self.mode.as_str(),
+            "source": self.source.as_str(),
         })
     }
 }
 
 pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source).await?;
     let spec = RelaySpec {
         txoutbox: &env.txoutbox,
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &cfg.publisher,
         mode: cfg.mode,
+        source: cfg.source,
         drain: false,
         extra: &env.relay_args,
     };
     let result = match RelayChild::spawn(&spec) {
         Ok(mut relay) => {
             let r = relay.sample_while(measure(env, &db, cfg)).await;
+            // A run that failed says what the relay said last (run with TXOUTBOX_LOG=info
+            // or debug for more), and whether it also failed to stop.
+            let r = r.map_err(|e| {
+                e.context(format!("the relay's last log lines:\n{}", relay.log_tail()))
+            });
             let stopped = relay.stop().await;
-            r.and_then(|r| stopped.map(|_| r))
+            match (r, stopped) {
+                (Ok(r), Ok(_)) => Ok(r),
+                (Err(e), Err(s)) => Err(e.context(format!("and the relay: {s:#}"))),
+                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            }
         }
         Err(e) => Err(e),
     };

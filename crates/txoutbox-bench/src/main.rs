@@ -29,7 +29,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use txoutbox::publish::{redact_secrets, redact_url, ConnectError, Publisher};
-use txoutbox::relay::Mode;
+use txoutbox::relay::{Mode, Source};
 
 use args::{BenchArgs, Scenario};
 use drain::DrainConfig;
@@ -103,7 +103,16 @@ impl Env {
 
 async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let url = a.database_url.clone();
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+    let postgres_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if !postgres_url && a.sources().contains(&Source::Wal) {
+        return Err(UsageError(
+            "--source wal needs PostgreSQL (a postgres:// URL): the WAL source reads its \
+             logical replication stream; MySQL and SQLite have the table source only"
+                .into(),
+        )
+        .into());
+    }
+    if !postgres_url {
         return Err(UsageError(
             "txoutbox-bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
              use scripts/drain-db.sh"
@@ -118,6 +127,12 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let txoutbox = child::find_txoutbox(a.txoutbox_bin.as_deref())?;
     let (pool, postgres) = bench_pool(&url, a.writers + 4).await?;
+    if a.sources().contains(&Source::Wal) && a.scenario != Scenario::Publish {
+        // Before any schema is made: the line that names the fix, not a failed relay's log.
+        txoutbox::store::postgres::wal::check_wal_level(&pool)
+            .await
+            .context("--source wal")?;
+    }
     let bar = if a.json {
         ProgressBar::hidden()
     } else {
@@ -154,8 +169,12 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let left = env.registry.drop_all(&pool).await;
     if !left.is_empty() {
         eprintln!(
-            "warning: could not drop the bench schema(s) {}",
-            left.join(", ")
+            "warning: could not drop the bench schema(s) {}; drop them by hand, with their \
+             replication slots (SELECT pg_drop_replication_slot(slot_name) FROM \
+             pg_replication_slots WHERE slot_name LIKE 'txoutbox_txo_bench_{}_%'), which \
+             otherwise keep the server's WAL",
+            left.join(", "),
+            std::process::id()
         );
     }
     let Some(sections) = outcome? else {
@@ -254,41 +273,54 @@ async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
 
 async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
     let wanted = |s: Scenario| a.scenario == s || a.scenario == Scenario::All;
+    // Each configuration once per source, side by side (table, wal, table, wal, ...).
+    let sources = a.sources();
     let drains: Vec<DrainConfig> = a
         .publishers
         .iter()
-        .map(|p| DrainConfig {
-            publisher: p.clone(),
-            relays: 1,
-            mode: a.mode(),
+        .flat_map(|p| {
+            sources.iter().map(|source| DrainConfig {
+                publisher: p.clone(),
+                relays: 1,
+                mode: a.mode(),
+                source: *source,
+            })
         })
         .collect();
     let latencies: Vec<LatencyConfig> = a
         .rates
         .iter()
-        .map(|r| LatencyConfig {
-            rate: *r,
-            publisher: a.publishers[0].clone(),
-            mode: a.mode(),
+        .flat_map(|r| {
+            sources.iter().map(|source| LatencyConfig {
+                rate: *r,
+                publisher: a.publishers[0].clone(),
+                mode: a.mode(),
+                source: *source,
+            })
         })
         .collect();
     let scales: Vec<DrainConfig> = a
         .scale_modes()
         .into_iter()
         .flat_map(|mode| {
-            a.relays.iter().map(move |r| DrainConfig {
-                publisher: a.publishers[0].clone(),
-                relays: *r,
-                mode,
+            let sources = &sources;
+            a.relays.iter().flat_map(move |r| {
+                sources.iter().map(move |source| DrainConfig {
+                    publisher: a.publishers[0].clone(),
+                    relays: *r,
+                    mode,
+                    source: *source,
+                })
             })
         })
         .collect();
+    let writes = write::configs(&sources);
     let mut runs = 0;
     for (s, n) in [
         (Scenario::Publish, a.publishers.len()),
         (Scenario::Drain, drains.len()),
         (Scenario::Latency, latencies.len()),
-        (Scenario::Write, write::ALL.len()),
+        (Scenario::Write, writes.len()),
         (Scenario::Scale, scales.len()),
     ] {
         if wanted(s) {
@@ -316,7 +348,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         });
     }
     if wanted(Scenario::Drain) {
-        let rows = interleave(
+        let mut rows = interleave(
             env,
             a.repeats,
             &drains,
@@ -325,6 +357,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
             |c| drain::run_once(env, c),
         )
         .await?;
+        report::add_ratio_to_table(&mut rows, "events_per_s", "ratio_to_table");
         sections.push(Section {
             scenario: "drain",
             measures: drain::measures(env.events, env.aggregates),
@@ -353,7 +386,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         let mut rows = interleave(
             env,
             a.repeats,
-            &write::ALL,
+            &writes,
             |c| c.name().to_string(),
             |c| c.params(),
             |c| write::run_once(env, *c),
@@ -368,7 +401,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         });
     }
     if wanted(Scenario::Scale) {
-        let rows = interleave(
+        let mut rows = interleave(
             env,
             a.repeats,
             &scales,
@@ -377,6 +410,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
             |c| drain::run_once(env, c),
         )
         .await?;
+        report::add_ratio_to_table(&mut rows, "events_per_s", "ratio_to_table");
         sections.push(Section {
             scenario: "scale",
             measures: drain::measures(env.events, env.aggregates),

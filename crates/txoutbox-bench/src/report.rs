@@ -108,6 +108,44 @@ impl Row {
     }
 }
 
+/// With more than one source (`--source table,wal`): each row's `metric` divided by that of
+/// the row with the same parameters but `"source": "table"`, run by run (runs are
+/// interleaved, so run i of every configuration shares round i), as `key`. Rows without such
+/// a partner get no ratio; the table rows that have one get 1.
+pub fn add_ratio_to_table(rows: &mut [Row], metric: &str, key: &str) {
+    let without_source = |r: &Row| {
+        let mut p = r.params.clone();
+        if let Some(o) = p.as_object_mut() {
+            o.remove("source");
+        }
+        p
+    };
+    let is_table = |r: &Row| r.params.get("source").and_then(|s| s.as_str()) == Some("table");
+    let mut ratios: Vec<(usize, Vec<f64>)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        if is_table(r) {
+            continue;
+        }
+        let params = without_source(r);
+        let Some(base) = rows
+            .iter()
+            .position(|b| is_table(b) && without_source(b) == params)
+        else {
+            continue;
+        };
+        let (Some(v), Some(b)) = (r.stat(metric), rows[base].stat(metric)) else {
+            continue;
+        };
+        ratios.push((i, v.runs.iter().zip(&b.runs).map(|(v, b)| v / b).collect()));
+        if !ratios.iter().any(|(j, _)| *j == base) {
+            ratios.push((base, vec![1.0; b.runs.len()]));
+        }
+    }
+    for (i, runs) in ratios {
+        rows[i].add_metric(key, runs);
+    }
+}
+
 /// One scenario's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct Section {
@@ -166,8 +204,14 @@ impl Report {
         );
         for s in &self.sections {
             let _ = writeln!(out, "\n== {} ==\n{}", s.scenario, s.measures);
+            // A column no row has (e.g. the ratio to table of a one-source run) is left out.
+            let columns: Vec<&Column> = s
+                .columns
+                .iter()
+                .filter(|c| s.rows.iter().any(|r| r.stat(c.key).is_some()))
+                .collect();
             let mut header = vec!["configuration".to_string()];
-            header.extend(s.columns.iter().map(|c| {
+            header.extend(columns.iter().map(|c| {
                 if c.unit.is_empty() {
                     c.label.to_string()
                 } else {
@@ -183,7 +227,7 @@ impl Report {
             let mut lines = vec![header];
             for r in &s.rows {
                 let mut line = vec![r.config.clone()];
-                for c in &s.columns {
+                for c in &columns {
                     line.push(match r.stat(c.key) {
                         Some(st) => fmt_stat(st),
                         None => "-".into(),
@@ -290,6 +334,38 @@ mod tests {
         assert_eq!(quantile(&v, 0.99), 99.0);
         assert_eq!(quantile(&v, 1.0), 100.0);
         assert_eq!(quantile(&[7.0], 0.9), 7.0);
+    }
+
+    fn row(source: &str, publisher: &str, runs: &[f64]) -> Row {
+        let results: Vec<RunResult> = runs
+            .iter()
+            .map(|v| RunResult::default().value("events_per_s", *v))
+            .collect();
+        Row::new(
+            format!("{source} -> {publisher}"),
+            serde_json::json!({ "publisher": publisher, "source": source }),
+            &results,
+        )
+    }
+
+    #[test]
+    fn ratio_to_the_table_row_of_the_same_configuration_round_by_round() {
+        let mut rows = vec![
+            row("table", "null:", &[100.0, 200.0]),
+            row("wal", "null:", &[300.0, 200.0]),
+            row("table", "nats:", &[50.0, 50.0]),
+            row("wal", "nats:", &[25.0, 100.0]),
+        ];
+        add_ratio_to_table(&mut rows, "events_per_s", "ratio");
+        let ratio = |r: &Row| r.stat("ratio").map(|s| s.runs.clone());
+        assert_eq!(ratio(&rows[0]), Some(vec![1.0, 1.0]));
+        assert_eq!(ratio(&rows[1]), Some(vec![3.0, 1.0]));
+        assert_eq!(ratio(&rows[2]), Some(vec![1.0, 1.0]));
+        assert_eq!(ratio(&rows[3]), Some(vec![0.5, 2.0]));
+        // One source only: no ratio column at all.
+        let mut alone = vec![row("table", "null:", &[1.0])];
+        add_ratio_to_table(&mut alone, "events_per_s", "ratio");
+        assert!(alone[0].stat("ratio").is_none());
     }
 
     #[test]

@@ -1,12 +1,24 @@
 //! One fresh, migrated schema per run, and the registry that drops them all at the end (also
-//! after an error or Ctrl-C).
+//! after an error or Ctrl-C), with the WAL source's publication and replication slot of its
+//! table: those are objects of the database, not of the schema, and a slot left behind would
+//! keep the server's WAL for ever.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::PgPool;
+use txoutbox::relay::Source;
+use txoutbox::store::postgres::wal;
 use txoutbox::OutboxTable;
+
+/// How long a slot still read by a relay that was just stopped or killed may stay active
+/// before the bench ends the server process that reads it.
+const SLOT_RELEASE: Duration = Duration::from_secs(5);
+
+/// Events per transaction of [`BenchDb::insert_events`].
+pub const EVENTS_PER_TX: i64 = 1000;
 
 /// Schemas this process created and has not dropped yet.
 #[derive(Clone, Default)]
@@ -28,7 +40,8 @@ impl Registry {
         }
     }
 
-    /// Drop every schema still registered; returns the ones that could not be dropped.
+    /// Drop every schema still registered, with its slot and publication; returns what could
+    /// not be dropped, and why.
     pub async fn drop_all(&self, pool: &PgPool) -> Vec<String> {
         let live = match self.live.lock() {
             Ok(l) => l.clone(),
@@ -36,22 +49,71 @@ impl Registry {
         };
         let mut failed = Vec::new();
         for s in live {
-            if drop_schema(pool, &s).await.is_ok() {
-                self.remove(&s);
-            } else {
-                failed.push(s);
+            match drop_schema(pool, &s).await {
+                Ok(()) => self.remove(&s),
+                Err(e) => failed.push(format!("{s} ({e:#})")),
             }
         }
         failed
     }
 }
 
-async fn drop_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
-    // `schema` is made by `BenchDb::create` from a fixed prefix and numbers.
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+/// Drop the schema's replication slot and publication (if any), then the schema. Every step is
+/// tried even when an earlier one failed; the first error is returned.
+async fn drop_schema(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
+    let table = OutboxTable::new(schema, "outbox_events")
+        .map_err(|e| anyhow::anyhow!("bench schema name: {e}"))?;
+    let slot = drop_slot(pool, &wal::slot_name(&table)).await;
+    let publication = wal::publication_name(&table);
+    // `publication` is made of validated identifiers (the schema: a fixed prefix and numbers).
+    let publication = sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{publication}\""))
         .execute(pool)
         .await
-        .map(|_| ())
+        .with_context(|| format!("dropping the publication {publication}"));
+    let dropped = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(pool)
+        .await
+        .with_context(|| format!("dropping the bench schema {schema}"));
+    slot.and(publication).and(dropped.map(|_| ()))
+}
+
+/// Drop a replication slot if it exists. A relay child that was just stopped (or killed, on an
+/// error or Ctrl-C) may still read it for a moment, until its server process notices: wait for
+/// that, and after [`SLOT_RELEASE`] end that server process.
+async fn drop_slot(pool: &PgPool, slot: &str) -> anyhow::Result<()> {
+    let what = || format!("dropping the replication slot {slot}");
+    let started = tokio::time::Instant::now();
+    let mut terminated = false;
+    loop {
+        let Some(info) = wal::slot_info(pool, slot).await.with_context(what)? else {
+            return Ok(());
+        };
+        if !info.active {
+            match wal::drop_slot(pool, slot).await {
+                Ok(_) => return Ok(()),
+                // It became active again between the two statements: a reader still there.
+                Err(e) if started.elapsed() > 2 * SLOT_RELEASE => return Err(e).with_context(what),
+                Err(_) => {}
+            }
+        } else if started.elapsed() > SLOT_RELEASE && !terminated {
+            sqlx::query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            )
+            .bind(slot)
+            .execute(pool)
+            .await
+            .with_context(what)?;
+            terminated = true;
+        } else if started.elapsed() > 2 * SLOT_RELEASE {
+            anyhow::bail!(
+                "{}: it is still in use after {}s",
+                what(),
+                (2 * SLOT_RELEASE).as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A migrated outbox in a schema of its own.
@@ -62,7 +124,14 @@ pub struct BenchDb {
 }
 
 impl BenchDb {
-    pub async fn create(pool: &PgPool, registry: &Registry) -> anyhow::Result<Self> {
+    /// A fresh schema, migrated; for [`Source::Wal`] also its publication and slot, before
+    /// anything is inserted (a WAL relay hands events committed before its slot existed to the
+    /// table path, which is not what a WAL run measures).
+    pub async fn create(
+        pool: &PgPool,
+        registry: &Registry,
+        source: Source,
+    ) -> anyhow::Result<Self> {
         let n = registry.next.fetch_add(1, Ordering::Relaxed);
         let schema = format!("txo_bench_{}_{n}", std::process::id());
         let table = OutboxTable::new(&schema, "outbox_events")
@@ -71,6 +140,14 @@ impl BenchDb {
         txoutbox::migrate(pool, &table)
             .await
             .with_context(|| format!("migrating the bench schema {schema}"))?;
+        if source == Source::Wal {
+            wal::ensure_publication(pool, &table)
+                .await
+                .with_context(|| format!("creating the publication of {schema}"))?;
+            wal::ensure_slot(pool, &wal::slot_name(&table))
+                .await
+                .with_context(|| format!("creating the replication slot of {schema}"))?;
+        }
         Ok(Self {
             pool: pool.clone(),
             table,
@@ -91,29 +168,43 @@ impl BenchDb {
         format!("{}.\"{name}\"", self.table.schema().quoted())
     }
 
-    /// `n` events over `aggregates` aggregates in one set-based statement, payload ~200 bytes
-    /// (as scripts/drain.sh), then VACUUM ANALYZE so the relay starts on fresh statistics.
+    /// `n` events over `aggregates` aggregates, set-based in transactions of
+    /// [`EVENTS_PER_TX`] (one huge transaction would be one huge message for the WAL source,
+    /// unlike any business workload), payload ~200 bytes (as scripts/drain.sh), then VACUUM
+    /// ANALYZE so the relay starts on fresh statistics.
     ///
     /// Their ids are UUIDv7 in insert order, as `Outbox::enqueue` writes them (the column's
     /// default, `gen_random_uuid()`, is v4 and would scatter the primary-key index): a
     /// millisecond timestamp rising with `g` (100 events a millisecond), the version and
     /// variant bits, and random bits from md5.
     pub async fn insert_events(&self, n: u64, aggregates: u64) -> anyhow::Result<()> {
-        sqlx::query(&format!(
+        let n = i64::try_from(n).context("--events too large")?;
+        let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
+        let sql = format!(
             "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload)
-             SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint + g / 100), 12, '0')
+             SELECT (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
                      || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-                    'order', (g % $2)::text, 'order.created',
+                    'order', (g % $3)::text, 'order.created',
                     jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
                                        'total', g * 1.5, 'note', repeat('x', 100))
-             FROM generate_series(1, $1) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r",
+             FROM generate_series($1, $2) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r",
             self.qualified()
-        ))
-        .bind(i64::try_from(n).context("--events too large")?)
-        .bind(i64::try_from(aggregates).context("--aggregates too large")?)
-        .execute(&self.pool)
-        .await
-        .context("inserting the bench events")?;
+        );
+        // One time base for all transactions: ids keep rising with `g` across them.
+        let base = chrono::Utc::now();
+        let mut first = 1i64;
+        while first <= n {
+            let last = (first + EVENTS_PER_TX - 1).min(n);
+            sqlx::query(&sql)
+                .bind(first)
+                .bind(last)
+                .bind(aggregates)
+                .bind(base)
+                .execute(&self.pool)
+                .await
+                .context("inserting the bench events")?;
+            first = last + 1;
+        }
         sqlx::query(&format!("VACUUM ANALYZE {}", self.qualified()))
             .execute(&self.pool)
             .await
@@ -133,6 +224,18 @@ impl BenchDb {
         .context("counting unpublished events")
     }
 
+    /// Events a WAL relay handed to the table path (published there, not from the stream):
+    /// after a clean WAL run, 0.
+    pub async fn handed_off(&self) -> anyhow::Result<i64> {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {} WHERE handed_off_at IS NOT NULL",
+            self.qualified()
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .context("counting events handed to the table path")
+    }
+
     /// Dead letters (events that will not arrive without an operator).
     pub async fn dead(&self) -> anyhow::Result<i64> {
         sqlx::query_scalar(&format!(
@@ -146,9 +249,7 @@ impl BenchDb {
 
     pub async fn drop(self) -> anyhow::Result<()> {
         let schema = self.schema().to_string();
-        drop_schema(&self.pool, &schema)
-            .await
-            .with_context(|| format!("dropping the bench schema {schema}"))?;
+        drop_schema(&self.pool, &schema).await?;
         self.registry.remove(&schema);
         Ok(())
     }

@@ -15,6 +15,7 @@ use super::child::{RelayChild, RelaySpec};
 use super::report::{col, Column, Row, RunResult};
 use super::schema::BenchDb;
 use super::{wait_published, Env};
+use txoutbox::relay::Source;
 
 pub const COLUMNS: &[Column] = &[
     col("commits_per_s", "commits/s", ""),
@@ -28,7 +29,9 @@ pub fn measures(duration: Duration, writers: u32) -> String {
          transactions whose COMMIT returned within that time. ratio = commits/s / commits/s of \
          `no outbox` in the same round (rounds interleave the configurations). Configurations \
          with a relay run one `txoutbox relay` child (publisher as given, default null:) on the \
-         same machine, as in production, and fail unless it published every event.",
+         same machine, as in production, and fail unless it published every event; `relay \
+         --source wal` reads PostgreSQL's logical replication stream (its publication and slot \
+         created before the first write).",
         duration.as_secs_f64()
     )
 }
@@ -41,20 +44,28 @@ pub enum WriteConfig {
     Enqueue,
     /// Order + enqueue with txoutbox's wake-up trigger, no relay (the trigger's own cost).
     EnqueueTrigger,
-    /// Order + enqueue, txoutbox's wake-up trigger, a relay running: production.
-    EnqueueWakeRelay,
+    /// Order + enqueue, txoutbox's wake-up trigger, a relay reading that source running:
+    /// production.
+    EnqueueWakeRelay(Source),
     /// Order + enqueue, the seed design's NOTIFY-on-every-insert trigger instead of ours, a
     /// relay running.
     SeedNotifyRelay,
 }
 
-pub const ALL: [WriteConfig; 5] = [
-    WriteConfig::NoOutbox,
-    WriteConfig::Enqueue,
-    WriteConfig::EnqueueTrigger,
-    WriteConfig::EnqueueWakeRelay,
-    WriteConfig::SeedNotifyRelay,
-];
+/// The configurations to compare: those without a relay, production with a relay of each
+/// source, and (with the table source) the seed's trigger.
+pub fn configs(sources: &[Source]) -> Vec<WriteConfig> {
+    let mut c = vec![
+        WriteConfig::NoOutbox,
+        WriteConfig::Enqueue,
+        WriteConfig::EnqueueTrigger,
+    ];
+    c.extend(sources.iter().map(|s| WriteConfig::EnqueueWakeRelay(*s)));
+    if sources.contains(&Source::Table) {
+        c.push(WriteConfig::SeedNotifyRelay);
+    }
+    c
+}
 
 impl WriteConfig {
     pub fn name(self) -> &'static str {
@@ -62,7 +73,8 @@ impl WriteConfig {
             Self::NoOutbox => "no outbox",
             Self::Enqueue => "enqueue, no wake-up trigger",
             Self::EnqueueTrigger => "enqueue + wake-up trigger, no relay",
-            Self::EnqueueWakeRelay => "enqueue + wake-up trigger + relay",
+            Self::EnqueueWakeRelay(Source::Table) => "enqueue + wake-up trigger + relay",
+            Self::EnqueueWakeRelay(Source::Wal) => "enqueue + wake-up trigger + relay --source wal",
             Self::SeedNotifyRelay => "enqueue + seed NOTIFY-per-row trigger + relay",
         }
     }
@@ -70,22 +82,31 @@ impl WriteConfig {
         self != Self::NoOutbox
     }
     fn relay(self) -> bool {
-        matches!(self, Self::EnqueueWakeRelay | Self::SeedNotifyRelay)
+        matches!(self, Self::EnqueueWakeRelay(_) | Self::SeedNotifyRelay)
     }
     fn our_trigger(self) -> bool {
-        matches!(self, Self::EnqueueTrigger | Self::EnqueueWakeRelay)
+        matches!(self, Self::EnqueueTrigger | Self::EnqueueWakeRelay(_))
+    }
+    /// Where its relay reads from (the seed's design: the table); table without a relay (no
+    /// slot to create).
+    fn source(self) -> Source {
+        match self {
+            Self::EnqueueWakeRelay(s) => s,
+            _ => Source::Table,
+        }
     }
     pub fn params(self) -> serde_json::Value {
         serde_json::json!({
             "outbox": self.outbox(),
             "wake_trigger": if self.our_trigger() { "txoutbox" } else if self == Self::SeedNotifyRelay { "seed_notify_per_row" } else { "none" },
             "relay": self.relay(),
+            "source": self.relay().then(|| self.source().as_str()),
         })
     }
 }
 
 pub async fn run_once(env: &Env, cfg: WriteConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source()).await?;
     let result = setup_and_measure(env, &db, cfg).await;
     let dropped = db.drop().await;
     let r = result?;
@@ -133,6 +154,7 @@ async fn setup_and_measure(env: &Env, db: &BenchDb, cfg: WriteConfig) -> anyhow:
         schema: db.schema(),
         publisher: &env.publishers[0],
         mode: env.mode,
+        source: cfg.source(),
         drain: false,
         extra: &env.relay_args,
     };

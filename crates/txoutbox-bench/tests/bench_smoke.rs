@@ -93,8 +93,29 @@ async fn assert_no_schemas_left(pid: u32) {
         .fetch_one(&pool)
         .await
         .unwrap();
+    // The WAL source's slot and publication are named for the table: txoutbox_<schema>_...
+    let slots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1")
+            .bind(format!("txoutbox\\_txo\\_bench\\_{pid}\\_%"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let publications: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_publication WHERE pubname LIKE $1")
+            .bind(format!("txoutbox\\_txo\\_bench\\_{pid}\\_%"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     pool.close().await;
     assert_eq!(left, 0, "the bench left {left} schema(s) behind");
+    assert_eq!(
+        slots, 0,
+        "the bench left {slots} replication slot(s) behind"
+    );
+    assert_eq!(
+        publications, 0,
+        "the bench left {publications} publication(s) behind"
+    );
 }
 
 fn section<'a>(report: &'a Value, scenario: &str) -> &'a Vec<Value> {
@@ -240,6 +261,107 @@ async fn scale_runs_one_and_two_relays_in_both_modes() {
     for r in rows {
         assert!(median(r, "events_per_s") > 0.0, "{r}");
     }
+}
+
+fn sources(rows: &[Value]) -> Vec<&str> {
+    rows.iter()
+        .map(|r| r["params"]["source"].as_str().unwrap_or("-"))
+        .collect()
+}
+
+/// Both sources side by side: the WAL relay publishes every event from the stream (none
+/// handed to its table path: the slot existed before the events), and the ratio is to the
+/// table row of the same round.
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_compares_the_wal_source_with_the_table() {
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "2500",
+        "--source",
+        "table,wal",
+        "--repeats",
+        "2",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "drain");
+    assert_eq!(sources(rows), ["table", "wal"], "{rows:?}");
+    assert_eq!(median(&rows[0], "ratio_to_table"), 1.0);
+    let ratios = rows[1]["metrics"]["ratio_to_table"]["runs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(ratios.len(), 2, "a ratio per round: {}", rows[1]);
+    assert!(median(&rows[1], "ratio_to_table") > 0.0);
+    assert!(median(&rows[1], "peak_rss_mib") > 1.0);
+    assert_eq!(
+        median(&rows[1], "handed_off"),
+        0.0,
+        "the WAL relay published from the stream: {}",
+        rows[1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_and_write_run_with_the_wal_source() {
+    let report = ok_json(&[
+        "latency",
+        "--rate",
+        "200",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--source",
+        "wal",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "latency");
+    assert_eq!(sources(rows), ["wal"]);
+    assert_eq!(median(&rows[0], "events"), 200.0);
+
+    let report = ok_json(&[
+        "write",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--source",
+        "table,wal",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "write");
+    let relays: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["params"]["relay"] == true)
+        .map(|r| r["params"]["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(relays, ["table", "wal", "table"], "{rows:?}");
+    for r in rows {
+        assert!(median(r, "ratio") > 0.0, "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wal_source_on_another_database_is_a_usage_error() {
+    let (out, _) = bench(&[
+        "drain",
+        "--source",
+        "table,wal",
+        "--database-url",
+        "mysql://root@127.0.0.1:3306/test",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("--source wal needs PostgreSQL"), "{err}");
 }
 
 /// The bench's own check can fail: when every publish fails and each event is dead-lettered
