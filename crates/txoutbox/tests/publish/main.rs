@@ -2,6 +2,7 @@
 //! One test binary for all of them (each file was one of its own), so the suite links once.
 
 mod amqp;
+mod aws;
 mod conformance;
 mod http;
 mod kafka;
