@@ -26,6 +26,8 @@ pub(crate) const PARAMS: &[&str] = &[
     "cloudevents",
     "ce_source",
 ];
+/// The CloudEvents parameters are among [`PARAMS`] (the test `params_include_cloudevents`).
+const _: &[&str] = super::cloudevents::PARAMS;
 /// Entries in one `SendMessageBatch` or `PublishBatch` call.
 pub const MAX_BATCH: usize = 10;
 /// Message attributes one SQS message or SNS notification may carry.
@@ -671,6 +673,13 @@ mod tests {
                 .collect(),
             created_at: chrono::DateTime::from_timestamp(0, 0).unwrap(),
             attempt: 1,
+        }
+    }
+
+    #[test]
+    fn params_include_cloudevents() {
+        for p in super::super::cloudevents::PARAMS {
+            assert!(PARAMS.contains(p), "{p}");
         }
     }
 

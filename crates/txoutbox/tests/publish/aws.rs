@@ -486,3 +486,72 @@ async fn fifo_topic_to_subscribed_queue() {
     delete_topic(&arn).await;
     delete_queue(&queue_url).await;
 }
+
+/// What boto3 reads from a FIFO queue (`scripts/clients/sqs_cloudevents.py`) is a CloudEvent
+/// for the CloudEvents SDK (the attributes as HTTP binary-mode headers), with our group and
+/// dedup ids and the contract headers.
+#[tokio::test]
+async fn boto3_reads_cloudevents_group_and_dedup_ids() {
+    use chrono::SubsecRound as _;
+    let Some(python) = crate::clients_python() else {
+        return;
+    };
+    let name = format!("txo-boto-{}.fifo", suffix());
+    let c = sqs().await;
+    let queue_url = create_queue(&c, &name).await;
+    let p = connect(&format!(
+        "sqs://{name}?{}&cloudevents=true&ce_source=/shop",
+        params()
+    ))
+    .await;
+    let sent: Vec<Message> = (0..4).map(|n| message(n, &format!("o-{n}"))).collect();
+    for m in &sent {
+        p.send(m).await.unwrap().await.unwrap();
+    }
+    p.close().await.unwrap();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/clients/sqs_cloudevents.py"
+    );
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(endpoint())
+        .arg(&queue_url)
+        .arg(sent.len().to_string())
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_DEFAULT_REGION", REGION)
+        .output()
+        .await
+        .unwrap();
+    delete_queue(&queue_url).await;
+    assert!(
+        out.status.success(),
+        "boto3 or the CloudEvents SDK refused the messages: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), sent.len());
+    for e in &events {
+        let a = &e["attributes"];
+        let m = sent
+            .iter()
+            .find(|m| a["id"] == m.id.to_string())
+            .unwrap_or_else(|| panic!("unknown event {e}"));
+        assert_eq!(a["specversion"], "1.0");
+        assert_eq!(a["source"], "/shop");
+        assert_eq!(a["type"], "created");
+        assert_eq!(a["subject"], m.aggregate_id);
+        assert_eq!(a["datacontenttype"], "application/json");
+        let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
+        assert_eq!(time, m.created_at.trunc_subsecs(6));
+        assert_eq!(e["data"]["n"], m.seq);
+        assert_eq!(e["group_id"], m.aggregate_id);
+        assert_eq!(e["dedup_id"], m.id.to_string());
+        assert_eq!(e["message_attributes"]["outbox-event-id"], m.id.to_string());
+    }
+}
