@@ -596,6 +596,23 @@ async fn run(
         let entries: Vec<Prepared> = batch.iter().map(|p| p.prepared.clone()).collect();
         let results = match backend.send_batch(&entries).await {
             Ok(results) => results.into_iter().map(Some).collect::<Vec<_>>(),
+            // One entry can make the whole call invalid: each alone then, so that only the
+            // guilty one is dead-lettered.
+            Err(e) if e.is_permanent() && entries.len() > 1 => {
+                let mut results = Vec::with_capacity(entries.len());
+                for entry in &entries {
+                    results.push(Some(
+                        match backend.send_batch(std::slice::from_ref(entry)).await {
+                            Ok(mut r) if r.len() == 1 => r.remove(0),
+                            Ok(_) => Err(PublishError::transient(
+                                "the service's answer did not mention this message",
+                            )),
+                            Err(e) => Err(e),
+                        },
+                    ));
+                }
+                results
+            }
             Err(e) => batch
                 .iter()
                 .map(|_| Some(Err(copy_error(&e))))
@@ -837,6 +854,44 @@ mod tests {
                 })
                 .collect())
         }
+    }
+
+    /// Refuses a whole call that holds a body `bad`, as a service refuses an invalid request.
+    struct WholeCall(Arc<std::sync::Mutex<usize>>);
+
+    #[async_trait::async_trait]
+    impl SendBatch for WholeCall {
+        async fn send_batch(
+            &self,
+            entries: &[Prepared],
+        ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
+            *self.0.lock().unwrap() += 1;
+            if entries.iter().any(|e| e.body == "bad") {
+                return Err(PublishError::permanent("InvalidParameterValue"));
+            }
+            Ok(entries.iter().map(|_| Ok(())).collect())
+        }
+    }
+
+    /// A call refused as a whole for good is sent again entry by entry: only the guilty
+    /// entry fails.
+    #[tokio::test]
+    async fn a_call_refused_for_good_is_split() {
+        let calls = Arc::new(std::sync::Mutex::new(0));
+        let s = Sender::spawn(WholeCall(calls.clone()), false, DEFAULT_MAX_MESSAGE_BYTES);
+        let mut acks = Vec::new();
+        for body in ["a", "bad", "c"] {
+            let (m, p) = entry(body, "g", 1);
+            acks.push(s.send(&m, p).unwrap());
+        }
+        let mut results = Vec::new();
+        for a in acks {
+            results.push(a.await.map_err(|e| e.kind()));
+        }
+        assert_eq!(results[1], Err(ErrorKind::Permanent));
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[2], Ok(()));
+        assert!(*calls.lock().unwrap() >= 2);
     }
 
     fn entry(body: &str, group: &str, seq: i64) -> (Message, Prepared) {
