@@ -18,6 +18,12 @@ export MYSQL_URL="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export KAFKA_BROKERS="${KAFKA_BROKERS:-127.0.0.1:9092}"
+# moto (scripts/services.sh) for the sqs:// and sns:// tests, with dummy credentials (moto takes
+# any); set here rather than by the test process, which then need not change its environment.
+export SQS_ENDPOINT="${SQS_ENDPOINT:-http://127.0.0.1:4566}"
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-testing}"
+export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-testing}"
+export AWS_REGION="${AWS_REGION:-us-east-1}"
 # Official clients (CloudEvents SDK, confluent-kafka) that tests read our messages with.
 if TXOUTBOX_CLIENTS_PYTHON="$(scripts/clients.sh)"; then
   export TXOUTBOX_CLIENTS_PYTHON

@@ -26,7 +26,7 @@
 //! transaction takes any of them.
 //!
 //! Cargo features: `postgres`, `mysql`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`,
-//! `http`, `kafka` (publishers), `otel` (W3C trace context from the writer's span through the
+//! `http`, `kafka`, `sqs`, `sns` (publishers), `otel` (W3C trace context from the writer's span through the
 //! relay's publish span to the broker message, see [`otel`]), `testing` (the store conformance
 //! suite, for a backend's tests), `clap` (`clap::ValueEnum` on [`relay::Mode`] and
 //! [`relay::OnDeadLetter`], for command lines that take them).

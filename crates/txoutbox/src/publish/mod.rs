@@ -10,6 +10,9 @@
 //! Publishers are picked from a URL at run time ([`connect`]); a scheme whose cargo feature
 //! is compiled out is a clear [`PublishError`], not a panic.
 
+#[cfg(any(feature = "sqs", feature = "sns"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqs", feature = "sns"))))]
+pub mod aws;
 mod faulty;
 mod message;
 mod simple;
@@ -34,7 +37,9 @@ pub mod amqp;
     feature = "http",
     feature = "nats",
     feature = "amqp",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs",
+    feature = "sns"
 ))]
 pub mod cloudevents;
 #[cfg(feature = "http")]
@@ -52,6 +57,12 @@ pub mod nats;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "sns")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sns")))]
+pub mod sns;
+#[cfg(feature = "sqs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
+pub mod sqs;
 
 use std::fmt;
 use std::time::Duration;
@@ -210,7 +221,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// No publisher has this scheme.
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, sqs, sns, stdout, file, null)")]
     UnknownScheme {
         /// The URL's scheme, as given.
         scheme: String,
@@ -245,12 +256,18 @@ pub enum ConfigError {
 }
 
 /// Open the publisher named by `url` (`nats://`, `amqp://`, `redis://`, `mqtt://`, `kafka://`,
-/// `https://`, their TLS forms, `stdout:`, `file:PATH`, `null:`).
+/// `https://`, their TLS forms, `sqs://`, `sns://`, `stdout:`, `file:PATH`, `null:`).
 ///
 /// Connection problems are reported as a [`PublishError`]; a malformed URL as a
 /// [`ConfigError`]. Neither message contains the URL's password.
 pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
-    let parsed = url::parse(url)?;
+    // A topic ARN holds colons that would read as a port after `//`: `sns://arn:...` is
+    // taken as `sns:arn:...`.
+    let trimmed = url.trim();
+    let parsed = match trimmed.strip_prefix("sns://arn:") {
+        Some(rest) => url::parse(&format!("sns:arn:{rest}"))?,
+        None => url::parse(trimmed)?,
+    };
     match parsed.scheme() {
         "stdout" => Ok(Box::new(StdoutPublisher::from_url(&parsed)?)),
         "file" => Ok(Box::new(FilePublisher::from_url(&parsed).await?)),
@@ -293,6 +310,22 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
         s @ ("kafka" | "kafkas") => Err(ConfigError::FeatureNotEnabled {
             scheme: s.into(),
             feature: "kafka",
+        }
+        .into()),
+        #[cfg(feature = "sqs")]
+        "sqs" => Ok(Box::new(sqs::SqsPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "sqs"))]
+        "sqs" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "sqs".into(),
+            feature: "sqs",
+        }
+        .into()),
+        #[cfg(feature = "sns")]
+        "sns" => Ok(Box::new(sns::SnsPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "sns"))]
+        "sns" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "sns".into(),
+            feature: "sns",
         }
         .into()),
         #[cfg(feature = "http")]

@@ -1020,3 +1020,107 @@ async fn kafka_conforms() {
     });
     suite(&Kafka { prefix, got, task }).await;
 }
+
+// --- Amazon SQS and SNS (moto) -----------------------------------------------------------
+
+/// A FIFO queue (`sqs://NAME`), or a FIFO topic (`sns://ARN`) read through a FIFO queue
+/// subscribed to it; the dedup id is the queue's `MessageDeduplicationId` for the queue, the
+/// `outbox-event-id` attribute for the topic.
+#[cfg(all(feature = "sqs", feature = "sns"))]
+struct Aws {
+    /// `sqs://NAME` or `sns://ARN`, without parameters.
+    target: String,
+    topic_arn: Option<String>,
+    queue_url: String,
+    reader: crate::aws::Reader,
+}
+
+#[cfg(all(feature = "sqs", feature = "sns"))]
+#[async_trait::async_trait]
+impl Broker for Aws {
+    fn name(&self) -> &'static str {
+        if self.topic_arn.is_some() {
+            "sns"
+        } else {
+            "sqs"
+        }
+    }
+    fn address(&self) -> String {
+        crate::aws::address()
+    }
+    fn url_at(&self, addr: &str) -> String {
+        format!(
+            "{}?endpoint=http://{addr}&region={}&timeout=5s",
+            self.target,
+            crate::aws::REGION
+        )
+    }
+    fn unreachable_url(&self) -> String {
+        format!(
+            "{}?endpoint=http://127.0.0.1:1&region={}&timeout=2s",
+            self.target,
+            crate::aws::REGION
+        )
+    }
+    fn poison(&self, mut m: Message) -> Option<(String, Message)> {
+        // Over the 256 KiB the services take.
+        m.body = format!("\"{}\"", "x".repeat(300 * 1024)).into_bytes();
+        Some((self.url(), m))
+    }
+    async fn received(&self) -> Vec<Received> {
+        let sns = self.topic_arn.is_some();
+        self.reader
+            .all()
+            .into_iter()
+            .map(|g| Received {
+                dedup_id: if sns {
+                    g.attributes
+                        .get("outbox-event-id")
+                        .cloned()
+                        .unwrap_or_default()
+                } else {
+                    g.dedup_id.clone().unwrap_or_default()
+                },
+                headers: g.attributes,
+                body: g.body.into_bytes(),
+            })
+            .collect()
+    }
+    async fn cleanup(&self) {
+        if let Some(arn) = &self.topic_arn {
+            crate::aws::delete_topic(arn).await;
+        }
+        crate::aws::delete_queue(&self.queue_url).await;
+    }
+}
+
+#[cfg(all(feature = "sqs", feature = "sns"))]
+#[tokio::test]
+async fn sqs_conforms() {
+    let name = format!("txo-conf-{}.fifo", suffix());
+    let c = crate::aws::sqs().await;
+    let queue_url = crate::aws::create_queue(&c, &name).await;
+    let reader = crate::aws::Reader::start(c, queue_url.clone());
+    suite(&Aws {
+        target: format!("sqs://{name}"),
+        topic_arn: None,
+        queue_url,
+        reader,
+    })
+    .await;
+}
+
+#[cfg(all(feature = "sqs", feature = "sns"))]
+#[tokio::test]
+async fn sns_conforms() {
+    let name = format!("txo-conf-{}.fifo", suffix());
+    let (arn, queue_url) = crate::aws::topic_with_queue(&name).await;
+    let reader = crate::aws::Reader::start(crate::aws::sqs().await, queue_url.clone());
+    suite(&Aws {
+        target: format!("sns://{arn}"),
+        topic_arn: Some(arn),
+        queue_url,
+        reader,
+    })
+    .await;
+}

@@ -435,23 +435,6 @@ async fn gapless_guarantee_cannot_be_turned_off() {
     }
 }
 
-/// The official Python clients of `scripts/clients.sh` (`TXOUTBOX_CLIENTS_PYTHON`, which
-/// `scripts/test.sh` sets): `None`, with a message, when they are not installed, except under
-/// CI, where that fails.
-fn clients_python() -> Option<String> {
-    match std::env::var("TXOUTBOX_CLIENTS_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "TXOUTBOX_CLIENTS_PYTHON is required in CI (scripts/test.sh sets it)"
-            );
-            eprintln!("skipping the official-client check: run scripts/test.sh, or set TXOUTBOX_CLIENTS_PYTHON=$(scripts/clients.sh)");
-            None
-        }
-    }
-}
-
 /// `cloudevents=true` adds the CloudEvents Kafka protocol binding's binary-mode headers; the
 /// records parse as CloudEvents with the CloudEvents SDK, read by confluent-kafka.
 #[tokio::test]
@@ -499,7 +482,7 @@ async fn cloudevents_binary_mode_headers() {
     p.close().await.unwrap();
     drop(p);
     drop(c);
-    if let Some(python) = clients_python() {
+    if let Some(python) = crate::clients_python() {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../scripts/clients/kafka_cloudevents.py"

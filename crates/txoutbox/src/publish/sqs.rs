@@ -1,0 +1,404 @@
+//! `sqs://` — Amazon SQS, through the AWS SDK for Rust.
+//!
+//! ```text
+//! sqs://orders.fifo?region=eu-west-1
+//! sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo
+//! sqs://orders?endpoint=http://127.0.0.1:4566&region=us-east-1
+//! ```
+//!
+//! The queue by name (`sqs://NAME`, looked up with `GetQueueUrl` at connect time) or by URL
+//! (`sqs://HOST/ACCOUNT/NAME`: the queue's URL with `sqs` for `https`). A name ending in
+//! `.fifo` is a FIFO queue.
+//!
+//! Parameters: `region` (else the one in a queue URL's host `sqs.REGION.amazonaws.com`, else
+//! the standard chain: `AWS_REGION`, the profile), `endpoint` (another endpoint, such as a
+//! local emulator), `timeout` (of each call, default `10s`), `max_message_bytes` (default
+//! 262144, 256 KiB, body and attributes together; up to 1048576 for a queue whose
+//! `MaximumMessageSize` is larger), `cloudevents` and `ce_source`. Credentials come from the
+//! standard AWS chain (environment, shared credentials and config files with their profiles
+//! and `credential_process`, web identity, ECS and EC2 instance metadata), never from the URL,
+//! and are never printed.
+//!
+//! Each event is one message: body = the payload, message attributes (type `String`) = the
+//! CloudEvents attributes with `cloudevents=true` (`ce-specversion`, `ce-id`, `ce-source`,
+//! `ce-type`, `ce-subject`, `ce-time`, and `content-type` for `datacontenttype`), the
+//! `outbox-*` contract headers, then the user headers. SQS takes at most 10 attributes: past
+//! that, the first nine are attributes and the rest go into a tenth, `outbox-headers`, a JSON
+//! object of name to value (so do headers whose names SQS refuses or whose values are empty).
+//! On a FIFO queue, `MessageGroupId` = the aggregate id (or `sha256-` and its hex SHA-256 when
+//! it is not 1 to 128 printable ASCII characters) and `MessageDeduplicationId` = the event id:
+//! SQS keeps each aggregate's order and drops a redelivery within its 5-minute window, so the
+//! relay may pipeline an aggregate's events ([`Publisher::keeps_key_order`]). A standard queue
+//! keeps no order: the relay's ordered mode waits for each acknowledgement.
+//!
+//! Messages go out with `SendMessageBatch`, up to 10 (and at most `max_message_bytes`) a call,
+//! one call at a time; each [`Ack`] resolves from its own entry of the answer. On a FIFO queue
+//! a call carries one message per group, and a message that fails fails its group's messages
+//! sent behind it, so that none overtakes it.
+//!
+//! Errors: a message over `max_message_bytes` or one SQS refuses as invalid is *permanent*;
+//! throttling is *transient*; an unreachable endpoint, a timeout, refused credentials or
+//! permissions, a missing queue or a failure on the service's side is *unavailable*.
+
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+
+use super::aws::{self, Common, Prepared, SendBatch, Sender};
+use super::cloudevents::CloudEvents;
+use super::url::PublisherUrl;
+use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
+
+/// Longest queue name SQS accepts (`.fifo` included).
+pub const MAX_QUEUE_NAME: usize = 80;
+
+/// Sends every event to one SQS queue.
+pub struct SqsPublisher {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    queue: String,
+    fifo: bool,
+    cloudevents: Option<CloudEvents>,
+    max_message_bytes: usize,
+    sender: Sender,
+}
+
+impl std::fmt::Debug for SqsPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsPublisher")
+            .field("queue_url", &self.queue_url)
+            .field("fifo", &self.fifo)
+            .finish_non_exhaustive()
+    }
+}
+
+/// SQS's rule for queue names: 1 to 80 of ASCII letters, digits, `-` and `_`, `.fifo` at the
+/// end of a FIFO queue's.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    if stem.is_empty() {
+        return Err("the queue name is empty".into());
+    }
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(format!(
+            "the queue name is {} characters long (at most {MAX_QUEUE_NAME})",
+            name.len()
+        ));
+    }
+    if let Some(c) = stem
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_')))
+    {
+        return Err(format!(
+            "the queue name holds {c:?} (only ASCII letters, digits, `-` and `_`, and `.fifo` at the end)"
+        ));
+    }
+    Ok(())
+}
+
+/// Where the URL says the queue is.
+#[derive(Debug, PartialEq)]
+enum Target {
+    Name(String),
+    Url {
+        url: String,
+        name: String,
+        region: Option<String>,
+    },
+}
+
+fn target(url: &PublisherUrl, endpoint: Option<&str>) -> Result<Target, ConfigError> {
+    let bad = |reason: String| ConfigError::BadUrl {
+        url: url.redacted(),
+        reason,
+    };
+    let u = url.url();
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(bad(
+            "credentials do not go in the URL: they come from the standard AWS chain (AWS_ACCESS_KEY_ID, profiles, roles)".into(),
+        ));
+    }
+    let host = u.host_str().unwrap_or("");
+    let path = u.path().trim_matches('/');
+    if host.is_empty() {
+        return Err(bad(
+            "expected sqs://QUEUE_NAME or sqs://HOST/ACCOUNT/QUEUE_NAME".into(),
+        ));
+    }
+    if path.is_empty() {
+        if u.port().is_some() {
+            return Err(bad("a queue name has no port: sqs://QUEUE_NAME".into()));
+        }
+        validate_queue_name(host).map_err(bad)?;
+        return Ok(Target::Name(host.to_string()));
+    }
+    let segments: Vec<&str> = path.split('/').collect();
+    let [account, name] = segments[..] else {
+        return Err(bad("a queue URL is sqs://HOST/ACCOUNT/QUEUE_NAME".into()));
+    };
+    if account.is_empty() {
+        return Err(bad("the queue URL has no account".into()));
+    }
+    validate_queue_name(name).map_err(bad)?;
+    let scheme = match endpoint {
+        Some(e) if e.starts_with("http://") => "http",
+        _ => "https",
+    };
+    let authority = match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    };
+    // sqs.REGION.amazonaws.com (and the legacy REGION.queue.amazonaws.com).
+    let labels: Vec<&str> = host.split('.').collect();
+    let region = match labels[..] {
+        ["sqs", region, "amazonaws", ..] | [region, "queue", "amazonaws", ..] => {
+            Some(region.to_string())
+        }
+        _ => None,
+    };
+    Ok(Target::Url {
+        url: format!("{scheme}://{authority}/{account}/{name}"),
+        name: name.to_string(),
+        region,
+    })
+}
+
+impl SqsPublisher {
+    /// Check the URL, load the SDK configuration and find the queue (`GetQueueUrl` for a
+    /// name, `GetQueueAttributes` for a URL).
+    pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
+        url.only_params(aws::PARAMS)?;
+        let common = Common::from_url(url)?;
+        let target = target(url, common.endpoint.as_deref())?;
+        let derived_region = match &target {
+            Target::Url { region, .. } => region.clone(),
+            Target::Name(_) => None,
+        };
+        let config = common.sdk_config(derived_region).await?;
+        let client = aws_sdk_sqs::Client::new(&config);
+        let (queue_url, queue) = match target {
+            Target::Name(name) => {
+                let what = format!("SQS: find queue {name:?}");
+                let out = client
+                    .get_queue_url()
+                    .queue_name(&name)
+                    .send()
+                    .await
+                    .map_err(|e| aws::call_error(&what, &e))?;
+                let Some(queue_url) = out.queue_url() else {
+                    return Err(PublishError::unavailable(format!(
+                        "{what}: no queue URL in the answer"
+                    ))
+                    .into());
+                };
+                (queue_url.to_string(), name)
+            }
+            Target::Url { url, name, .. } => (url, name),
+        };
+        let publisher = Self {
+            sender: Sender::spawn(
+                SqsBatch {
+                    client: client.clone(),
+                    queue_url: queue_url.clone(),
+                    queue: queue.clone(),
+                },
+                queue.ends_with(".fifo"),
+                common.max_message_bytes,
+            ),
+            client,
+            fifo: queue.ends_with(".fifo"),
+            queue_url,
+            queue,
+            cloudevents: common.cloudevents,
+            max_message_bytes: common.max_message_bytes,
+        };
+        publisher.check().await?;
+        tracing::info!(queue_url = %publisher.queue_url, fifo = publisher.fifo, "SQS publisher ready");
+        Ok(publisher)
+    }
+
+    /// The queue's URL.
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
+    /// Is it a FIFO queue (its name ends in `.fifo`)?
+    pub fn is_fifo(&self) -> bool {
+        self.fifo
+    }
+}
+
+struct SqsBatch {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    queue: String,
+}
+
+#[async_trait::async_trait]
+impl SendBatch for SqsBatch {
+    async fn send_batch(
+        &self,
+        entries: &[Prepared],
+    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
+        let what = format!("SQS: send to queue {:?}", self.queue);
+        let mut batch = Vec::with_capacity(entries.len());
+        for (i, p) in entries.iter().enumerate() {
+            let attributes = aws::attribute_map(p, |v| {
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(v)
+                    .build()
+                    .ok()
+            });
+            let entry = SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(&p.body)
+                .set_message_attributes(attributes)
+                .set_message_group_id(p.group_id.clone())
+                .set_message_deduplication_id(p.dedup_id.clone())
+                .build()
+                .map_err(|e| PublishError::transient(format!("{what}: {e}")))?;
+            batch.push(entry);
+        }
+        let out = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(batch))
+            .send()
+            .await
+            .map_err(|e| aws::call_error(&what, &e))?;
+        Ok(aws::settle(
+            entries.len(),
+            out.successful().iter().map(|s| s.id().to_string()),
+            out.failed().iter().map(|f| {
+                let event = f
+                    .id()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| entries.get(i))
+                    .map(|p| p.event.to_string())
+                    .unwrap_or_default();
+                (
+                    f.id().to_string(),
+                    aws::entry_error(
+                        &format!("event {event}: {what}"),
+                        f.code(),
+                        f.message(),
+                        f.sender_fault(),
+                    ),
+                )
+            }),
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for SqsPublisher {
+    fn kind(&self) -> &'static str {
+        "sqs"
+    }
+
+    fn keeps_key_order(&self) -> bool {
+        // A FIFO queue keeps each message group's order, and the sender never lets a group's
+        // message overtake an earlier one that failed.
+        self.fifo
+    }
+
+    fn destination(&self, _message: &Message) -> Option<String> {
+        Some(self.queue.clone())
+    }
+
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        let prepared = aws::prepare(
+            message,
+            self.cloudevents.as_ref(),
+            self.fifo,
+            self.max_message_bytes,
+            &format!("SQS queue {:?}", self.queue),
+        )?;
+        self.sender.send(message, prepared)
+    }
+
+    async fn check(&self) -> Result<(), PublishError> {
+        self.client
+            .get_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| aws::call_error(&format!("SQS: queue {}", self.queue_url), &e))?;
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<(), PublishError> {
+        self.sender.flush().await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn t(raw: &str, endpoint: Option<&str>) -> Result<Target, ConfigError> {
+        target(&super::super::url::parse(raw).unwrap(), endpoint)
+    }
+
+    #[test]
+    fn queues_by_name_or_url() {
+        assert_eq!(
+            t("sqs://orders.fifo", None).unwrap(),
+            Target::Name("orders.fifo".into())
+        );
+        assert_eq!(
+            t("sqs://Orders_1?region=eu-west-1", None).unwrap(),
+            Target::Name("Orders_1".into())
+        );
+        assert_eq!(
+            t(
+                "sqs://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo",
+                None
+            )
+            .unwrap(),
+            Target::Url {
+                url: "https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo".into(),
+                name: "orders.fifo".into(),
+                region: Some("eu-west-1".into()),
+            }
+        );
+        assert_eq!(
+            t(
+                "sqs://127.0.0.1:4566/000000000000/q",
+                Some("http://127.0.0.1:4566")
+            )
+            .unwrap(),
+            Target::Url {
+                url: "http://127.0.0.1:4566/000000000000/q".into(),
+                name: "q".into(),
+                region: None,
+            }
+        );
+        for bad in [
+            "sqs://",
+            "sqs://a%20b",
+            "sqs://q:1",
+            "sqs://h/only-one",
+            "sqs://h/1/2/3",
+            "sqs://h/1/bad.name",
+            "sqs://key:secret@q",
+            &format!("sqs://{}", "a".repeat(81)),
+        ] {
+            assert!(t(bad, None).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn queue_names() {
+        assert!(validate_queue_name("a").is_ok());
+        assert!(validate_queue_name("a-b_c.fifo").is_ok());
+        assert!(validate_queue_name(&"a".repeat(80)).is_ok());
+        for bad in ["", ".fifo", "a.b", "a b", "ä", &"a".repeat(81)] {
+            assert!(validate_queue_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
