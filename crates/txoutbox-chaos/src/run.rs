@@ -55,6 +55,14 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     };
     let logs = dir.path.join("logs");
     std::fs::create_dir_all(&logs).context("create the run directory")?;
+    // The relays (restarted many times over a run) all run this copy: a build that replaces
+    // the binary in the target directory mid-run must not change what is under test.
+    let txoutbox = {
+        let copy = dir.path.join("txoutbox");
+        std::fs::copy(&txoutbox, &copy)
+            .with_context(|| format!("copy {} into the run directory", txoutbox.display()))?;
+        copy
+    };
     let wal = args.source == "wal";
     let pg = PgCluster::start(&args.pg_bin, &dir.path, wal)
         .await
