@@ -5,6 +5,7 @@
 #   scripts/chaos.sh                              # 60 s, seed 42, debug build (CI's run)
 #   CHAOS_PROFILE=release scripts/chaos.sh --duration 10m --seed 7
 #   scripts/chaos.sh --publisher amqp --duration 2m --seed 42   # a private RabbitMQ node instead
+#   scripts/chaos.sh --source wal                 # relays reading the WAL; slot loss among the faults
 # Extra arguments go to txoutbox-chaos (see `txoutbox-chaos --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -47,8 +47,10 @@ if [ $# -eq 0 ]; then
     echo "test: $gap_test failed (try $try of 3); again" >&2
   done
 fi
-# A short fault-injection run (fixed seed, every fault kind, about 90 s; see
-# docs/guarantees.md). Skipped when arguments pick tests, or with CHAOS=0.
+# Short fault-injection runs (fixed seed, every fault kind, about 90 s each; see
+# docs/guarantees.md): the table source, then the WAL source (slot loss too). Skipped when
+# arguments pick tests, or with CHAOS=0.
 if [ $# -eq 0 ] && [ "${CHAOS:-1}" != 0 ]; then
   scripts/chaos.sh
+  scripts/chaos.sh --source wal
 fi

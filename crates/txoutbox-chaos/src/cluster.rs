@@ -47,11 +47,14 @@ pub struct PgCluster {
     port: u16,
     /// PostgreSQL refuses to run as root: then every command runs as the `postgres` user.
     as_postgres: bool,
+    /// Started with `wal_level=logical`, for relays that read the WAL.
+    logical: bool,
 }
 
 impl PgCluster {
-    /// initdb and start. `bin`: the directory with initdb and pg_ctl.
-    pub async fn start(bin: &Path, root: &Path) -> anyhow::Result<Self> {
+    /// initdb and start. `bin`: the directory with initdb and pg_ctl. `logical`: with
+    /// `wal_level=logical` and room for the relays' replication slot and connections.
+    pub async fn start(bin: &Path, root: &Path, logical: bool) -> anyhow::Result<Self> {
         let dir = root.join("pg");
         std::fs::create_dir_all(&dir).context("create the PostgreSQL directory")?;
         let as_postgres = running_as_root();
@@ -74,6 +77,7 @@ impl PgCluster {
             dir,
             port: free_port()?,
             as_postgres,
+            logical,
         };
         let dir = me.dir.display().to_string();
         me.run(
@@ -110,11 +114,17 @@ impl PgCluster {
     }
 
     fn pg_ctl(&self, args: &[&str]) -> anyhow::Result<()> {
-        let opts = format!(
+        let mut opts = format!(
             "-c listen_addresses=127.0.0.1 -p {} -c unix_socket_directories={} -c max_connections=200 -c fsync=off",
             self.port,
             self.dir.display()
         );
+        if self.logical {
+            // initdb's pg_hba already trusts replication connections from loopback.
+            opts.push_str(
+                " -c wal_level=logical -c max_replication_slots=16 -c max_wal_senders=16",
+            );
+        }
         let dir = self.dir.display().to_string();
         let log = self.dir.join("server.log").display().to_string();
         let mut all = vec!["-D", &dir, "-l", &log, "-w", "-t", "60", "-o", &opts];

@@ -29,6 +29,9 @@ pub enum Kind {
     BrokerRestart,
     /// Relays fail a fraction of publishes transiently (`--inject-faults`); continuous.
     Publisher,
+    /// WAL source only: the replication slot goes away while the relays run (dropped, its
+    /// reader's server process terminated first; or invalidated by `max_slot_wal_keep_size`).
+    SlotLoss,
 }
 
 pub const ALL: &[Kind] = &[
@@ -41,7 +44,13 @@ pub const ALL: &[Kind] = &[
     Kind::PgRestart,
     Kind::BrokerRestart,
     Kind::Publisher,
+    Kind::SlotLoss,
 ];
+
+/// The kinds that only a WAL run has.
+fn wal_only(k: Kind) -> bool {
+    k == Kind::SlotLoss
+}
 
 impl Kind {
     pub fn name(self) -> &'static str {
@@ -55,6 +64,7 @@ impl Kind {
             Kind::PgRestart => "pg-restart",
             Kind::BrokerRestart => "broker-restart",
             Kind::Publisher => "publisher",
+            Kind::SlotLoss => "slot-loss",
         }
     }
 
@@ -74,16 +84,24 @@ impl FromStr for Kind {
     }
 }
 
-/// `kill,stop,...`, `all` or `none`.
-pub fn parse_list(s: &str) -> Result<Vec<Kind>, String> {
+/// `kill,stop,...`, `all` or `none`; `wal`: the relays read the WAL (`slot-loss` is
+/// allowed, and part of `all`).
+pub fn parse_list(s: &str, wal: bool) -> Result<Vec<Kind>, String> {
     match s.trim() {
-        "all" => Ok(ALL.to_vec()),
+        "all" => Ok(ALL
+            .iter()
+            .copied()
+            .filter(|k| wal || !wal_only(*k))
+            .collect()),
         "none" | "" => Ok(Vec::new()),
         list => {
             let mut kinds = list
                 .split(',')
                 .map(|k| k.trim().parse())
                 .collect::<Result<Vec<Kind>, String>>()?;
+            if let Some(k) = kinds.iter().find(|k| !wal && wal_only(**k)) {
+                return Err(format!("{} needs --source wal", k.name()));
+            }
             kinds.sort();
             kinds.dedup();
             Ok(kinds)
@@ -109,6 +127,8 @@ pub struct Planned {
     pub hold: Duration,
     /// Latency of a slow link.
     pub latency: Duration,
+    /// Slot loss by invalidation (`max_slot_wal_keep_size`) rather than by dropping the slot.
+    pub invalidate: bool,
 }
 
 /// Draws the faults: kinds come out of a shuffled bag (refilled when empty), so a short run
@@ -147,6 +167,8 @@ impl Schedule {
             _ => 1,
         };
         all.truncate(how_many.max(1));
+        // Drawn for slot loss only, so that the other kinds' schedules stay as they were.
+        let invalidate = kind == Kind::SlotLoss && rng.gen_bool(0.5);
         Some(Planned {
             kind,
             relays: all,
@@ -157,6 +179,7 @@ impl Schedule {
             },
             hold: Duration::from_millis(rng.gen_range(1_000..6_000)),
             latency: Duration::from_millis(rng.gen_range(20..300)),
+            invalidate,
         })
     }
 }
@@ -175,6 +198,9 @@ impl Tally {
                 Link::Broker => "broker",
             };
             format!("{}-{link}", p.kind.name())
+        } else if p.kind == Kind::SlotLoss {
+            let how = if p.invalidate { "invalidate" } else { "drop" };
+            format!("{}-{how}", p.kind.name())
         } else {
             p.kind.name().to_string()
         };
@@ -196,7 +222,7 @@ mod tests {
     fn the_schedule_is_reproducible_from_the_seed_and_meets_every_kind_early() {
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut s = Schedule::new(ALL);
+            let mut s = Schedule::new(&parse_list("all", true).unwrap());
             (0..50)
                 .map(|_| {
                     let p = s.next(&mut rng, 3).unwrap();
@@ -206,7 +232,7 @@ mod tests {
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
-        // The first eight faults are the eight discrete kinds.
+        // The first nine faults are the nine discrete kinds.
         let first: std::collections::BTreeSet<Kind> = draw(7)
             .into_iter()
             .take(ALL.len() - 1)
@@ -218,12 +244,23 @@ mod tests {
     #[test]
     fn fault_lists_parse() {
         assert_eq!(
-            parse_list("kill,stop").unwrap(),
+            parse_list("kill,stop", false).unwrap(),
             vec![Kind::Kill, Kind::Stop]
         );
-        assert_eq!(parse_list("all").unwrap().len(), ALL.len());
-        assert!(parse_list("none").unwrap().is_empty());
-        assert!(parse_list("kill,boom").unwrap_err().contains("boom"));
+        // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
+        assert_eq!(parse_list("all", true).unwrap().len(), ALL.len());
+        let table = parse_list("all", false).unwrap();
+        assert_eq!(table.len(), ALL.len() - 1);
+        assert!(!table.contains(&Kind::SlotLoss));
+        assert_eq!(
+            parse_list("slot-loss,kill", true).unwrap(),
+            vec![Kind::Kill, Kind::SlotLoss]
+        );
+        assert!(parse_list("slot-loss", false)
+            .unwrap_err()
+            .contains("--source wal"));
+        assert!(parse_list("none", false).unwrap().is_empty());
+        assert!(parse_list("kill,boom", false).unwrap_err().contains("boom"));
         let mut only_publisher = Schedule::new(&[Kind::Publisher]);
         assert!(only_publisher
             .next(&mut StdRng::seed_from_u64(1), 3)

@@ -3,7 +3,8 @@
 //! It starts its own PostgreSQL cluster and broker (a NATS server, or a RabbitMQ node with
 //! `--publisher amqp`; so restarting them disturbs nobody), puts a fault-injecting proxy in
 //! front of each for every relay, runs writers that commit
-//! (and roll back) events, runs real `txoutbox relay` processes, injects faults at seeded
+//! (and roll back) events, runs real `txoutbox relay` processes (claiming rows, or with
+//! `--source wal` reading the outbox's replication slot), injects faults at seeded
 //! random moments, lets the relays drain, reads everything the broker holds, and checks:
 //! nothing lost, nothing phantom, per-aggregate order of first deliveries, dead letters only
 //! where meant, and no relay sending an event outside a lease it held.
@@ -22,6 +23,7 @@ mod proxy;
 mod rabbit;
 mod relays;
 mod run;
+mod slot;
 mod workload;
 
 use std::path::PathBuf;
@@ -54,11 +56,16 @@ pub struct Args {
     /// Seed of every random choice: the fault schedule and the workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Where the relays find committed events: `table` (claiming rows) or `wal` (the outbox's
+    /// logical replication slot; the run's PostgreSQL then starts with `wal_level=logical`).
+    #[arg(long, default_value = "table", value_parser = ["table", "wal"])]
+    pub source: String,
     /// The relays' mode; order is checked in `ordered` only.
     #[arg(long, default_value = "ordered", value_parser = ["ordered", "unordered"])]
     pub mode: String,
     /// Faults to inject: a comma-separated list of kill, stop, cut, stall, slow, reset,
-    /// pg-restart, broker-restart, publisher; or `all`, or `none`.
+    /// pg-restart, broker-restart, publisher, and with `--source wal` slot-loss; or `all`
+    /// (slot-loss included with `--source wal`), or `none`.
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Mean time between two faults (each gap is drawn from 0.5x to 1.5x of it).
@@ -128,7 +135,7 @@ async fn main() -> ExitCode {
         eprintln!("error: need --writers >= 1, --aggregates >= --writers and --rate > 0");
         return ExitCode::from(2);
     }
-    let kinds = match faults::parse_list(&args.faults) {
+    let kinds = match faults::parse_list(&args.faults, args.source == "wal") {
         Ok(k) => k,
         Err(e) => {
             eprintln!("error: --faults: {e}");

@@ -19,6 +19,8 @@ use crate::proxy::Proxy;
 pub struct RelaySettings {
     pub exe: PathBuf,
     pub mode: String,
+    /// `table` or `wal`: the relays' `--source`.
+    pub source: String,
     pub broker: BrokerKind,
     pub inject_faults: f64,
     pub lease: Duration,
@@ -37,6 +39,13 @@ pub struct RelaySlot {
     admin_port: u16,
     /// Exits we did not cause.
     pub unexpected_exits: u32,
+    /// Of those, a WAL relay's exits for its supervisor to restart it (counted with
+    /// `--source wal` only): a reader whose slot lock's connection died (by design: a standby
+    /// may read the slot by then)...
+    pub lock_lost_exits: u32,
+    /// ...and a relay (a standby waiting for the slot lock, or one starting) whose database
+    /// connection broke: the table source rides that out, the WAL source exits.
+    pub db_lost_exits: u32,
     /// SIGSTOP and SIGCONT times of this slot's relays.
     pub freezes: Vec<(std::time::SystemTime, std::time::SystemTime)>,
 }
@@ -65,6 +74,8 @@ impl RelaySlot {
                 .context("proxy to the broker")?,
             admin_port: 0,
             unexpected_exits: 0,
+            lock_lost_exits: 0,
+            db_lost_exits: 0,
             freezes: Vec::new(),
         };
         slot.spawn(s)?;
@@ -82,6 +93,7 @@ impl RelaySlot {
         let file = std::fs::File::create(&log).context("create a relay log")?;
         let child = Command::new(&s.exe)
             .args(["relay", "--publisher", &publisher, "--mode", &s.mode])
+            .args(["--source", &s.source])
             .args(["--relay-id", &self.relay_id])
             .args(["--lease", &secs(s.lease)])
             .args(["--partition-lease", &secs(s.partition_lease)])
@@ -134,10 +146,22 @@ impl RelaySlot {
         };
         if let Some(status) = &exited {
             self.unexpected_exits += 1;
+            let log = s.log_dir.join(format!("{}.log", self.relay_id));
+            let why = match (s.source == "wal").then(|| last_error(&log)).flatten() {
+                Some(e) if e.contains("lost the connection that holds slot") => {
+                    self.lock_lost_exits += 1;
+                    ": its slot lock's connection died, by design"
+                }
+                Some(e) if e.contains("error communicating with database") => {
+                    self.db_lost_exits += 1;
+                    ": a WAL relay's database connection broke"
+                }
+                _ => "",
+            };
             eprintln!(
-                "chaos: relay {} exited by itself ({status}); restarting it (see {})",
+                "chaos: relay {} exited by itself ({status}{why}); restarting it (see {})",
                 self.relay_id,
-                s.log_dir.join(format!("{}.log", self.relay_id)).display()
+                log.display()
             );
             self.spawn(s)?;
         }
@@ -166,6 +190,18 @@ impl RelaySlot {
             }
         }
     }
+}
+
+/// The error a relay that exited gave, from its log (`error: relay failed: ...`; log lines
+/// of its last moments may follow it).
+fn last_error(log: &Path) -> Option<String> {
+    let text = std::fs::read(log).ok()?;
+    let tail = &text[text.len().saturating_sub(8192)..];
+    String::from_utf8_lossy(tail)
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("error: "))
+        .map(str::to_string)
 }
 
 /// One value from a Prometheus text endpoint, by plain HTTP/1.0.

@@ -19,6 +19,7 @@ use crate::cluster::PgCluster;
 use crate::faults::{self, Kind, Link, Planned, Tally};
 use crate::proxy::Mode;
 use crate::relays::{find_txoutbox, RelaySettings, RelaySlot};
+use crate::slot;
 use crate::workload::{self, WorkloadConfig};
 use crate::Args;
 
@@ -54,7 +55,16 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     };
     let logs = dir.path.join("logs");
     std::fs::create_dir_all(&logs).context("create the run directory")?;
-    let pg = PgCluster::start(&args.pg_bin, &dir.path)
+    // The relays (restarted many times over a run) all run this copy: a build that replaces
+    // the binary in the target directory mid-run must not change what is under test.
+    let txoutbox = {
+        let copy = dir.path.join("txoutbox");
+        std::fs::copy(&txoutbox, &copy)
+            .with_context(|| format!("copy {} into the run directory", txoutbox.display()))?;
+        copy
+    };
+    let wal = args.source == "wal";
+    let pg = PgCluster::start(&args.pg_bin, &dir.path, wal)
         .await
         .context("start PostgreSQL")?;
     let mut broker = match Broker::start(&args, &dir.path).await {
@@ -65,13 +75,14 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         }
     };
     eprintln!(
-        "chaos: seed {} | PostgreSQL {} | {} {} | {} relays ({}) | faults: {} | logs in {}",
+        "chaos: seed {} | PostgreSQL {} | {} {} | {} relays ({}, source {}) | faults: {} | logs in {}",
         args.seed,
         pg.url(),
         broker.name(),
         broker.url(),
         args.relays,
         args.mode,
+        args.source,
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
         logs.display()
     );
@@ -88,6 +99,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     let settings = RelaySettings {
         exe: txoutbox,
         mode: args.mode.clone(),
+        source: args.source.clone(),
         broker: broker.kind(),
         inject_faults: if kinds.contains(&Kind::Publisher) {
             args.publisher_fault_rate
@@ -132,11 +144,11 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
             break;
         }
         supervise_until(&mut slots, &settings, at, &mut restarts_by_supervisor).await?;
-        let Some(fault) = schedule.next(&mut rng, slots.len()) else {
+        let Some(mut fault) = schedule.next(&mut rng, slots.len()) else {
             continue;
         };
         inject(
-            &fault,
+            &mut fault,
             &mut slots,
             &settings,
             &pg,
@@ -195,8 +207,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
             .collect();
     let (final_truth, uncertain_committed, missing_commits) = resolve(&pool, truth).await?;
     let verdict = check::check(&final_truth, &deliveries, &dead);
-    let (unfenced, in_flight_at_freeze) =
-        unfenced_sends(&pool, &slots, &final_truth, args.mode == "ordered").await?;
+    let audit = unfenced_sends(&pool, &slots, &final_truth, args.mode == "ordered", wal).await?;
     let sends: usize = slots
         .iter()
         .filter_map(|s| s.broker.tap())
@@ -209,15 +220,19 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     .await
     .context("sum attempts")?;
     let unexpected_exits: u32 = slots.iter().map(|s| s.unexpected_exits).sum();
+    let lock_lost_exits: u32 = slots.iter().map(|s| s.lock_lost_exits).sum();
+    let db_lost_exits: u32 = slots.iter().map(|s| s.db_lost_exits).sum();
+    let wal_exits = lock_lost_exits + db_lost_exits;
 
     // --- report -----------------------------------------------------------------------------
     let ordered = args.mode == "ordered";
     println!(
-        "run: seed={} duration={:?} relays={} mode={} publisher={} wall={:.0?}",
+        "run: seed={} duration={:?} relays={} mode={} source={} publisher={} wall={:.0?}",
         args.seed,
         args.duration,
         args.relays,
         args.mode,
+        args.source,
         args.publisher,
         started.elapsed()
     );
@@ -256,8 +271,23 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
             String::new()
         }
     );
+    let unfenced = audit.outside;
+    let stream_sends = if wal {
+        format!(
+            " (and {} sends of the WAL stream, which holds no lease)",
+            audit.unleased
+        )
+    } else {
+        String::new()
+    };
+    let lock_lost = if wal {
+        format!(" (WAL: {lock_lost_exits} readers whose slot lock connection died, by design; {db_lost_exits} whose database connection broke)")
+    } else {
+        String::new()
+    };
     println!(
-        "relays: sends seen on the wire={sends} failed attempts recorded={attempts_failed} fenced settles (live relays' metrics)={fenced} sends outside a held lease={unfenced} (besides {in_flight_at_freeze} already in flight when a relay was frozen) exits by themselves={unexpected_exits} unclean shutdowns={unclean_exits} drained={drained}"
+        "relays: sends seen on the wire={sends} failed attempts recorded={attempts_failed} fenced settles (live relays' metrics)={fenced} sends outside a held lease={unfenced}{stream_sends} (besides {} already in flight when a relay was frozen) exits by themselves={unexpected_exits}{lock_lost} unclean shutdowns={unclean_exits} drained={drained}",
+        audit.in_flight_at_freeze
     );
     if let Some(note) = broker_note {
         println!("{note}");
@@ -265,16 +295,19 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     if missing_commits > 0 {
         println!("committed by the writers but missing from the table: {missing_commits}");
     }
+    if !drained {
+        println!("{}", unfinished(&pool, &deliveries).await?);
+    }
     if !verdict.lost_sample.is_empty() {
         println!("lost, for example: {:?}", verdict.lost_sample);
     }
     let ok = verdict.ok(ordered)
         && unfenced == 0
-        && unexpected_exits == 0
+        && unexpected_exits == wal_exits
         && unclean_exits == 0
         && missing_commits == 0
         && drained
-        && restarts_by_supervisor == 0;
+        && restarts_by_supervisor == wal_exits;
     println!(
         "lost={} phantom={} duplicates={} order_violations={} faults={}",
         verdict.lost,
@@ -339,7 +372,7 @@ async fn supervise_until(
 }
 
 async fn inject(
-    f: &Planned,
+    f: &mut Planned,
     slots: &mut [RelaySlot],
     settings: &RelaySettings,
     pg: &PgCluster,
@@ -457,6 +490,32 @@ async fn inject(
             eprintln!("chaos: {} restart", broker.name());
             broker.restart().await?;
         }
+        Kind::SlotLoss => {
+            if f.invalidate {
+                // Every relay frozen, so that the reader cannot confirm past the WAL that
+                // the checkpoint removes.
+                for s in slots.iter() {
+                    s.signal("STOP");
+                }
+                let stopped_at = SystemTime::now();
+                let lost = slot::invalidate_all(pool).await;
+                for s in slots.iter_mut() {
+                    s.signal("CONT");
+                    s.freezes.push((stopped_at, SystemTime::now()));
+                }
+                let lost = lost?;
+                if !lost.is_empty() {
+                    eprintln!("chaos: slot loss: {lost:?} invalidated (wal_status = lost, max_slot_wal_keep_size) while every relay was frozen");
+                    return Ok(());
+                }
+                eprintln!(
+                    "chaos: slot loss: the checkpoint invalidated no slot; dropping it instead"
+                );
+                f.invalidate = false;
+            }
+            let dropped = slot::drop_all(pool).await?;
+            eprintln!("chaos: slot loss: dropped {dropped:?} (its reader's server process terminated first)");
+        }
         Kind::Publisher => {}
     }
     Ok(())
@@ -501,6 +560,31 @@ async fn drain(
     }
     eprintln!("chaos: not drained after {timeout:?}: {left} events unfinished");
     Ok(false)
+}
+
+/// What the events left unfinished after the drain are: how many reached the broker anyway,
+/// how many the table path holds, and a few of them.
+async fn unfinished(pool: &PgPool, deliveries: &[Uuid]) -> anyhow::Result<String> {
+    let rows: Vec<(Uuid, i64, i32, bool)> = sqlx::query_as(&format!(
+        "SELECT id, seq, attempts, handed_off_at IS NOT NULL FROM {TABLE} \
+         WHERE processed_at IS NULL AND dead_at IS NULL ORDER BY seq"
+    ))
+    .fetch_all(pool)
+    .await
+    .context("read the unfinished events")?;
+    let delivered: HashSet<&Uuid> = deliveries.iter().collect();
+    let reached = rows.iter().filter(|r| delivered.contains(&r.0)).count();
+    let handed = rows.iter().filter(|r| r.3).count();
+    let sample: Vec<String> = rows
+        .iter()
+        .take(3)
+        .map(|(id, seq, attempts, _)| format!("{id} (seq {seq}, attempts {attempts})"))
+        .collect();
+    Ok(format!(
+        "unfinished after the drain: {} (of which at the broker: {reached}, in the table path: {handed}), for example: {}",
+        rows.len(),
+        sample.join(", ")
+    ))
 }
 
 /// The writers' truth, with uncertain commits looked up in the table.
