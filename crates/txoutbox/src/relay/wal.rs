@@ -233,7 +233,7 @@ impl Relay {
                 self.backoff_after(e, &mut errors, retry, stop).await?;
                 continue;
             }
-            let mut reader = StreamReader::start(wal, rcfg.clone(), cfg.batch_size.max(16));
+            let mut reader = StreamReader::start(wal, rcfg.clone(), cfg.batch_size.max(16) * 2);
             let session = Session {
                 wal,
                 blocked: &mut blocked,

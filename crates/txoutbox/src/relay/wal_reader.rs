@@ -6,9 +6,10 @@
 //! is behind, or waits out a broker): it answers keepalives and sends a status update at least
 //! every few seconds, so the server never drops a slow reader for a missing reply.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::AbortOnDrop;
@@ -29,7 +30,11 @@ const CLOSE_WAIT: Duration = Duration::from_secs(8);
 
 /// One replication stream from the slot, read by a task of its own.
 pub(super) struct StreamReader {
-    rx: mpsc::Receiver<Result<WalTx, Error>>,
+    rx: mpsc::UnboundedReceiver<Result<WalTx, Error>>,
+    /// What bounds the channel: a permit per event waiting in it (a transaction larger than
+    /// the bound takes all, and waits alone).
+    room: Arc<Semaphore>,
+    capacity: usize,
     confirm: watch::Sender<Lsn>,
     position: watch::Receiver<Lsn>,
     close: CancellationToken,
@@ -40,11 +45,13 @@ pub(super) struct StreamReader {
 }
 
 impl StreamReader {
-    /// Start streaming `wal`'s slot from its confirmed position; at most `capacity`
-    /// transactions wait in the channel. A failure to connect comes out of
-    /// [`StreamReader::batch`].
+    /// Start streaming `wal`'s slot from its confirmed position; about `capacity` events
+    /// wait in the channel at most (memory stays bounded however large the backlog). A
+    /// failure to connect comes out of [`StreamReader::batch`].
     pub(super) fn start(wal: &WalStore, cfg: ReplicationConfig, capacity: usize) -> Self {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let capacity = capacity.max(1);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(capacity));
         let (confirm, confirm_rx) = watch::channel(Lsn(0));
         let (position_tx, position) = watch::channel(Lsn(0));
         let close = CancellationToken::new();
@@ -54,12 +61,16 @@ impl StreamReader {
             publication: wal.publication(),
             table: wal.table().clone(),
             tx,
+            room: room.clone(),
+            capacity,
             confirm: confirm_rx,
             position: position_tx,
             close: close.clone(),
         };
         Self {
             rx,
+            room,
+            capacity,
             confirm,
             position,
             close,
@@ -75,7 +86,7 @@ impl StreamReader {
         let first = match self.next.take() {
             Some(r) => r?,
             None => match self.rx.recv().await {
-                Some(r) => r?,
+                Some(r) => self.taken(r)?,
                 None => {
                     return Err(Error::Task(
                         "the WAL relay's stream reader stopped without saying why".into(),
@@ -86,7 +97,7 @@ impl StreamReader {
         let mut events = first.events.len();
         let mut batch = vec![first];
         while events < max_events {
-            match self.rx.try_recv() {
+            match self.rx.try_recv().map(|r| self.taken(r)) {
                 Ok(Ok(t)) if events + t.events.len() > max_events => {
                     self.next = Some(Ok(t));
                     break;
@@ -104,6 +115,14 @@ impl StreamReader {
             }
         }
         Ok(batch)
+    }
+
+    /// A message out of the channel: its room is free again.
+    fn taken(&self, r: Result<WalTx, Error>) -> Result<WalTx, Error> {
+        if let Ok(t) = &r {
+            self.room.add_permits(permits(t, self.capacity) as usize);
+        }
+        r
     }
 
     /// Is nothing waiting to be taken?
@@ -144,7 +163,9 @@ struct Task {
     slot: String,
     publication: String,
     table: OutboxTable,
-    tx: mpsc::Sender<Result<WalTx, Error>>,
+    tx: mpsc::UnboundedSender<Result<WalTx, Error>>,
+    room: Arc<Semaphore>,
+    capacity: usize,
     confirm: watch::Receiver<Lsn>,
     position: watch::Sender<Lsn>,
     close: CancellationToken,
@@ -170,7 +191,7 @@ impl Task {
         {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.tx.send(Err(e.into())).await;
+                let _ = self.tx.send(Err(e.into()));
                 return;
             }
         };
@@ -188,7 +209,7 @@ impl Task {
             }
             Ok(Ended::Dropped) => {}
             Err(e) => {
-                let _ = self.tx.send(Err(e)).await;
+                let _ = self.tx.send(Err(e));
             }
         }
     }
@@ -249,18 +270,19 @@ impl Task {
     ) -> Result<Option<Ended>, Error> {
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         heartbeat.tick().await;
+        let room = self.room.clone();
+        let n = permits(&t, self.capacity);
         loop {
             tokio::select! {
                 biased;
                 _ = self.close.cancelled() => return Ok(Some(Ended::Close)),
-                permit = self.tx.reserve() => {
-                    return match permit {
-                        Ok(p) => {
-                            p.send(Ok(t));
-                            Ok(None)
-                        }
-                        Err(_) => Ok(Some(Ended::Dropped)),
-                    };
+                permit = room.acquire_many(n) => {
+                    // Given back by the reader as it takes the transaction out.
+                    match permit {
+                        Ok(p) => p.forget(),
+                        Err(_) => return Ok(Some(Ended::Dropped)),
+                    }
+                    return Ok(self.tx.send(Ok(t)).is_err().then_some(Ended::Dropped));
                 }
                 changed = self.confirm.changed() => {
                     if changed.is_err() {
@@ -277,4 +299,10 @@ impl Task {
             }
         }
     }
+}
+
+/// The channel room a transaction takes: a permit per event, at most all of them (and at
+/// least one).
+fn permits(t: &WalTx, capacity: usize) -> u32 {
+    u32::try_from(t.events.len().clamp(1, capacity)).unwrap_or(u32::MAX)
 }
