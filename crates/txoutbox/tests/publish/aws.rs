@@ -487,6 +487,50 @@ async fn fifo_topic_to_subscribed_queue() {
     delete_queue(&queue_url).await;
 }
 
+/// A standard topic (no FIFO), read through a standard queue subscribed to it: every message
+/// arrives with its body and contract attributes, without a group or deduplication id (SNS
+/// refuses them on a standard topic), and the relay is told to wait for each acknowledgement
+/// before an aggregate's next event (a standard topic keeps no order).
+#[tokio::test]
+async fn standard_topic_to_subscribed_queue() {
+    let name = format!("txo-topic-{}", suffix());
+    let (arn, queue_url) = topic_with_queue(&name).await;
+    let reader = Reader::start(sqs().await, queue_url.clone());
+    let p = connect(&format!("sns://{arn}?{}", params())).await;
+    assert!(!p.keeps_key_order(), "a standard topic keeps no order");
+    assert_eq!(
+        p.destination(&message(0, "o-0")).as_deref(),
+        Some(arn.as_str())
+    );
+    let sent: Vec<Message> = (0..13)
+        .map(|n| message(n, &format!("o-{}", n % 3)))
+        .collect();
+    let mut acks = Vec::new();
+    for m in &sent {
+        acks.push(p.send(m).await.unwrap());
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    let got = reader.wait(sent.len()).await;
+    for m in &sent {
+        let g = got
+            .iter()
+            .find(|g| g.attributes.get("outbox-event-id") == Some(&m.id.to_string()))
+            .unwrap_or_else(|| panic!("{} not received", m.id));
+        assert_eq!(g.body.as_bytes(), m.body.as_slice());
+        assert_eq!(g.group_id, None);
+        assert_eq!(g.dedup_id, None);
+        assert_eq!(g.attributes["outbox-event-type"], "created");
+        assert_eq!(g.attributes["outbox-aggregate-id"], m.aggregate_id);
+        assert_eq!(g.attributes["traceparent"], m.headers["traceparent"]);
+    }
+    p.close().await.unwrap();
+    drop(reader);
+    delete_topic(&arn).await;
+    delete_queue(&queue_url).await;
+}
+
 /// What boto3 reads from a FIFO queue (`scripts/clients/sqs_cloudevents.py`) is a CloudEvent
 /// for the CloudEvents SDK (the attributes as HTTP binary-mode headers), with our group and
 /// dedup ids and the contract headers.
