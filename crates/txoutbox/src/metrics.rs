@@ -61,6 +61,15 @@ pub const WAL_HANDED_OFF_TOTAL: &str = "outbox_wal_handed_off_total";
 /// Counter: times the WAL source found its slot gone or lost and created it again.
 pub const WAL_SLOT_RECREATED_TOTAL: &str = "outbox_wal_slot_recreated_total";
 
+/// Counter, label `route`: events the route's broker acknowledged (with a
+/// [`Router`](crate::publish::Router); counted at the acknowledgement, so it also counts a
+/// delivery whose settle the relay then lost, which the broker did get).
+pub const ROUTE_PUBLISHED_TOTAL: &str = "outbox_route_published_total";
+/// Counter, label `route`: publish attempts through the route that failed.
+pub const ROUTE_FAILED_TOTAL: &str = "outbox_route_failed_total";
+/// Counter: events that matched no route (each is dead-lettered, `no route matched`).
+pub const ROUTE_UNMATCHED_TOTAL: &str = "outbox_route_unmatched_total";
+
 /// The values `pg_replication_slots.wal_status` takes, for [`WAL_SLOT_STATUS`].
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
@@ -167,6 +176,15 @@ fn describe_only() {
     describe_counter!(
         WAL_SLOT_RECREATED_TOTAL,
         "Times the WAL source created its lost or dropped slot again."
+    );
+    describe_counter!(
+        ROUTE_PUBLISHED_TOTAL,
+        "Events the broker of each route acknowledged, by route."
+    );
+    describe_counter!(ROUTE_FAILED_TOTAL, "Failed publish attempts, by route.");
+    describe_counter!(
+        ROUTE_UNMATCHED_TOTAL,
+        "Events that matched no route (dead-lettered)."
     );
     describe_counter!(
         SPANS_DROPPED_TOTAL,

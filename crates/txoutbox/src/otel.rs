@@ -176,7 +176,7 @@ impl PublishSpan {
             })
             .map(|sc| Context::new().with_remote_span_context(sc))
             .unwrap_or_default();
-        let kind = publisher.kind();
+        let kind = publisher.kind_for(message);
         let destination = publisher
             .destination(message)
             .unwrap_or_else(|| kind.to_string());

@@ -142,6 +142,9 @@ impl Publisher for SharedPublisher {
     fn kind(&self) -> &'static str {
         self.0.kind()
     }
+    fn kind_for(&self, message: &Message) -> &'static str {
+        self.0.kind_for(message)
+    }
     fn keeps_key_order(&self) -> bool {
         self.0.keeps_key_order()
     }

@@ -43,6 +43,10 @@ impl Publisher for FaultyPublisher {
         self.inner.kind()
     }
 
+    fn kind_for(&self, message: &Message) -> &'static str {
+        self.inner.kind_for(message)
+    }
+
     fn keeps_key_order(&self) -> bool {
         self.inner.keeps_key_order()
     }

@@ -15,6 +15,7 @@
 pub mod aws;
 mod faulty;
 mod message;
+pub mod route;
 mod simple;
 mod template;
 #[cfg(any(
@@ -71,6 +72,7 @@ use futures::future::BoxFuture;
 
 pub use faulty::FaultyPublisher;
 pub use message::Message;
+pub use route::{Matcher, Route, Router};
 pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
 pub use template::{Template, TemplateError};
 pub use url::{is_secret_name, redact_secrets, redact_url};
@@ -88,6 +90,14 @@ pub fn ready_ack(result: Result<(), PublishError>) -> Ack {
 pub trait Publisher: Send + Sync + 'static {
     /// Short name for logs and metrics, e.g. `nats`.
     fn kind(&self) -> &'static str;
+
+    /// The kind of the publisher that takes `message` (for the publish span's
+    /// `messaging.system`): [`kind`](Self::kind), except for a publisher that picks one of
+    /// several per message ([`Router`]).
+    fn kind_for(&self, message: &Message) -> &'static str {
+        let _ = message;
+        self.kind()
+    }
 
     /// Does the broker keep the order of one key's messages even when one of them fails and
     /// is retried (e.g. Kafka's idempotent producer)? Then the relay may pipeline an
