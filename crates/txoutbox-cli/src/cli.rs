@@ -176,7 +176,8 @@ pub struct EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// Where to publish: nats://, amqp://, redis://, mqtt://, kafka://, https://, sqs://QUEUE,
-    /// sns://TOPIC_ARN, stdout:, file:PATH or null: (required; the TLS forms tls://, amqps://,
+    /// sns://TOPIC_ARN, stdout:, file:PATH or null: (required unless the config file has
+    /// [[route]] entries, after which it is the default route; the TLS forms tls://, amqps://,
     /// rediss://, mqtts://, kafkas://, https:// take tls_ca, tls_cert and tls_key parameters;
     /// sqs:// and sns:// take their credentials from the standard AWS chain)
     #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
@@ -190,6 +191,9 @@ pub struct RelayArgs {
         conflicts_with = "publisher"
     )]
     pub publisher_file: Option<std::path::PathBuf>,
+    /// The config file's `[[route]]` entries, in order (not a flag: routes live in the file).
+    #[arg(skip)]
+    pub routes: Vec<crate::config::RouteSpec>,
     #[command(flatten)]
     pub tuning: RelayTuning,
     /// Where committed events come from: `table` claims rows of the outbox table (every

@@ -1,6 +1,8 @@
 //! The optional TOML file: its values become clap defaults, so flags and environment
-//! variables still win (flags > env > file > built-in default).
+//! variables still win (flags > env > file > built-in default). `[[route]]` entries, which no
+//! flag can say, are read into [`RouteSpec`]s for the relay.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -25,13 +27,44 @@ pub fn config_path(args: &[OsString]) -> Option<PathBuf> {
     std::env::var_os("TXOUTBOX_CONFIG").map(PathBuf::from)
 }
 
+/// One `[[route]]` entry: which events (globs; a condition left out matches any value) go to
+/// which publisher. Checked and connected by `txoutbox relay` (`cmd::relay`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// The route's name: the `route` label of its metrics, and how errors name it.
+    pub name: String,
+    /// Glob on the event type, e.g. `order.*`.
+    pub event_type: Option<String>,
+    /// Glob on the aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Header name -> glob on its value; every one must be present and match.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The publisher URL (as `--publisher`).
+    pub publisher: Option<String>,
+    /// A file holding the publisher URL, instead of `publisher` (as `--publisher-file`).
+    pub publisher_file: Option<PathBuf>,
+}
+
+/// What the file says: its settings as defaults on the command, and its routes.
+pub struct FileSettings {
+    pub command: Command,
+    pub routes: Vec<RouteSpec>,
+}
+
 /// Apply the file's settings as defaults on `cmd`. Top-level keys apply wherever an option of
-/// that name exists; a `[relay]` (or other subcommand) table applies to that subcommand only.
-pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<Command> {
+/// that name exists; a `[relay]` (or other subcommand) table applies to that subcommand only;
+/// `[[route]]` entries are returned, in order.
+pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("config file {}: cannot read", path.display()))?;
-    let table: toml::Table = toml::from_str(&text)
+    let mut table: toml::Table = toml::from_str(&text)
         .with_context(|| format!("config file {}: not valid TOML", path.display()))?;
+    let routes = match table.remove("route") {
+        Some(value) => routes(path, value)?,
+        None => Vec::new(),
+    };
     for (key, value) in table {
         if let toml::Value::Table(section) = value {
             let Some(sub) = cmd.find_subcommand(&key).map(|s| s.get_name().to_string()) else {
@@ -71,7 +104,38 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<Command> {
             }
         }
     }
-    Ok(cmd)
+    Ok(FileSettings {
+        command: cmd,
+        routes,
+    })
+}
+
+/// The `[[route]]` array; each entry's error names it (by number, and by name when it has one).
+fn routes(path: &Path, value: toml::Value) -> anyhow::Result<Vec<RouteSpec>> {
+    let toml::Value::Array(entries) = value else {
+        bail!(
+            "config file {}: `route` must be an array of tables, written [[route]] (one per route)",
+            path.display()
+        );
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let name = entry
+            .get("name")
+            .and_then(|n| n.as_str())
+            .map(|n| format!(" (`{n}`)"))
+            .unwrap_or_default();
+        let spec: RouteSpec = entry.try_into().map_err(|e: toml::de::Error| {
+            anyhow::anyhow!(
+                "config file {}: [[route]] number {}{name}: {}",
+                path.display(),
+                i + 1,
+                e.message().trim_end()
+            )
+        })?;
+        out.push(spec);
+    }
+    Ok(out)
 }
 
 fn setting(path: &Path, full: &str, key: &str, v: toml::Value) -> anyhow::Result<(String, String)> {
@@ -101,10 +165,73 @@ mod tests {
         std::fs::create_dir_all(&dir)?;
         let path = dir.join("c.toml");
         std::fs::write(&path, file)?;
-        let cmd = apply_file(Cli::command(), &path);
+        let file = apply_file(Cli::command(), &path);
         std::fs::remove_dir_all(&dir)?;
-        let m = cmd?.try_get_matches_from(args)?;
+        let m = file?.command.try_get_matches_from(args)?;
         Ok(Cli::from_arg_matches(&m)?)
+    }
+
+    fn routes_of(file: &str) -> anyhow::Result<Vec<RouteSpec>> {
+        let dir = std::env::temp_dir().join(format!("txoutbox-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("c.toml");
+        std::fs::write(&path, file)?;
+        let file = apply_file(Cli::command(), &path);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(file?.routes)
+    }
+
+    #[test]
+    fn routes_are_read_in_order_beside_the_other_settings() {
+        let routes = routes_of(
+            r#"
+schema = "app"
+[relay]
+publisher = "null:"
+
+[[route]]
+name = "orders"
+event_type = "order.*"
+publisher = "kafka://127.0.0.1:9092?topic=orders"
+
+[[route]]
+name = "audit"
+aggregate_type = "user"
+headers = { audit = "yes", tenant = "acme-*" }
+publisher_file = "/run/secrets/sqs"
+"#,
+        )
+        .unwrap();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0].name, "orders");
+        assert_eq!(routes[0].event_type.as_deref(), Some("order.*"));
+        assert_eq!(routes[0].aggregate_type, None);
+        assert_eq!(routes[1].headers.len(), 2);
+        assert_eq!(routes[1].headers["tenant"], "acme-*");
+        assert_eq!(
+            routes[1].publisher_file.as_deref(),
+            Some(Path::new("/run/secrets/sqs"))
+        );
+        assert!(routes_of("schema = \"app\"\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_bad_route_entry_is_named() {
+        let e = routes_of("[[route]]\nname = \"a\"\npublisher = \"null:\"\n[[route]]\nname = \"b\"\nevnt_type = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[[route]] number 2 (`b`)"), "{e}");
+        assert!(e.contains("evnt_type"), "{e}");
+        let e = routes_of("[[route]]\nevent_type = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("number 1") && e.contains("name"), "{e}");
+        let e = routes_of("route = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("[[route]]"), "{e}");
+        let e = routes_of("[[route]]\nname = \"a\"\nheaders = { x = 1 }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(`a`)"), "{e}");
     }
 
     #[test]

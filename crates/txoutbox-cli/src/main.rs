@@ -19,9 +19,13 @@ use crate::ctx::{Ctx, UsageError};
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let mut command = Cli::command();
+    let mut routes = Vec::new();
     if let Some(path) = config::config_path(&args) {
         match config::apply_file(command, &path) {
-            Ok(c) => command = c,
+            Ok(file) => {
+                command = file.command;
+                routes = file.routes;
+            }
             Err(e) => {
                 eprintln!(
                     "error: {}",
@@ -31,13 +35,16 @@ fn main() -> ExitCode {
             }
         }
     }
-    let cli = match command
+    let mut cli = match command
         .try_get_matches_from(&args)
         .and_then(|m| Cli::from_arg_matches(&m))
     {
         Ok(cli) => cli,
         Err(e) => e.exit(), // usage errors exit 2, --help/--version 0
     };
+    if let Command::Relay(relay) = &mut cli.command {
+        relay.routes = routes;
+    }
     init_logging(cli.global.log_format);
     // Before the runtime: the OTLP exporter's blocking HTTP client must not be made (or
     // dropped) on it. Dropped after the runtime, flushing what is queued.

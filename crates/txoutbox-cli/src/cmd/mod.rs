@@ -6,6 +6,7 @@ pub mod enqueue;
 pub mod events;
 pub mod migrate;
 pub mod relay;
+mod routes;
 pub mod slot;
 pub mod status;
 

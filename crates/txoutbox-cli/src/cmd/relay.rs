@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use txoutbox::publish::redact_url;
 use txoutbox::relay::{Relay, Source};
 
 use super::{open_publisher, relay_config, retention};
@@ -8,16 +9,34 @@ use crate::cli::RelayArgs;
 use crate::ctx::{Ctx, Kind, UsageError};
 
 pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
-    let url = a.publisher.as_deref().ok_or_else(|| {
-        UsageError("no publisher given: pass --publisher URL or set TXOUTBOX_PUBLISHER (e.g. nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, stdout:)".into())
-    })?;
+    // Routes (and --publisher, their default) are checked before anything is touched.
+    let routes = if a.routes.is_empty() {
+        None
+    } else {
+        Some(super::routes::check(&a.routes, a.publisher.as_deref())?)
+    };
+    // Every publisher URL: for the log line, and for the secrets that the admin API and logs
+    // must never show.
+    let urls: Vec<String> = match &routes {
+        Some(r) => r.iter().map(|c| c.url.clone()).collect(),
+        None => a.publisher.iter().cloned().collect(),
+    };
+    let shown = urls
+        .iter()
+        .map(|u| redact_url(u))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut config = relay_config(&a.tuning, a.drain)?;
     let db_url = ctx.require_url()?;
     check_source(a.source, a.slot.as_deref(), crate::ctx::kind_of(db_url)?)?;
     config.source = a.source;
     config.slot.clone_from(&a.slot);
     // The publisher first: a malformed URL is reported before anything else is touched.
-    let mut publisher = open_publisher(url).await?;
+    let mut publisher: Box<dyn txoutbox::publish::Publisher> = match (routes, &a.publisher) {
+        (Some(routes), _) => Box::new(super::routes::connect(routes).await?),
+        (None, Some(url)) => open_publisher(url).await?,
+        (None, None) => return Err(UsageError("no publisher given: pass --publisher URL or set TXOUTBOX_PUBLISHER (e.g. nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, stdout:), or give [[route]] entries in the config file".into()).into()),
+    };
     if a.tuning.inject_faults > 0.0 {
         tracing::warn!(
             rate = a.tuning.inject_faults,
@@ -37,7 +56,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(
         table = %ctx.table.display(),
         database = %txoutbox::publish::redact_url(db_url),
-        publisher = %txoutbox::publish::redact_url(url),
+        publisher = %shown,
         relay_id = %config.relay_id,
         source = config.source.as_str(),
         "starting relay"
@@ -47,7 +66,9 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         &a.ops,
         &a.tuning,
         &config.relay_id,
-        &[db_url, url],
+        &std::iter::once(db_url)
+            .chain(urls.iter().map(String::as_str))
+            .collect::<Vec<_>>(),
     )?;
     ops_config.slot.clone_from(&a.slot);
     let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
