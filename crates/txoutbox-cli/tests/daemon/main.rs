@@ -14,6 +14,7 @@ mod ops;
 mod ordering_process;
 mod otel;
 mod relay_process;
+mod routes_cli;
 mod secrets;
 mod undecodable_rows;
 mod wal_cli;

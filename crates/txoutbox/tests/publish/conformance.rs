@@ -21,14 +21,14 @@ use txoutbox::publish::{self, ConnectError, Message, PublishError, Publisher};
 /// What a broker received, mapped onto the contract: the broker's dedup field, the metadata
 /// (by the contract's header names) and the body.
 #[derive(Debug, Clone)]
-struct Received {
-    dedup_id: String,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
+pub(crate) struct Received {
+    pub(crate) dedup_id: String,
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: Vec<u8>,
 }
 
 #[async_trait::async_trait]
-trait Broker: Send + Sync {
+pub(crate) trait Broker: Send + Sync {
     fn name(&self) -> &'static str;
     /// The publisher URL for this test's own destination.
     fn url(&self) -> String {
@@ -60,7 +60,7 @@ trait Broker: Send + Sync {
     async fn cleanup(&self);
 }
 
-fn suffix() -> String {
+pub(crate) fn suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
 }
 
@@ -87,7 +87,7 @@ async fn connect(url: &str) -> Box<dyn Publisher> {
     }
 }
 
-async fn wait_received(b: &dyn Broker, n: usize) -> Vec<Received> {
+pub(crate) async fn wait_received(b: &dyn Broker, n: usize) -> Vec<Received> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let got = b.received().await;
@@ -395,9 +395,20 @@ impl Drop for Proxy {
 
 // --- NATS JetStream ---------------------------------------------------------------------
 
-struct Nats {
+pub(crate) struct Nats {
     stream: String,
     prefix: String,
+}
+
+impl Nats {
+    /// A stream and subject prefix of this test's own (the publisher creates the stream).
+    pub(crate) fn new() -> Self {
+        let s = suffix();
+        Self {
+            stream: format!("TXO_CONF_{}", s.to_uppercase()),
+            prefix: format!("txoconf{s}"),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -452,17 +463,12 @@ impl Broker for Nats {
 
 #[tokio::test]
 async fn nats_conforms() {
-    let s = suffix();
-    suite(&Nats {
-        stream: format!("TXO_CONF_{}", s.to_uppercase()),
-        prefix: format!("txoconf{s}"),
-    })
-    .await;
+    suite(&Nats::new()).await;
 }
 
 // --- RabbitMQ ----------------------------------------------------------------------------
 
-struct Amqp {
+pub(crate) struct Amqp {
     exchange: String,
     channel: lapin::Channel,
     queue: String,
@@ -551,50 +557,59 @@ impl Broker for Amqp {
     }
 }
 
+impl Amqp {
+    /// A topic exchange and a queue bound to it with `#` (every routing key), of this test's
+    /// own; the connection must stay open while the broker is read.
+    pub(crate) async fn new() -> (Self, lapin::Connection) {
+        use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+        use lapin::types::FieldTable;
+        let s = suffix();
+        let conn = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = conn.create_channel().await.unwrap();
+        let b = Amqp {
+            exchange: format!("txo_conf_{s}"),
+            queue: format!("txo_conf_q_{s}"),
+            channel,
+        };
+        b.channel
+            .exchange_declare(
+                b.exchange.as_str().into(),
+                lapin::ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        b.channel
+            .queue_declare(
+                b.queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        b.channel
+            .queue_bind(
+                b.queue.as_str().into(),
+                b.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        (b, conn)
+    }
+}
+
 #[tokio::test]
 async fn amqp_conforms() {
-    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-    use lapin::types::FieldTable;
-    let s = suffix();
-    let conn = lapin::Connection::connect(AMQP, lapin::ConnectionProperties::default())
-        .await
-        .unwrap();
-    let channel = conn.create_channel().await.unwrap();
-    let b = Amqp {
-        exchange: format!("txo_conf_{s}"),
-        queue: format!("txo_conf_q_{s}"),
-        channel,
-    };
-    b.channel
-        .exchange_declare(
-            b.exchange.as_str().into(),
-            lapin::ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    b.channel
-        .queue_declare(
-            b.queue.as_str().into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    b.channel
-        .queue_bind(
-            b.queue.as_str().into(),
-            b.exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (b, conn) = Amqp::new().await;
     suite(&b).await;
     let _ = conn.close(200, "done".into()).await;
 }
@@ -906,13 +921,13 @@ async fn file_conforms() {
 
 // --- Kafka (tansu) -----------------------------------------------------------------------
 
-struct Kafka {
+pub(crate) struct Kafka {
     prefix: String,
     got: Arc<Mutex<Vec<Received>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-fn kafka_brokers() -> String {
+pub(crate) fn kafka_brokers() -> String {
     std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
@@ -958,67 +973,80 @@ impl Broker for Kafka {
     }
 }
 
-#[tokio::test]
-async fn kafka_conforms() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Headers, Message as _};
-    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-    let prefix = format!("txoconf.{}", suffix());
-    let topic = format!("{prefix}.created");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .create()
-        .unwrap();
-    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
-    let created = admin
-        .create_topics(
-            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
-            &options,
-        )
-        .await
-        .unwrap();
-    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", format!("txoconf-{}", suffix()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..3 {
-        tpl.add_partition_offset(&topic, p, Offset::Beginning)
+impl Kafka {
+    /// A topic `PREFIX.created` (3 partitions) of this test's own, read from the start by a
+    /// consumer task into `received()`.
+    pub(crate) async fn new() -> Self {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use rdkafka::message::{Headers, Message as _};
+        use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+        let prefix = format!("txoconf.{}", suffix());
+        let topic = format!("{prefix}.created");
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .create()
             .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let sink = got.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok(m) = consumer.recv().await else {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let mut headers = HashMap::new();
-            if let Some(h) = m.headers() {
-                for header in h.iter() {
-                    if let Some(v) = header.value {
-                        headers.insert(
-                            header.key.to_string(),
-                            String::from_utf8_lossy(v).into_owned(),
-                        );
+        let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+        let created = admin
+            .create_topics(
+                &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+                &options,
+            )
+            .await
+            .unwrap();
+        assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .set("group.id", format!("txoconf-{}", suffix()))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..3 {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = got.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(m) = consumer.recv().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let mut headers = HashMap::new();
+                if let Some(h) = m.headers() {
+                    for header in h.iter() {
+                        if let Some(v) = header.value {
+                            headers.insert(
+                                header.key.to_string(),
+                                String::from_utf8_lossy(v).into_owned(),
+                            );
+                        }
                     }
                 }
+                sink.lock().unwrap().push(Received {
+                    dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
+                    headers,
+                    body: m.payload().unwrap_or_default().to_vec(),
+                });
             }
-            sink.lock().unwrap().push(Received {
-                dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
-                headers,
-                body: m.payload().unwrap_or_default().to_vec(),
-            });
-        }
-    });
-    suite(&Kafka { prefix, got, task }).await;
+        });
+        Kafka { prefix, got, task }
+    }
+
+    /// The topic every message goes to.
+    pub(crate) fn topic(&self) -> String {
+        format!("{}.created", self.prefix)
+    }
+}
+
+#[tokio::test]
+async fn kafka_conforms() {
+    suite(&Kafka::new().await).await;
 }
 
 // --- Amazon SQS and SNS (moto) -----------------------------------------------------------

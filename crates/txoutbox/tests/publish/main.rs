@@ -10,6 +10,7 @@ mod mqtt;
 mod nats;
 mod nats_reconnect;
 mod redis;
+mod routes;
 
 /// The official Python clients of `scripts/clients.sh` (`TXOUTBOX_CLIENTS_PYTHON`, which
 /// `scripts/test.sh` sets): `None`, with a message, when they are not installed, except under

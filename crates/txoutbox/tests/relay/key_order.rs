@@ -306,3 +306,96 @@ async fn kafka_relay_recovers_from_a_fatal_producer_error_in_order() {
     assert!(ids.contains(&y1));
     db.cleanup().await;
 }
+
+/// Two routes, one aggregate: X1 and X3 go through route `odd`, X2 through route `even`, each
+/// to its own publisher, both of which keep key order on their own. No broker orders across
+/// another, so the router must not let the relay pipeline: X2 is sent only once X1 went
+/// through (its first attempt fails through the ack), X3 only once X2 did. An event that
+/// matches no route is dead-lettered, naming that, without holding anything back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_keep_an_aggregates_order_across_publishers() {
+    use std::collections::BTreeSet;
+    use txoutbox::publish::{Matcher, Route, Router};
+
+    let db = PgHarness::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db
+        .outbox()
+        .enqueue_many(
+            &mut *tx,
+            &[
+                event("x", 1),
+                event("x", 2),
+                event("x", 3),
+                event("y", 1),
+                NewEvent::new("audit", "z", "audit.login", &serde_json::json!({})).unwrap(),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (x1, x2, x3, y1, z1) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
+    let (odd, even) = (KeyOrdered::default(), KeyOrdered::default());
+    odd.inner.set_ack_delay(Duration::from_millis(100));
+    odd.inner.fail_id_times(x1, Fail::Transient, Some(1));
+    let route = |name: &str, glob: &str, p: &KeyOrdered| {
+        let p: Arc<dyn Publisher> = Arc::new(p.clone());
+        Route::new(name, Matcher::any().event_type(glob).unwrap(), p).unwrap()
+    };
+    let router = Router::new(vec![
+        route("odd", "account.e{1,3}", &odd),
+        route("even", "account.e2", &even),
+    ])
+    .unwrap();
+    assert!(!router.keeps_key_order());
+    let stats = tokio::time::timeout(
+        DEADLINE,
+        Relay::new(
+            db.pool_store(),
+            Box::new(router),
+            config("routes", Ordering::Ordered),
+        )
+        .spawn()
+        .join(),
+    )
+    .await
+    .expect("drained in time")
+    .unwrap();
+    assert!(
+        stats.failed >= 1,
+        "the scripted failure happened: {stats:?}"
+    );
+
+    // Each route got its own events, and only those.
+    let distinct = |p: &KeyOrdered| p.sent_ok().into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(distinct(&odd), BTreeSet::from([x1, x3, y1]), "route odd");
+    assert_eq!(even.sent_ok(), vec![x2], "route even");
+    // Across the two publishers, each of X's events left only after the one before it was
+    // through.
+    let last = |p: &KeyOrdered, id| *p.inner.send_times(id).last().unwrap();
+    let first = |p: &KeyOrdered, id| p.inner.send_times(id)[0];
+    assert_eq!(
+        odd.inner.send_times(x1).len(),
+        2,
+        "X1 failed once, then went through"
+    );
+    assert!(
+        first(&even, x2) > last(&odd, x1) + Duration::from_millis(90),
+        "X2 was sent through route even before X1 was acknowledged through route odd"
+    );
+    assert!(
+        first(&odd, x3) > last(&even, x2),
+        "X3 was sent before X2 was through"
+    );
+    for id in [x1, x2, x3, y1] {
+        assert!(db.row(id).await.processed_at.is_some());
+    }
+    let z = db.row(z1).await;
+    assert!(z.dead_at.is_some(), "the unmatched event is a dead letter");
+    let why = z.last_error.unwrap_or_default();
+    assert!(
+        why.starts_with("no route matched event") && why.contains("`audit.login`"),
+        "{why}"
+    );
+    db.cleanup().await;
+}
