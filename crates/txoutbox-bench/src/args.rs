@@ -29,7 +29,9 @@ pub struct BenchArgs {
     #[arg(long, env = "TXOUTBOX_BIN", value_name = "PATH")]
     pub txoutbox_bin: Option<PathBuf>,
     /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
-    /// and scale use the first). null: acknowledges at once: the database side alone
+    /// and scale use the first). null: acknowledges at once: the database side alone.
+    /// routes:PATH runs the relays with the `[[route]]` entries of the config file PATH
+    /// (see --event-types to spread events over routes)
     #[arg(
         long = "publisher",
         value_name = "URL",
@@ -44,6 +46,10 @@ pub struct BenchArgs {
     /// drain, scale: distinct aggregates the events are spread over
     #[arg(long, env = "TXOUTBOX_BENCH_AGGREGATES", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub aggregates: u64,
+    /// drain: event types the events are spread over, round robin: `order.created` when 1,
+    /// else `order.e0` ... (for routes by event type)
+    #[arg(long, env = "TXOUTBOX_BENCH_EVENT_TYPES", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub event_types: u64,
     /// latency: total commit rates to test, events/s (comma-separated or repeated)
     #[arg(long = "rate", value_name = "N", env = "TXOUTBOX_BENCH_RATE", value_delimiter = ',', default_values_t = [500u32, 5000], value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub rates: Vec<u32>,

@@ -17,6 +17,9 @@ use crate::UsageError;
 /// resident set: a sample misses only growth in the last interval before exit).
 const RSS_POLL: Duration = Duration::from_millis(20);
 
+/// A `--publisher` value that names a config file with `[[route]]` entries instead of a URL.
+pub const ROUTES_PREFIX: &str = "routes:";
+
 pub struct RelaySpec<'a> {
     /// The `txoutbox` binary.
     pub txoutbox: &'a Path,
@@ -39,9 +42,12 @@ pub struct RelayChild {
 impl RelayChild {
     pub fn spawn(spec: &RelaySpec<'_>) -> anyhow::Result<Self> {
         let mut cmd = Command::new(spec.txoutbox);
+        // `routes:PATH`: the relay's publishers are the `[[route]]` entries of that config file.
+        match spec.publisher.strip_prefix(ROUTES_PREFIX) {
+            Some(path) => cmd.arg("--config").arg(path),
+            None => cmd.arg("--publisher").arg(spec.publisher),
+        };
         cmd.arg("relay")
-            .arg("--publisher")
-            .arg(spec.publisher)
             .arg("--mode")
             .arg(spec.mode.as_str())
             .arg("--source")

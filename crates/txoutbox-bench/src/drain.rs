@@ -74,7 +74,8 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
 
 async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
     env.status(&format!("{}: inserting {} events", cfg.name(), env.events));
-    db.insert_events(env.events, env.aggregates).await?;
+    db.insert_events(env.events, env.aggregates, env.event_types)
+        .await?;
     super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
     let spec = RelaySpec {

@@ -177,14 +177,22 @@ impl BenchDb {
     /// default, `gen_random_uuid()`, is v4 and would scatter the primary-key index): a
     /// millisecond timestamp rising with `g` (100 events a millisecond), the version and
     /// variant bits, and random bits from md5.
-    pub async fn insert_events(&self, n: u64, aggregates: u64) -> anyhow::Result<()> {
+    /// With `event_types` above 1 the types are `order.e0`, `order.e1`, ... round robin.
+    pub async fn insert_events(
+        &self,
+        n: u64,
+        aggregates: u64,
+        event_types: u64,
+    ) -> anyhow::Result<()> {
         let n = i64::try_from(n).context("--events too large")?;
         let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
+        let event_types = i64::try_from(event_types).context("--event-types too large")?;
         let sql = format!(
             "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload)
              SELECT (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
                      || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-                    'order', (g % $3)::text, 'order.created',
+                    'order', (g % $3)::text,
+                    CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END,
                     jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
                                        'total', g * 1.5, 'note', repeat('x', 100))
              FROM generate_series($1, $2) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r",
@@ -200,6 +208,7 @@ impl BenchDb {
                 .bind(last)
                 .bind(aggregates)
                 .bind(base)
+                .bind(event_types)
                 .execute(&self.pool)
                 .await
                 .context("inserting the bench events")?;
