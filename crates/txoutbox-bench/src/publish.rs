@@ -52,6 +52,7 @@ pub async fn run_once(env: &Env, url: &str) -> anyhow::Result<RunResult> {
                 "total": g as f64 * 1.5, "note": "x".repeat(100),
             }))
             .unwrap_or_default(),
+            content_type: "application/json".into(),
             headers: BTreeMap::new(),
             created_at: now,
             attempt: 1,

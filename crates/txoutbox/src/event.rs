@@ -1,4 +1,8 @@
 //! Events: [`NewEvent`] is what a writer enqueues, [`OutboxEvent`] what the relay reads back.
+//!
+//! A payload is JSON (the `payload` column, as the seed writes it) or bytes with their content
+//! type ([`NewEvent::bytes`]: the `payload_bytes` and `content_type` columns, with `payload`
+//! the JSON `null`): Protobuf, Avro, anything the broker should carry as it is.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +26,30 @@ pub struct NewEvent {
     pub(crate) aggregate_id: String,
     pub(crate) event_type: String,
     pub(crate) payload: serde_json::Value,
+    pub(crate) payload_bytes: Option<Vec<u8>>,
+    pub(crate) content_type: Option<String>,
     pub(crate) headers: BTreeMap<String, String>,
+}
+
+/// The content type of a JSON payload, and of every event without bytes.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// A content type that cannot go on the wire as a header value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("content type {0:?} is not valid: use 1 to 255 printable ASCII characters, e.g. application/x-protobuf")]
+pub struct InvalidContentType(pub String);
+
+/// Is `content_type` usable (1 to 255 printable ASCII characters, spaces allowed inside)? It
+/// goes into HTTP, AMQP, MQTT and Kafka headers as it is.
+pub fn check_content_type(content_type: &str) -> Result<(), InvalidContentType> {
+    let ok = (1..=255).contains(&content_type.len())
+        && content_type.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && content_type.trim() == content_type;
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidContentType(content_type.to_string()))
+    }
 }
 
 impl NewEvent {
@@ -55,8 +82,40 @@ impl NewEvent {
             aggregate_id: aggregate_id.into(),
             event_type: event_type.into(),
             payload,
+            payload_bytes: None,
+            content_type: None,
             headers: BTreeMap::new(),
         }
+    }
+
+    /// A new event whose payload is `data`, sent to the broker as it is, with `content_type`
+    /// (e.g. `application/x-protobuf`) in the broker's content-type field. Stored in the
+    /// `payload_bytes` and `content_type` columns, with `payload` the JSON `null`.
+    ///
+    /// ```
+    /// use txoutbox::NewEvent;
+    /// let event = NewEvent::bytes("order", "42", "order.created", vec![0x08, 0x2a], "application/x-protobuf")?;
+    /// assert_eq!(event.payload_bytes(), Some(&[0x08, 0x2a][..]));
+    /// # Ok::<(), txoutbox::event::InvalidContentType>(())
+    /// ```
+    pub fn bytes(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        data: impl Into<Vec<u8>>,
+        content_type: impl Into<String>,
+    ) -> Result<Self, InvalidContentType> {
+        let content_type = content_type.into();
+        check_content_type(&content_type)?;
+        let mut event = Self::from_json(
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            serde_json::Value::Null,
+        );
+        event.payload_bytes = Some(data.into());
+        event.content_type = Some(content_type);
+        Ok(event)
     }
 
     /// Use this id instead of a generated one (e.g. an id the caller already exposed).
@@ -90,9 +149,18 @@ impl NewEvent {
     pub fn event_type(&self) -> &str {
         &self.event_type
     }
-    /// The payload, sent to the broker as JSON bytes.
+    /// The JSON payload, sent to the broker as JSON bytes (`null` for an event of bytes).
     pub fn payload(&self) -> &serde_json::Value {
         &self.payload
+    }
+    /// The payload of an event made by [`NewEvent::bytes`].
+    pub fn payload_bytes(&self) -> Option<&[u8]> {
+        self.payload_bytes.as_deref()
+    }
+    /// The content type the broker gets: the one given to [`NewEvent::bytes`], else
+    /// `application/json`.
+    pub fn content_type(&self) -> &str {
+        self.content_type.as_deref().unwrap_or(JSON_CONTENT_TYPE)
     }
     /// The message headers set with [`NewEvent::header`], sorted by key.
     pub fn headers(&self) -> &BTreeMap<String, String> {
@@ -114,8 +182,19 @@ pub struct OutboxEvent {
     pub aggregate_id: String,
     /// What happened.
     pub event_type: String,
-    /// The payload as written.
+    /// The JSON payload as written (`null` for an event of bytes).
     pub payload: serde_json::Value,
+    /// The payload of an event of bytes ([`NewEvent::bytes`]); `None` for a JSON event. Shown
+    /// in JSON as `payload_base64`, with its length as `payload_length`.
+    #[serde(
+        rename = "payload_base64",
+        serialize_with = "base64_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub payload_bytes: Option<Vec<u8>>,
+    /// The content type of `payload_bytes`; `None` for a JSON event (`application/json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
     /// Message headers, sorted by key (non-string JSON values kept as their JSON text).
     pub headers: BTreeMap<String, String>,
     /// Failed delivery attempts so far.
@@ -144,6 +223,20 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// The body the broker gets: the bytes, or the JSON payload serialised.
+    pub fn body(&self) -> Vec<u8> {
+        match &self.payload_bytes {
+            Some(bytes) => bytes.clone(),
+            // A JSON value always serialises.
+            None => serde_json::to_vec(&self.payload).unwrap_or_default(),
+        }
+    }
+
+    /// The body's content type: the stored one, else `application/json`.
+    pub fn content_type(&self) -> &str {
+        self.content_type.as_deref().unwrap_or(JSON_CONTENT_TYPE)
+    }
+
     /// Where the event is in its life: pending, leased, published or dead.
     pub fn state(&self, now: DateTime<Utc>) -> EventState {
         if self.processed_at.is_some() {
@@ -171,6 +264,15 @@ pub enum EventState {
     /// Dead-lettered (`dead_at` set): out of attempts or failed permanently; waits for an
     /// operator to retry or discard it.
     Dead,
+}
+
+/// `payload_bytes` in JSON: base64 text (standard alphabet, padded).
+fn base64_bytes<S: serde::Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    use base64::Engine as _;
+    match bytes {
+        Some(b) => s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b)),
+        None => s.serialize_none(),
+    }
 }
 
 /// Headers stored as a JSON object; non-string values are kept as their JSON text.

@@ -445,6 +445,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "order.created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: Default::default(),
             created_at: chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
             attempt: 1,
@@ -558,6 +559,32 @@ mod tests {
         let mut long = msg();
         long.event_type = "t".repeat(300);
         assert!(properties(&long, "k", None).unwrap_err().is_permanent());
+    }
+
+    #[test]
+    fn byte_messages_carry_their_content_type() {
+        let mut m = msg();
+        m.body = vec![0x00, 0xff, 0x80, 0x0a];
+        m.content_type = "application/x-protobuf".into();
+        let p = properties(&m, "k", None).unwrap();
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/x-protobuf")
+        );
+        // CloudEvents binary mode: `datacontenttype` is the `content_type` property, not a header.
+        let url = super::super::url::parse("amqp://h/%2f?cloudevents=true").unwrap();
+        let s = Settings::from_url(&url).unwrap();
+        let p = properties(&m, "k", s.cloudevents.as_ref()).unwrap();
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/x-protobuf")
+        );
+        let h = p.headers().as_ref().unwrap();
+        assert!(!h.inner().contains_key("cloudEvents:datacontenttype"));
+        assert!(h.inner().contains_key("cloudEvents:type"));
+
+        m.content_type = "x".repeat(256);
+        assert!(properties(&m, "k", None).unwrap_err().is_permanent());
     }
 
     #[test]

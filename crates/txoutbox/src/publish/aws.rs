@@ -35,6 +35,16 @@ pub const MAX_ATTRIBUTES: usize = 10;
 /// The attribute that carries, as a JSON object, the headers that do not fit in (or cannot
 /// be) attributes of their own.
 pub const OVERFLOW_ATTRIBUTE: &str = "outbox-headers";
+/// The attribute that carries the body's content type (`application/json` for a JSON payload,
+/// e.g. `application/x-protobuf` for bytes); every message has it.
+pub const CONTENT_TYPE_ATTRIBUTE: &str = "content-type";
+/// The attribute that says the body was sent base64-encoded: its value is
+/// [`BASE64_ENCODING`]. Message bodies are text, so a body that is not textual (by its
+/// content type) or not text the services take goes as base64; consumers decode it when the
+/// attribute is there.
+pub const ENCODING_ATTRIBUTE: &str = "content-transfer-encoding";
+/// The value of [`ENCODING_ATTRIBUTE`]: standard base64 with padding.
+pub const BASE64_ENCODING: &str = "base64";
 /// The largest message by default: SNS's limit and SQS's long-standing one (256 KiB), body and
 /// attributes together.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
@@ -171,23 +181,30 @@ pub fn is_attribute_name(name: &str) -> bool {
 }
 
 /// The message attributes of `m`, in this order: the CloudEvents attributes (`ce-id`,
-/// `ce-type`, ..., `content-type` for `datacontenttype`) when `ce` is set, the `outbox-*`
-/// contract headers, then the user headers (one named like an earlier attribute is dropped).
-/// When there are more than [`MAX_ATTRIBUTES`], the first nine stay attributes and the rest go
-/// into one more, [`OVERFLOW_ATTRIBUTE`], a JSON object of name to value; so does any header
-/// whose name is no valid attribute name or whose value is empty (neither service takes
-/// those as attributes).
-pub(crate) fn attributes(m: &Message, ce: Option<&CloudEvents>) -> Vec<(String, String)> {
+/// `ce-type`, ...) when `ce` is set, `content-type` (the body's content type: CloudEvents'
+/// `datacontenttype`), `content-transfer-encoding: base64` when `base64` (the body was
+/// encoded), the `outbox-*` contract headers, then the user headers (one named like an earlier
+/// attribute is dropped). When there are more than [`MAX_ATTRIBUTES`], the first nine stay
+/// attributes and the rest go into one more, [`OVERFLOW_ATTRIBUTE`], a JSON object of name to
+/// value; so does any header whose name is no valid attribute name or whose value is empty
+/// (neither service takes those as attributes). The content type and encoding always fit.
+pub(crate) fn attributes(
+    m: &Message,
+    ce: Option<&CloudEvents>,
+    base64: bool,
+) -> Vec<(String, String)> {
     let mut all: Vec<(String, String)> = Vec::new();
     if let Some(ce) = ce {
-        all.extend(ce.attributes(m).into_iter().map(|(name, value)| {
-            let name = if name == "datacontenttype" {
-                "content-type".to_string()
-            } else {
-                format!("ce-{name}")
-            };
-            (name, value)
-        }));
+        all.extend(
+            ce.attributes(m)
+                .into_iter()
+                .filter(|(name, _)| *name != "datacontenttype")
+                .map(|(name, value)| (format!("ce-{name}"), value)),
+        );
+    }
+    all.push((CONTENT_TYPE_ATTRIBUTE.to_string(), m.content_type.clone()));
+    if base64 {
+        all.push((ENCODING_ATTRIBUTE.to_string(), BASE64_ENCODING.to_string()));
     }
     all.extend(
         m.contract_headers()
@@ -195,7 +212,10 @@ pub(crate) fn attributes(m: &Message, ce: Option<&CloudEvents>) -> Vec<(String, 
             .map(|(name, value)| (name.to_string(), value)),
     );
     for (name, value) in &m.headers {
-        if name == OVERFLOW_ATTRIBUTE || all.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        let reserved = name == OVERFLOW_ATTRIBUTE
+            || name.eq_ignore_ascii_case(ENCODING_ATTRIBUTE)
+            || all.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+        if reserved {
             tracing::debug!(event = %m.id, header = %name, "user header shadows a contract or CloudEvents attribute; dropped");
             continue;
         }
@@ -234,6 +254,44 @@ pub fn group_id(aggregate_id: &str) -> String {
     format!("sha256-{hex}")
 }
 
+/// The message body as the services take it (text), and whether it is base64: the body as it
+/// is when its content type is textual (JSON, `text/*`, XML) and it is text the services
+/// accept (UTF-8 with only the characters SQS allows), else its standard base64.
+fn body_text(m: &Message) -> (String, bool) {
+    if is_textual(&m.content_type) {
+        if let Ok(text) = std::str::from_utf8(&m.body) {
+            if text.chars().all(is_allowed_char) {
+                return (text.to_string(), false);
+            }
+        }
+    }
+    use base64::Engine as _;
+    (
+        base64::engine::general_purpose::STANDARD.encode(&m.body),
+        true,
+    )
+}
+
+/// Is `content_type` text: JSON (also `+json`), `text/*`, XML (also `+xml`)?
+fn is_textual(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    super::message::is_json_content_type(&essence)
+        || essence.starts_with("text/")
+        || essence == "application/xml"
+        || (essence.contains('/') && essence.ends_with("+xml"))
+}
+
+/// A character an SQS message body may hold (`#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
+/// #x10000-#x10FFFF`); SNS takes the same.
+fn is_allowed_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
+}
+
 /// `m` as a batch entry: attributes, FIFO ids, and its size checked against `max_bytes`
 /// (too large is permanent).
 pub(crate) fn prepare(
@@ -243,19 +301,14 @@ pub(crate) fn prepare(
     max_bytes: usize,
     what: &str,
 ) -> Result<Prepared, PublishError> {
-    let body = String::from_utf8(m.body.clone()).map_err(|_| {
-        PublishError::permanent(format!(
-            "event {}: {what}: the body is not UTF-8 text",
-            m.id
-        ))
-    })?;
+    let (body, base64) = body_text(m);
     if body.is_empty() {
         return Err(PublishError::permanent(format!(
             "event {}: {what}: the body is empty (the service needs at least one character)",
             m.id
         )));
     }
-    let attributes = attributes(m, ce);
+    let attributes = attributes(m, ce, base64);
     let size = body.len()
         + attributes
             .iter()
@@ -684,6 +737,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: headers
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -727,35 +781,28 @@ mod tests {
 
     #[test]
     fn ten_attributes_at_most_the_rest_in_one() {
-        // 5 contract headers and 3 user headers: all attributes of their own.
+        // content-type, 5 contract headers and 3 user headers: all attributes of their own.
         let m = message(&[("a", "1"), ("b", "2"), ("traceparent", "t")]);
-        let a = attributes(&m, None);
-        assert_eq!(a.len(), 8);
+        let a = attributes(&m, None, false);
+        assert_eq!(a.len(), 9);
         assert!(a.iter().all(|(n, _)| n != OVERFLOW_ATTRIBUTE));
-        // 5 + 5 = 10: still all of their own.
+        // 6 + 4 = 10: still all of their own.
+        let m = message(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]);
+        assert_eq!(attributes(&m, None, false).len(), 10);
+        // 6 + 5: nine, and the other two in outbox-headers.
         let m = message(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")]);
-        assert_eq!(attributes(&m, None).len(), 10);
-        // 5 + 6: nine, and the other two in outbox-headers.
-        let m = message(&[
-            ("a", "1"),
-            ("b", "2"),
-            ("c", "3"),
-            ("d", "4"),
-            ("e", "5"),
-            ("f", "6"),
-        ]);
-        let a = attributes(&m, None);
+        let a = attributes(&m, None, false);
         assert_eq!(a.len(), 10);
         assert_eq!(a[9].0, OVERFLOW_ATTRIBUTE);
         let rest: BTreeMap<String, String> = serde_json::from_str(&a[9].1).unwrap();
         assert_eq!(rest.len(), 2);
+        assert_eq!(rest["d"], "4");
         assert_eq!(rest["e"], "5");
-        assert_eq!(rest["f"], "6");
         // Invalid names and empty values go there too, and a header may not pose as it.
         let m = message(&[("bad name", "x"), ("empty", ""), (OVERFLOW_ATTRIBUTE, "{}")]);
-        let a = attributes(&m, None);
-        assert_eq!(a.len(), 6);
-        let rest: BTreeMap<String, String> = serde_json::from_str(&a[5].1).unwrap();
+        let a = attributes(&m, None, false);
+        assert_eq!(a.len(), 7);
+        let rest: BTreeMap<String, String> = serde_json::from_str(&a[6].1).unwrap();
         assert_eq!(rest.len(), 2);
         assert_eq!(rest["bad name"], "x");
         assert_eq!(rest["empty"], "");
@@ -765,7 +812,7 @@ mod tests {
     fn cloudevents_first() {
         let u = super::super::url::parse("sqs://q?cloudevents=true").unwrap();
         let ce = CloudEvents::from_url(&u).unwrap().unwrap();
-        let a = attributes(&message(&[("traceparent", "t")]), Some(&ce));
+        let a = attributes(&message(&[("traceparent", "t")]), Some(&ce), false);
         assert_eq!(a.len(), 10);
         let names: Vec<&str> = a.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -785,6 +832,91 @@ mod tests {
         let rest: BTreeMap<String, String> = serde_json::from_str(&a[9].1).unwrap();
         assert_eq!(rest["outbox-aggregate-id"], "42");
         assert_eq!(rest["traceparent"], "t");
+        assert!(!rest.contains_key("ce-datacontenttype"));
+    }
+
+    #[test]
+    fn content_type_once_and_first_of_the_contract() {
+        let mut m = message(&[("Content-Type", "text/plain"), ("a", "1")]);
+        m.content_type = "application/x-protobuf".into();
+        let a = attributes(&m, None, true);
+        let names: Vec<&str> = a.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                CONTENT_TYPE_ATTRIBUTE,
+                ENCODING_ATTRIBUTE,
+                "outbox-event-id",
+                "outbox-event-type",
+                "outbox-aggregate-type",
+                "outbox-aggregate-id",
+                "outbox-created-at",
+                "a"
+            ]
+        );
+        assert_eq!(a[0].1, "application/x-protobuf");
+        assert_eq!(a[1].1, BASE64_ENCODING);
+        // With CloudEvents and many headers, content type and encoding still fit.
+        let u = super::super::url::parse("sqs://q?cloudevents=true").unwrap();
+        let ce = CloudEvents::from_url(&u).unwrap().unwrap();
+        let a = attributes(&m, Some(&ce), true);
+        assert_eq!(a.len(), 10);
+        assert_eq!(
+            a[6],
+            (CONTENT_TYPE_ATTRIBUTE.into(), m.content_type.clone())
+        );
+        assert_eq!(a[7], (ENCODING_ATTRIBUTE.into(), BASE64_ENCODING.into()));
+        assert_eq!(
+            a.iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn byte_bodies_go_as_base64() {
+        use base64::Engine as _;
+        let mut m = message(&[]);
+        let p = prepare(&m, None, false, DEFAULT_MAX_MESSAGE_BYTES, "q").unwrap();
+        assert_eq!(p.body, "{}");
+        assert!(p.attributes.iter().all(|(n, _)| n != ENCODING_ATTRIBUTE));
+        assert!(p
+            .attributes
+            .contains(&(CONTENT_TYPE_ATTRIBUTE.into(), "application/json".into())));
+
+        let body = vec![0x08, 0x96, 0x01, 0x00, 0xff, 0x80];
+        m.body = body.clone();
+        m.content_type = "application/x-protobuf".into();
+        let p = prepare(&m, None, false, DEFAULT_MAX_MESSAGE_BYTES, "q").unwrap();
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(&p.body)
+                .unwrap(),
+            body
+        );
+        assert!(p
+            .attributes
+            .contains(&(ENCODING_ATTRIBUTE.into(), BASE64_ENCODING.into())));
+        assert!(p
+            .attributes
+            .contains(&(CONTENT_TYPE_ATTRIBUTE.into(), m.content_type.clone())));
+        // The size counted is the encoded one.
+        assert!(p.size >= p.body.len() && p.body.len() > body.len());
+
+        // Bytes that happen to be text still go as base64: it depends on the content type.
+        m.body = b"abc".to_vec();
+        assert_eq!(body_text(&m), ("YWJj".to_string(), true));
+        // Text goes as it is, unless it holds what the services refuse.
+        m.content_type = "text/plain; charset=utf-8".into();
+        assert_eq!(body_text(&m), ("abc".to_string(), false));
+        m.body = b"a\x01b".to_vec();
+        assert!(body_text(&m).1);
+        m.body = vec![0xff];
+        assert!(body_text(&m).1);
+        m.content_type = "application/cloudevents+json".into();
+        m.body = br#"{"a":"\u00e9"}"#.to_vec();
+        assert!(!body_text(&m).1);
     }
 
     #[test]

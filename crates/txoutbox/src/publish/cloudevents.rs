@@ -4,7 +4,8 @@
 //! mode* (the payload stays the body): HTTP headers `ce-id`, `ce-type`, ...; MQTT 5 user
 //! properties `id`, `type`, ...; Redis stream fields `ce_id`, `ce_type`, ...; Kafka record
 //! headers `ce_id`, `ce_type`, ...; NATS headers `ce-id`, ...; AMQP headers `cloudEvents:id`,
-//! ....
+//! .... `datacontenttype` is the message's content type (`application/json` for a JSON
+//! payload); each binding sends it in its own content-type field.
 
 use super::url::PublisherUrl;
 use super::{ConfigError, Message};
@@ -15,8 +16,9 @@ pub(crate) const PARAMS: &[&str] = &["cloudevents", "ce_source"];
 pub const DEFAULT_SOURCE: &str = "txoutbox";
 /// The CloudEvents version emitted.
 pub const SPEC_VERSION: &str = "1.0";
-/// The payload is the event's JSON.
-pub const DATA_CONTENT_TYPE: &str = "application/json";
+/// `datacontenttype` of an event with a JSON payload. Events written as bytes carry their own
+/// content type: the attributes take it from [`Message::content_type`].
+pub const DATA_CONTENT_TYPE: &str = crate::event::JSON_CONTENT_TYPE;
 
 /// CloudEvents settings of one publisher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +49,7 @@ impl CloudEvents {
 
     /// The context attributes of `m`, by their CloudEvents names (without any binding
     /// prefix): `specversion`, `id`, `source`, `type`, `subject` (the aggregate id), `time`
-    /// and `datacontenttype`.
+    /// and `datacontenttype` (the message's content type).
     pub(crate) fn attributes(&self, m: &Message) -> [(&'static str, String); 7] {
         [
             ("specversion", SPEC_VERSION.to_string()),
@@ -60,7 +62,7 @@ impl CloudEvents {
                 m.created_at
                     .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             ),
-            ("datacontenttype", DATA_CONTENT_TYPE.to_string()),
+            ("datacontenttype", m.content_type.clone()),
         ]
     }
 }
@@ -101,6 +103,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "order.created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: Default::default(),
             created_at: chrono::DateTime::from_timestamp(0, 0).unwrap(),
             attempt: 1,
@@ -113,5 +116,13 @@ mod tests {
         assert_eq!(a["subject"], "42");
         assert_eq!(a["time"], "1970-01-01T00:00:00.000000Z");
         assert_eq!(a["source"], "s");
+        assert_eq!(a["datacontenttype"], DATA_CONTENT_TYPE);
+        let bytes = Message {
+            body: vec![0x00, 0xff],
+            content_type: "application/x-protobuf".into(),
+            ..m
+        };
+        let a: std::collections::BTreeMap<_, _> = ce.attributes(&bytes).into_iter().collect();
+        assert_eq!(a["datacontenttype"], "application/x-protobuf");
     }
 }

@@ -11,7 +11,8 @@
 //! built-in web roots), `tls_cert` and `tls_key` (a client certificate, for mutual TLS). Every
 //! other query parameter stays on the endpoint.
 //!
-//! Each event is one `POST` of the payload (`content-type: application/json`) with the
+//! Each event is one `POST` of the body as it is, its `content-type` the event's content type
+//! (`application/json` for a JSON payload, e.g. `application/x-protobuf` for bytes), with the
 //! `outbox-*` contract headers, the user headers, and the Standard Webhooks headers
 //! `webhook-id` (the event id: the same on every retry, for the receiver's dedup),
 //! `webhook-timestamp` (unix seconds) and `webhook-signature`
@@ -196,7 +197,7 @@ impl HttpPublisher {
             map.insert(n, v);
             Ok(())
         };
-        put(CONTENT_TYPE.as_str(), "application/json")?;
+        put(CONTENT_TYPE.as_str(), &m.content_type)?;
         let id = m.id.to_string();
         put("webhook-id", &id)?;
         put("webhook-timestamp", &timestamp.to_string())?;
@@ -210,7 +211,7 @@ impl HttpPublisher {
         let mut ce_names = Vec::new();
         if let Some(ce) = &self.cloudevents {
             for (name, value) in ce.attributes(m) {
-                // `datacontenttype` travels as `content-type`, set above.
+                // `datacontenttype` travels as `content-type` (the message's), set above.
                 if name != "datacontenttype" {
                     let name = format!("ce-{name}");
                     put(&name, &value)?;
@@ -580,6 +581,46 @@ mod tests {
             br#"{"test": 2432232314}"#,
         );
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    }
+
+    #[test]
+    fn byte_bodies_go_with_their_content_type_and_are_signed_as_they_are() {
+        let url = super::super::url::parse("http://h/x?cloudevents=true").unwrap();
+        let mut p = HttpPublisher::connect(&url).unwrap();
+        p.secret = Some(b"key".to_vec());
+        let body = vec![0x08, 0x96, 0x01, 0x00, 0xff, 0x80];
+        let m = Message {
+            id: uuid::Uuid::nil(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "order.created".into(),
+            body: body.clone(),
+            content_type: "application/x-protobuf".into(),
+            headers: [("Content-Type".to_string(), "text/plain".to_string())].into(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+        };
+        let h = p.headers(&m, 1_700_000_000).unwrap();
+        let all: Vec<_> = h.get_all(CONTENT_TYPE).iter().collect();
+        assert_eq!(
+            all,
+            ["application/x-protobuf"],
+            "the user's header is dropped"
+        );
+        assert!(h.get("ce-datacontenttype").is_none());
+        assert_eq!(h.get("ce-type").unwrap(), "order.created");
+        assert_eq!(
+            h.get("webhook-signature").unwrap(),
+            sign(b"key", &m.id.to_string(), 1_700_000_000, &body).as_str()
+        );
+        let json = Message {
+            body: b"{}".to_vec(),
+            content_type: "application/json".into(),
+            ..m
+        };
+        let h = p.headers(&json, 1).unwrap();
+        assert_eq!(h.get(CONTENT_TYPE).unwrap(), "application/json");
     }
 
     #[test]

@@ -32,12 +32,14 @@
 //! unknown CA or a missing client certificate; a broker that is merely down does not stop
 //! start-up, as without TLS.
 //!
-//! Each event is one record: key = aggregate id, value = the body, headers = the `outbox-*`
-//! contract headers and the user headers (a user header named like a contract header is
-//! dropped). With `cloudevents=true` (and `ce_source`, see the `cloudevents` module) the record
-//! also carries the CloudEvents Kafka protocol binding's binary-mode headers: `ce_specversion`,
-//! `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`, and `content-type` for
-//! `datacontenttype`. [`Publisher::send`] enqueues the record in the producer; the [`Ack`] resolves
+//! Each event is one record: key = aggregate id, value = the body (as it is: JSON or the bytes
+//! the event was written with), headers = the `outbox-*` contract headers, `content-type` (the
+//! event's content type: `application/json` for a JSON payload, e.g. `application/x-protobuf`
+//! for bytes) and the user headers (a user header named like one of these is dropped). With
+//! `cloudevents=true` (and `ce_source`, see the `cloudevents` module) the record also carries
+//! the CloudEvents Kafka protocol binding's binary-mode headers: `ce_specversion`, `ce_id`,
+//! `ce_source`, `ce_type`, `ce_subject`, `ce_time`; `datacontenttype` is the `content-type`
+//! header. [`Publisher::send`] enqueues the record in the producer; the [`Ack`] resolves
 //! with its delivery report, i.e. when all in-sync replicas have it. The idempotent producer
 //! keeps each partition's order even with several requests in flight and retries, so one
 //! key's events stay in order while the relay pipelines them
@@ -73,6 +75,7 @@ use self::context::BrokerErrors;
 use self::producer::Producers;
 use self::settings::Settings;
 use super::cloudevents::CloudEvents;
+use super::message::CONTENT_TYPE_HEADER;
 use super::url::PublisherUrl;
 use super::{Ack, ConnectError, ErrorKind, Message, PublishError, Publisher, Template};
 
@@ -153,24 +156,23 @@ pub fn validate_topic(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The record headers: contract headers, the CloudEvents Kafka binding's headers in binary
-/// mode when `ce` is set (`ce_specversion`, `ce_id`, ..., with `datacontenttype` as
-/// `content-type`), then user headers that do not clash with either.
+/// The record headers: contract headers, `content-type`, the CloudEvents Kafka binding's
+/// headers in binary mode when `ce` is set (`ce_specversion`, `ce_id`, ...; `datacontenttype`
+/// is the `content-type` header), then user headers that do not clash with any of them.
 fn headers(m: &Message, ce: Option<&CloudEvents>) -> OwnedHeaders {
     let mut ours: Vec<(String, String)> = m
         .contract_headers()
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
         .collect();
+    ours.push((CONTENT_TYPE_HEADER.to_string(), m.content_type.clone()));
     if let Some(ce) = ce {
-        ours.extend(ce.attributes(m).into_iter().map(|(name, value)| {
-            let name = if name == "datacontenttype" {
-                "content-type".to_string()
-            } else {
-                format!("ce_{name}")
-            };
-            (name, value)
-        }));
+        ours.extend(
+            ce.attributes(m)
+                .into_iter()
+                .filter(|(name, _)| *name != "datacontenttype")
+                .map(|(name, value)| (format!("ce_{name}"), value)),
+        );
     }
     let mut out = OwnedHeaders::new_with_capacity(ours.len() + m.headers.len());
     for (name, value) in &ours {
@@ -570,6 +572,7 @@ mod tests {
             aggregate_id: "k".into(),
             event_type: "created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempt: 1,
@@ -598,6 +601,44 @@ mod tests {
         assert_eq!(p.producers.rebuilt(), 1);
         p.send(&m(4)).await.unwrap().await.unwrap();
         p.close().await.unwrap();
+    }
+
+    #[test]
+    fn headers_carry_the_content_type_once() {
+        use rdkafka::message::Headers as _;
+        let mut m = Message {
+            id: uuid::Uuid::nil(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "k".into(),
+            event_type: "created".into(),
+            body: vec![0x00, 0xff, 0x80],
+            content_type: "application/x-protobuf".into(),
+            headers: [("Content-Type".to_string(), "text/plain".to_string())].into(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+        };
+        let url = crate::publish::url::parse("kafka://h?topic=t&cloudevents=true").unwrap();
+        let ce = CloudEvents::from_url(&url).unwrap();
+        let all = |h: &OwnedHeaders| -> Vec<(String, Vec<u8>)> {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        };
+        for ce in [None, ce.as_ref()] {
+            let h = all(&headers(&m, ce));
+            let types: Vec<_> = h
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(CONTENT_TYPE_HEADER))
+                .collect();
+            assert_eq!(types.len(), 1, "{h:?}");
+            assert_eq!(types[0].1, b"application/x-protobuf");
+            assert_eq!(h.iter().any(|(k, _)| k == "ce_type"), ce.is_some(), "{h:?}");
+            assert!(!h.iter().any(|(k, _)| k == "ce_datacontenttype"));
+        }
+        m.content_type = "application/json".into();
+        let h = all(&headers(&m, None));
+        assert!(h.contains(&(CONTENT_TYPE_HEADER.into(), b"application/json".to_vec())));
     }
 
     #[test]

@@ -5,6 +5,22 @@ use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 
+/// The header (field, attribute) that carries [`Message::content_type`] on brokers without a
+/// content-type field of their own: NATS, Kafka, Redis Streams, SQS and SNS.
+pub(crate) const CONTENT_TYPE_HEADER: &str = "content-type";
+
+/// Is `content_type` JSON: `application/json` or a `+json` type, parameters (`; charset=...`)
+/// and case aside?
+pub(crate) fn is_json_content_type(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || (essence.contains('/') && essence.ends_with("+json"))
+}
+
 /// One event as a publisher sees it: body bytes plus the metadata of the message contract.
 ///
 /// Every publisher maps these fields onto its broker: the event id onto the broker's own
@@ -21,8 +37,12 @@ pub struct Message {
     pub aggregate_id: String,
     /// What happened.
     pub event_type: String,
-    /// The payload as JSON bytes: the message body.
+    /// The message body: the event's bytes as written ([`NewEvent::bytes`](crate::NewEvent::bytes)),
+    /// or its JSON payload serialised.
     pub body: Vec<u8>,
+    /// The body's content type: the event's own for bytes, `application/json` for JSON. Every
+    /// publisher sends it in its broker's content-type field.
+    pub content_type: String,
     /// User headers (e.g. `traceparent`).
     pub headers: BTreeMap<String, String>,
     /// When the event was enqueued (the database's clock).
@@ -32,8 +52,7 @@ pub struct Message {
 }
 
 impl Message {
-    /// The message for `event`'s next delivery attempt. A payload that does not serialise gives an
-    /// empty body.
+    /// The message for `event`'s next delivery attempt.
     pub fn from_event(event: &OutboxEvent) -> Self {
         Self {
             id: event.id,
@@ -41,11 +60,17 @@ impl Message {
             aggregate_type: event.aggregate_type.clone(),
             aggregate_id: event.aggregate_id.clone(),
             event_type: event.event_type.clone(),
-            body: serde_json::to_vec(&event.payload).unwrap_or_default(),
+            body: event.body(),
+            content_type: event.content_type().to_string(),
             headers: event.headers.clone(),
             created_at: event.created_at,
             attempt: event.attempts + 1,
         }
+    }
+
+    /// Is the body JSON (by its content type)?
+    pub fn is_json(&self) -> bool {
+        is_json_content_type(&self.content_type)
     }
 
     /// The standard metadata headers every publisher sets besides the user's own, in the
@@ -62,5 +87,31 @@ impl Message {
                     .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_json_content_type as json;
+
+    #[test]
+    fn json_content_types() {
+        for yes in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/cloudevents+json",
+            "application/vnd.api+json",
+        ] {
+            assert!(json(yes), "{yes}");
+        }
+        for no in [
+            "application/x-protobuf",
+            "text/plain",
+            "application/jsonl",
+            "+json",
+            "",
+        ] {
+            assert!(!json(no), "{no}");
+        }
     }
 }

@@ -12,8 +12,9 @@
 //! TLS: `mqtts://host:8883` (8883 is the default port), with `tls_ca` (default: the system's
 //! CA bundle), `tls_cert` and `tls_key` (a client certificate, for `require_certificate true`).
 //!
-//! Each event is one PUBLISH of the payload at QoS 1 with the MQTT 5 content type
-//! `application/json` and user properties: the `outbox-*` contract headers, the user headers
+//! Each event is one PUBLISH of the body as it is at QoS 1 with the event's content type as the
+//! MQTT 5 content type (`application/json` for a JSON payload, e.g. `application/x-protobuf`
+//! for bytes; the payload format indicator stays unset: the body is bytes) and user properties: the `outbox-*` contract headers, the user headers
 //! and, with `cloudevents=true`, the CloudEvents attributes `specversion`, `id`, `source`, `type`,
 //! `subject`, `time` (MQTT binding, binary mode). An event is delivered when the broker's PUBACK
 //! arrives with a success code. MQTT has no dedup of its own: consumers skip repeats by the
@@ -265,37 +266,39 @@ impl MqttPublisher {
             redacted_url,
         })
     }
+}
 
-    fn properties(&self, m: &Message) -> PublishProperties {
-        let mut props: Vec<(String, String)> = m
-            .contract_headers()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        if let Some(ce) = &self.cloudevents {
-            for (name, value) in ce.attributes(m) {
-                // `datacontenttype` is the MQTT content type.
-                if name != "datacontenttype" {
-                    props.push((name.to_string(), value));
-                }
+/// The MQTT 5 properties of one message: its content type, and as user properties the
+/// contract headers, the CloudEvents attributes (with `cloudevents`) and the user headers.
+fn properties(m: &Message, cloudevents: Option<&CloudEvents>) -> PublishProperties {
+    let mut props: Vec<(String, String)> = m
+        .contract_headers()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    if let Some(ce) = cloudevents {
+        for (name, value) in ce.attributes(m) {
+            // `datacontenttype` is the MQTT content type (the message's, below).
+            if name != "datacontenttype" {
+                props.push((name.to_string(), value));
             }
         }
-        let reserved = props.len();
-        for (name, value) in &m.headers {
-            if props[..reserved]
-                .iter()
-                .any(|(r, _)| r.eq_ignore_ascii_case(name))
-            {
-                tracing::debug!(event = %m.id, header = %name, "user header shadows a reserved property; dropped");
-                continue;
-            }
-            props.push((name.clone(), value.clone()));
+    }
+    let reserved = props.len();
+    for (name, value) in &m.headers {
+        if props[..reserved]
+            .iter()
+            .any(|(r, _)| r.eq_ignore_ascii_case(name))
+        {
+            tracing::debug!(event = %m.id, header = %name, "user header shadows a reserved property; dropped");
+            continue;
         }
-        PublishProperties {
-            content_type: Some(super::cloudevents::DATA_CONTENT_TYPE.to_string()),
-            user_properties: props,
-            ..Default::default()
-        }
+        props.push((name.clone(), value.clone()));
+    }
+    PublishProperties {
+        content_type: Some(m.content_type.clone()),
+        user_properties: props,
+        ..Default::default()
     }
 }
 
@@ -461,7 +464,7 @@ impl Publisher for MqttPublisher {
                 self.redacted_url
             )));
         }
-        let props = self.properties(message);
+        let props = properties(message, self.cloudevents.as_ref());
         let (tx, rx) = oneshot::channel();
         {
             // Queue the ack and the message together, so the n-th written publish is the n-th
@@ -556,6 +559,36 @@ mod tests {
         assert_eq!(s.no_subscribers, Some(ErrorKind::Unavailable));
         let u = super::super::url::parse("mqtt://h?no_subscribers=delivered").unwrap();
         assert_eq!(Settings::from_url(&u).unwrap().no_subscribers, None);
+    }
+
+    #[test]
+    fn properties_carry_the_content_type() {
+        let mut m = Message {
+            id: uuid::Uuid::nil(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "created".into(),
+            body: vec![0x00, 0xff, 0x80],
+            content_type: "application/x-protobuf".into(),
+            headers: [("traceparent".to_string(), "00-x-01".to_string())].into(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+        };
+        let u = super::super::url::parse("mqtt://h?cloudevents=true").unwrap();
+        let ce = Settings::from_url(&u).unwrap().cloudevents;
+        let p = properties(&m, ce.as_ref());
+        assert_eq!(p.content_type.as_deref(), Some("application/x-protobuf"));
+        assert_eq!(p.payload_format_indicator, None, "the body is bytes");
+        let names: Vec<_> = p.user_properties.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            names.contains(&"type") && names.contains(&"traceparent"),
+            "{names:?}"
+        );
+        assert!(!names.contains(&"datacontenttype"), "{names:?}");
+        m.content_type = "application/json".into();
+        let p = properties(&m, None);
+        assert_eq!(p.content_type.as_deref(), Some("application/json"));
     }
 
     #[test]

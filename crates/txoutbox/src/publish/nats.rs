@@ -16,7 +16,9 @@
 //! is sent when the server asks for one (`verify: true` in its `tls {}` block).
 //!
 //! Every message carries `Nats-Msg-Id` = event id, so JetStream drops a re-sent event within
-//! the stream's duplicate window, plus the `outbox-*` contract headers and the user headers.
+//! the stream's duplicate window, plus the `outbox-*` contract headers, `content-type` (the
+//! event's content type: `application/json` for a JSON payload, e.g. `application/x-protobuf`
+//! for bytes, which are sent as they are) and the user headers.
 //! All messages go through one client connection, which keeps them in call order.
 
 use std::str::FromStr;
@@ -27,6 +29,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
 use super::cloudevents::CloudEvents;
+use super::message::CONTENT_TYPE_HEADER;
 use super::tls::TlsFiles;
 use super::url::{percent_decode, PublisherUrl};
 use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher, Template};
@@ -286,13 +289,13 @@ impl Publisher for NatsPublisher {
         }
         let mut headers = headers(message)?;
         if let Some(ce) = &self.cloudevents {
-            // The NATS protocol binding, binary mode: `ce-` headers, `content-type`.
+            // The NATS protocol binding, binary mode: `ce-` headers; `datacontenttype` is the
+            // `content-type` header every message has.
             for (name, value) in ce.attributes(message) {
-                let name = if name == "datacontenttype" {
-                    "content-type".to_string()
-                } else {
-                    format!("ce-{name}")
-                };
+                if name == "datacontenttype" {
+                    continue;
+                }
+                let name = format!("ce-{name}");
                 let value = HeaderValue::from_str(&value).map_err(|_| {
                     PublishError::permanent(format!(
                         "event {}: CloudEvents attribute {name} cannot be carried by NATS",
@@ -470,8 +473,16 @@ fn headers(m: &Message) -> Result<HeaderMap, PublishError> {
         })?;
         map.insert(*name, value);
     }
+    let content_type = HeaderValue::from_str(&m.content_type).map_err(|_| {
+        PublishError::permanent(format!(
+            "event {}: content type {:?} cannot be carried by NATS (contains CR or LF)",
+            m.id, m.content_type
+        ))
+    })?;
+    map.insert(CONTENT_TYPE_HEADER, content_type);
     for (name, value) in &m.headers {
         let reserved = name.eq_ignore_ascii_case(MSG_ID_HEADER)
+            || name.eq_ignore_ascii_case(CONTENT_TYPE_HEADER)
             || contract.iter().any(|(c, _)| name.eq_ignore_ascii_case(c));
         if reserved {
             tracing::debug!(event = %m.id, header = %name, "user header shadows a reserved header; dropped");
@@ -575,6 +586,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempt: 1,
@@ -696,6 +708,30 @@ mod tests {
         }
         let mut m = msg();
         m.aggregate_id = "a\r\nb".into();
+        assert!(headers(&m).unwrap_err().is_permanent());
+    }
+
+    #[test]
+    fn headers_carry_the_content_type() {
+        let h = headers(&msg()).unwrap();
+        assert_eq!(
+            h.get(CONTENT_TYPE_HEADER).map(|v| v.as_str()),
+            Some("application/json")
+        );
+        let mut m = msg();
+        m.body = vec![0x00, 0xff, 0x80];
+        m.content_type = "application/x-protobuf".into();
+        m.headers.insert("Content-Type".into(), "text/plain".into());
+        let h = headers(&m).unwrap();
+        assert_eq!(
+            h.get(CONTENT_TYPE_HEADER).map(|v| v.as_str()),
+            Some("application/x-protobuf")
+        );
+        assert!(
+            h.get("Content-Type").is_none(),
+            "a user header does not shadow it"
+        );
+        m.content_type = "a\r\nb".into();
         assert!(headers(&m).unwrap_err().is_permanent());
     }
 }

@@ -13,10 +13,12 @@
 //! system's roots), `tls_cert` and `tls_key` (a client certificate, for `tls-auth-clients yes`).
 //!
 //! Each event becomes one stream entry with the fields `id` (the event id), `payload` (the
-//! body), the `outbox-*` contract headers and the user headers (a user header named like one
+//! body, as it is: JSON or the bytes the event was written with), the `outbox-*` contract
+//! headers, `content-type` (the event's content type: `application/json` for a JSON payload,
+//! e.g. `application/x-protobuf` for bytes) and the user headers (a user header named like one
 //! of those is dropped). With `cloudevents=true` the entry also carries the CloudEvents
 //! attributes as `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_subject`, `ce_time`
-//! and `ce_datacontenttype`.
+//! and `ce_datacontenttype` (the same content type).
 //!
 //! The [`Ack`] resolves with the reply to the `XADD` (the new entry id), so an event counts as
 //! delivered once Redis has appended it (to memory: durability is the server's `appendfsync`
@@ -57,6 +59,8 @@ const DEFAULT_STREAM: &str = "outbox.{aggregate_type}";
 pub const ID_FIELD: &str = "id";
 /// The entry field that holds the body.
 pub const PAYLOAD_FIELD: &str = "payload";
+/// The entry field that holds the body's content type.
+pub const CONTENT_TYPE_FIELD: &str = super::message::CONTENT_TYPE_HEADER;
 
 /// Appends every event to a Redis stream and waits for the reply of each `XADD`.
 pub struct RedisPublisher {
@@ -238,8 +242,9 @@ impl RedisPublisher {
     }
 }
 
-/// The entry's fields in order: `id`, `payload`, contract headers, CloudEvents attributes,
-/// then the user headers that do not clash with any of those.
+/// The entry's fields in order: `id`, `payload` (the body's bytes), contract headers,
+/// `content-type`, CloudEvents attributes, then the user headers that do not clash with any of
+/// those.
 fn fields(m: &Message, ce: Option<&CloudEvents>) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = vec![
         (ID_FIELD.into(), m.id.to_string().into_bytes()),
@@ -248,6 +253,10 @@ fn fields(m: &Message, ce: Option<&CloudEvents>) -> Vec<(String, Vec<u8>)> {
     for (name, value) in m.contract_headers() {
         out.push((name.into(), value.into_bytes()));
     }
+    out.push((
+        CONTENT_TYPE_FIELD.into(),
+        m.content_type.clone().into_bytes(),
+    ));
     if let Some(ce) = ce {
         for (name, value) in ce.attributes(m) {
             out.push((format!("ce_{name}"), value.into_bytes()));
@@ -375,6 +384,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: [
                 ("traceparent".to_string(), "00-abc-01".to_string()),
                 ("id".to_string(), "forged".to_string()),
@@ -428,5 +438,37 @@ mod tests {
                 .unwrap();
         let f = fields(&msg(), ce.as_ref());
         assert!(f.iter().any(|(k, v)| k == "ce_specversion" && v == b"1.0"));
+    }
+
+    #[test]
+    fn byte_bodies_are_written_as_they_are() {
+        let mut m = msg();
+        let body = vec![0x08, 0x96, 0x01, 0x00, 0xff, 0x80];
+        m.body = body.clone();
+        m.content_type = "application/x-protobuf".into();
+        m.headers.insert("Content-Type".into(), "text/plain".into());
+        let ce =
+            CloudEvents::from_url(&super::super::url::parse("redis://h?cloudevents=1").unwrap())
+                .unwrap();
+        let f = fields(&m, ce.as_ref());
+        let get = |n: &str| {
+            f.iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(n))
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get(PAYLOAD_FIELD), [body]);
+        assert_eq!(
+            get(CONTENT_TYPE_FIELD),
+            [b"application/x-protobuf".to_vec()]
+        );
+        assert_eq!(
+            get("ce_datacontenttype"),
+            [b"application/x-protobuf".to_vec()]
+        );
+        let f = fields(&msg(), None);
+        assert!(f
+            .iter()
+            .any(|(k, v)| k == CONTENT_TYPE_FIELD && v == b"application/json"));
     }
 }

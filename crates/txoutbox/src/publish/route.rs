@@ -461,6 +461,7 @@ mod tests {
             aggregate_id: "1".into(),
             event_type: event_type.into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: headers
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -9,11 +9,23 @@ use tokio::sync::Mutex;
 use super::url::PublisherUrl;
 use super::{ready_ack, Ack, ConfigError, Message, PublishError, Publisher};
 
-/// One JSON object per line: the message contract as JSON.
+/// One JSON object per line: the message contract as JSON, with the body's `content_type`. A
+/// JSON body is the `payload` itself; any other body (or a JSON one that does not parse) is
+/// `payload_base64`, its bytes in standard base64, so that no byte is lost.
 pub fn json_line(m: &Message) -> Vec<u8> {
-    let payload: serde_json::Value = serde_json::from_slice(&m.body)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&m.body).into()));
-    let v = serde_json::json!({
+    use base64::Engine as _;
+    let payload = m
+        .is_json()
+        .then(|| serde_json::from_slice::<serde_json::Value>(&m.body).ok())
+        .flatten();
+    let (key, payload) = match payload {
+        Some(v) => ("payload", v),
+        None => (
+            "payload_base64",
+            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(&m.body)),
+        ),
+    };
+    let mut v = serde_json::json!({
         "id": m.id,
         "seq": m.seq,
         "aggregate_type": m.aggregate_type,
@@ -22,8 +34,9 @@ pub fn json_line(m: &Message) -> Vec<u8> {
         "created_at": m.created_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         "attempt": m.attempt,
         "headers": m.headers,
-        "payload": payload,
+        "content_type": m.content_type,
     });
+    v[key] = payload;
     let mut line = serde_json::to_vec(&v).unwrap_or_default();
     line.push(b'\n');
     line
@@ -138,5 +151,69 @@ impl Publisher for NullPublisher {
     }
     async fn send(&self, _message: &Message) -> Result<Ack, PublishError> {
         Ok(ready_ack(Ok(())))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use base64::Engine as _;
+
+    use super::*;
+
+    fn msg(body: &[u8], content_type: &str) -> Message {
+        Message {
+            id: uuid::Uuid::nil(),
+            seq: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "created".into(),
+            body: body.to_vec(),
+            content_type: content_type.into(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+        }
+    }
+
+    fn parse(line: &[u8]) -> serde_json::Value {
+        assert_eq!(line.last(), Some(&b'\n'));
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1, "one line");
+        serde_json::from_slice(line).unwrap()
+    }
+
+    #[test]
+    fn json_bodies_are_the_payload() {
+        let v = parse(&json_line(&msg(
+            br#"{"n":1,"t":"h\u00e9"}"#,
+            "application/json",
+        )));
+        assert_eq!(v["payload"], serde_json::json!({ "n": 1, "t": "hé" }));
+        assert_eq!(v["content_type"], "application/json");
+        assert!(v.get("payload_base64").is_none());
+    }
+
+    #[test]
+    fn other_bodies_are_base64_and_keep_every_byte() {
+        let body = [0x08, 0x96, 0x01, 0x00, 0xff, 0x80, b'\n'];
+        let v = parse(&json_line(&msg(&body, "application/x-protobuf")));
+        assert!(v.get("payload").is_none());
+        assert_eq!(v["content_type"], "application/x-protobuf");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(v["payload_base64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(decoded, body);
+        // Text that is not JSON, and a "JSON" body that does not parse: base64 too.
+        for (body, ct) in [(&b"plain"[..], "text/plain"), (b"{no", "application/json")] {
+            let v = parse(&json_line(&msg(body, ct)));
+            assert_eq!(v["content_type"], ct);
+            let b64 = v["payload_base64"].as_str().unwrap();
+            assert_eq!(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+                body
+            );
+        }
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! The topic by its ARN, after `sns://` or `sns:`; a name ending in `.fifo` is a FIFO topic.
 //! The region is the ARN's unless `region` says otherwise. The other parameters, the
-//! credentials, the message attributes (at most 10, the rest in `outbox-headers`), CloudEvents,
+//! credentials, the message attributes (at most 10, the rest in `outbox-headers`; every message
+//! has `content-type`), a body that is not text sent as base64 with
+//! `content-transfer-encoding: base64`, CloudEvents,
 //! the FIFO ids (`MessageGroupId` = the aggregate id, `MessageDeduplicationId` = the event id),
 //! batching (`PublishBatch`, 10 a call, each entry judged on its own) and the errors are as for
 //! [`sqs`](super::sqs). A FIFO topic keeps each aggregate's order towards its FIFO queues, so

@@ -21,10 +21,17 @@
 //!
 //! Each event is one message: body = the payload, message attributes (type `String`) = the
 //! CloudEvents attributes with `cloudevents=true` (`ce-specversion`, `ce-id`, `ce-source`,
-//! `ce-type`, `ce-subject`, `ce-time`, and `content-type` for `datacontenttype`), the
-//! `outbox-*` contract headers, then the user headers. SQS takes at most 10 attributes: past
-//! that, the first nine are attributes and the rest go into a tenth, `outbox-headers`, a JSON
-//! object of name to value (so do headers whose names SQS refuses or whose values are empty).
+//! `ce-type`, `ce-subject`, `ce-time`), `content-type` (the event's content type:
+//! `application/json` for a JSON payload, e.g. `application/x-protobuf` for bytes; also
+//! CloudEvents' `datacontenttype`), `content-transfer-encoding` when the body is base64
+//! (below), the `outbox-*` contract headers, then the user headers. SQS takes at most 10
+//! attributes: past that, the first nine are attributes and the rest go into a tenth,
+//! `outbox-headers`, a JSON object of name to value (so do headers whose names SQS refuses or
+//! whose values are empty).
+//!
+//! A message body is text: a body whose content type is textual (JSON, `text/*`, XML) and that
+//! is text SQS takes goes as it is; any other body, e.g. Protobuf bytes, goes as its standard
+//! base64, with the attribute `content-transfer-encoding: base64`, which consumers decode.
 //! On a FIFO queue, `MessageGroupId` = the aggregate id (or `sha256-` and its hex SHA-256 when
 //! it is not 1 to 128 printable ASCII characters) and `MessageDeduplicationId` = the event id:
 //! SQS keeps each aggregate's order and drops a redelivery within its 5-minute window, so the

@@ -110,6 +110,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "order.created".into(),
             body: b"{}".to_vec(),
+            content_type: "application/json".into(),
             headers: Default::default(),
             created_at: chrono::Utc::now(),
             attempt: 1,

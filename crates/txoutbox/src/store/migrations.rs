@@ -60,6 +60,16 @@ macro_rules! migrations {
                     "/0004_wal.sql"
                 )),
             },
+            $crate::store::migrations::Migration {
+                version: 5,
+                name: "bytes",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0005_bytes.sql"
+                )),
+            },
         ]
     };
 }
@@ -148,7 +158,7 @@ pub(crate) fn assert_rendered(
 }
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// What [`crate::migrate()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

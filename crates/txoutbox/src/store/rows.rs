@@ -45,7 +45,8 @@ pub(crate) fn ts(ms: i64) -> Result<DateTime<Utc>, Error> {
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// The columns `undecodable::decode_text_row` reads, for the select lists of the text-row stores.
-pub(crate) const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
+pub(crate) const COLUMNS: &str =
+    "id, seq, aggregate_type, aggregate_id, event_type, payload, payload_bytes, content_type, \
      headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
      locked_by, locked_until, last_error";
 
@@ -71,20 +72,33 @@ where
 
 /// The columns an insert of a new event fills, in the order of `text_values`.
 pub(crate) const INSERT_COLUMNS: &str =
-    "id, aggregate_type, aggregate_id, event_type, payload, headers";
+    "id, aggregate_type, aggregate_id, event_type, payload, headers, payload_bytes, content_type";
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A new event's values as text, in the order of the insert's columns: id, aggregate type,
-/// aggregate id, event type, payload, headers.
-pub(crate) fn text_values(e: &NewEvent) -> Result<[String; 6], serde_json::Error> {
+/// aggregate id, event type, payload, headers, then the bytes as hex (the insert unhexes them)
+/// and their content type, both NULL for a JSON event.
+pub(crate) fn text_values(e: &NewEvent) -> Result<[Option<String>; 8], serde_json::Error> {
     Ok([
-        e.id.hyphenated().to_string(),
-        e.aggregate_type.clone(),
-        e.aggregate_id.clone(),
-        e.event_type.clone(),
-        serde_json::to_string(&e.payload)?,
-        serde_json::to_string(&e.headers)?,
+        Some(e.id.hyphenated().to_string()),
+        Some(e.aggregate_type.clone()),
+        Some(e.aggregate_id.clone()),
+        Some(e.event_type.clone()),
+        Some(serde_json::to_string(&e.payload)?),
+        Some(serde_json::to_string(&e.headers)?),
+        e.payload_bytes.as_deref().map(hex),
+        e.content_type.clone(),
     ])
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]

@@ -172,6 +172,8 @@ where
             aggregate_id: c.aggregate_id.unwrap_or_default(),
             event_type: c.event_type.unwrap_or_default(),
             payload: c.payload.unwrap_or_default(),
+            payload_bytes: c.payload_bytes.flatten(),
+            content_type: c.content_type.flatten(),
             headers: c.headers.unwrap_or_default(),
             attempts: c.attempts.unwrap_or_default(),
             attempts_unavailable: c.attempts_unavailable.unwrap_or_default(),
@@ -202,6 +204,8 @@ pub(crate) struct Columns {
     pub aggregate_id: Option<String>,
     pub event_type: Option<String>,
     pub payload: Option<serde_json::Value>,
+    pub payload_bytes: Option<Option<Vec<u8>>>,
+    pub content_type: Option<Option<String>>,
     pub headers: Option<BTreeMap<String, String>>,
     pub attempts: Option<i32>,
     pub attempts_unavailable: Option<i32>,
@@ -305,6 +309,7 @@ where
     String: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
     Option<String>: Decode<'r, R::Database>,
+    Option<Vec<u8>>: Decode<'r, R::Database> + Type<R::Database>,
 {
     let mut c = Reader::new(r);
     let id = c.get::<String>("id")?;
@@ -329,6 +334,8 @@ where
         event_type,
         // Not JSON: shown to operators as the text it is.
         payload: payload.or(payload_text.map(serde_json::Value::String)),
+        payload_bytes: c.get("payload_bytes")?,
+        content_type: c.get("content_type")?,
         headers,
         attempts: int32(&mut c, "attempts")?,
         attempts_unavailable: int32(&mut c, "attempts_unavailable")?,

@@ -194,6 +194,7 @@ macro_rules! store_conformance {
             operator_filters_by_every_field_and_state,
             operator_gets_one_event_by_id,
             purge_deletes_published_rows_in_batches,
+            byte_payloads_round_trip_beside_json_ones,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

@@ -220,6 +220,7 @@ fn message(n: usize, aggregate: &str) -> Message {
         aggregate_id: aggregate.into(),
         event_type: "created".into(),
         body: serde_json::to_vec(&serde_json::json!({ "n": n })).unwrap(),
+        content_type: "application/json".into(),
         headers,
         created_at: chrono::Utc::now(),
         attempt: 1,
@@ -284,7 +285,8 @@ async fn fifo_queue_attributes_group_and_dedup_ids() {
             g.attributes.get("traceparent"),
             m.headers.get("traceparent")
         );
-        assert_eq!(g.attributes.len(), 6, "{:?}", g.attributes);
+        assert_eq!(g.attributes["content-type"], "application/json");
+        assert_eq!(g.attributes.len(), 7, "{:?}", g.attributes);
     }
     // Per aggregate, the order sent.
     for key in ["o-0", "o-1", "o-2", "o-3", "a b ä"] {
@@ -355,15 +357,17 @@ async fn standard_queue_by_url_ten_attributes_and_cloudevents() {
     for (h, v) in m.contract_headers() {
         assert_eq!(g.attributes.get(h), Some(&v), "{h}");
     }
+    assert_eq!(g.attributes["content-type"], "application/json");
     // The user headers in name order: `bad name` (no attribute name), then h1.. h5,
-    // traceparent: h1 to h4 fit, the rest is in outbox-headers.
+    // traceparent: after content-type and the contract headers h1 to h3 fit, the rest is in
+    // outbox-headers.
     let rest: BTreeMap<String, String> =
         serde_json::from_str(&g.attributes[publish::aws::OVERFLOW_ATTRIBUTE]).unwrap();
     assert_eq!(
         rest.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["bad name", "h5", "traceparent"]
+        ["bad name", "h4", "h5", "traceparent"]
     );
-    for k in ["h1", "h2", "h3", "h4"] {
+    for k in ["h1", "h2", "h3"] {
         assert!(g.attributes.contains_key(k), "{k}");
     }
     p.close().await.unwrap();

@@ -19,12 +19,15 @@ use std::time::{Duration, Instant};
 use txoutbox::publish::{self, ConnectError, Message, PublishError, Publisher};
 
 /// What a broker received, mapped onto the contract: the broker's dedup field, the metadata
-/// (by the contract's header names) and the body.
+/// (by the contract's header names), the body (as a consumer gets it: decoded where the
+/// broker needed an encoding) and the content type where the broker delivers it (its own
+/// field, else the `content-type` header).
 #[derive(Debug, Clone)]
 pub(crate) struct Received {
     pub(crate) dedup_id: String,
     pub(crate) headers: HashMap<String, String>,
     pub(crate) body: Vec<u8>,
+    pub(crate) content_type: Option<String>,
 }
 
 #[async_trait::async_trait]
@@ -64,6 +67,19 @@ pub(crate) fn suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
 }
 
+/// Bytes that are no UTF-8 (NUL, 0xff, a lone continuation byte), as a Protobuf body might be.
+pub(crate) const NOT_UTF8: &[u8] = &[0x08, 0x96, 0x01, 0x00, 0xff, 0x80, 0x0a, 0x7f, 0xc3];
+
+/// A byte event: `body` with `content_type`.
+pub(crate) fn bytes_message(n: usize, body: &[u8], content_type: &str) -> Message {
+    Message {
+        aggregate_id: "o-bytes".into(),
+        body: body.to_vec(),
+        content_type: content_type.into(),
+        ..message(n, 0)
+    }
+}
+
 fn message(n: usize, aggregate: usize) -> Message {
     let mut headers = BTreeMap::new();
     headers.insert("traceparent".to_string(), format!("00-trace-{n}-01"));
@@ -74,6 +90,7 @@ fn message(n: usize, aggregate: usize) -> Message {
         aggregate_id: format!("o-{aggregate}"),
         event_type: "created".into(),
         body: serde_json::to_vec(&serde_json::json!({ "n": n, "text": "héllo" })).unwrap(),
+        content_type: "application/json".into(),
         headers,
         created_at: chrono::Utc::now(),
         attempt: 1,
@@ -141,6 +158,39 @@ async fn suite(b: &dyn Broker) {
             r.headers.get("traceparent").map(String::as_str),
             m.headers.get("traceparent").map(String::as_str),
             "{name}: user header"
+        );
+    }
+
+    // 1b. The content type reaches the consumer: JSON ones say so, and a byte body arrives
+    // byte for byte (as the consumer reads it) with its own content type.
+    for m in &messages {
+        assert_eq!(
+            by_id[m.id.to_string().as_str()].content_type.as_deref(),
+            Some("application/json"),
+            "{name}: content type of a JSON event"
+        );
+    }
+    let bytes = bytes_message(500, NOT_UTF8, "application/x-protobuf");
+    assert!(std::str::from_utf8(&bytes.body).is_err());
+    publish_one(p.as_ref(), &bytes)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: a byte event: {e}"));
+    let got_bytes = wait_received(b, messages.len() + 1).await;
+    let r = got_bytes
+        .iter()
+        .find(|r| r.dedup_id == bytes.id.to_string())
+        .unwrap_or_else(|| panic!("{name}: the byte event was not received"));
+    assert_eq!(r.body, NOT_UTF8, "{name}: the bytes as they were written");
+    assert_eq!(
+        r.content_type.as_deref(),
+        Some("application/x-protobuf"),
+        "{name}: content type of a byte event"
+    );
+    for (h, v) in bytes.contract_headers() {
+        assert_eq!(
+            r.headers.get(h),
+            Some(&v),
+            "{name}: header {h} of a byte event"
         );
     }
 
@@ -448,6 +498,7 @@ impl Broker for Nats {
                     .collect();
                 out.push(Received {
                     dedup_id: headers.get("Nats-Msg-Id").cloned().unwrap_or_default(),
+                    content_type: headers.get("content-type").cloned(),
                     headers,
                     body: m.payload.to_vec(),
                 });
@@ -531,6 +582,7 @@ impl Broker for Amqp {
                     .unwrap_or_default(),
                 headers,
                 body: d.data,
+                content_type: d.properties.content_type().as_ref().map(|s| s.to_string()),
             };
             SEEN.lock().unwrap().push((self.queue.clone(), r));
         }
@@ -658,14 +710,21 @@ impl Broker for Redis {
             .ids
             .into_iter()
             .map(|e| {
-                let mut headers: HashMap<String, String> = e
+                // The payload as bytes (it need not be UTF-8), the other fields as text.
+                let body = e
+                    .map
+                    .get("payload")
+                    .map(|v| redis::from_redis_value::<Vec<u8>>(v).unwrap())
+                    .unwrap_or_default();
+                let headers: HashMap<String, String> = e
                     .map
                     .iter()
+                    .filter(|(k, _)| *k != "payload")
                     .map(|(k, v)| (k.clone(), redis::from_redis_value::<String>(v).unwrap()))
                     .collect();
-                let body = headers.remove("payload").unwrap_or_default().into_bytes();
                 Received {
                     dedup_id: headers.get("id").cloned().unwrap_or_default(),
+                    content_type: headers.get("content-type").cloned(),
                     headers,
                     body,
                 }
@@ -774,6 +833,7 @@ async fn mqtt_conforms() {
                         dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
                         headers,
                         body: p.payload.to_vec(),
+                        content_type: p.properties.as_ref().and_then(|pr| pr.content_type.clone()),
                     });
                 }
                 Ok(_) => {}
@@ -843,6 +903,7 @@ async fn http_conforms() {
             }
             sink.lock().unwrap().push(Received {
                 dedup_id: h.get("webhook-id").cloned().unwrap_or_default(),
+                content_type: h.get("content-type").cloned(),
                 headers: h,
                 body: body.to_vec(),
             });
@@ -900,10 +961,21 @@ impl Broker for File {
                 headers.insert("outbox-aggregate-type".into(), s("aggregate_type"));
                 headers.insert("outbox-aggregate-id".into(), s("aggregate_id"));
                 headers.insert("outbox-created-at".into(), s("created_at"));
+                // A JSON body is `payload`, any other `payload_base64`.
+                let body = match v["payload_base64"].as_str() {
+                    Some(b64) => {
+                        use base64::Engine as _;
+                        base64::engine::general_purpose::STANDARD
+                            .decode(b64)
+                            .unwrap()
+                    }
+                    None => serde_json::to_vec(&v["payload"]).unwrap(),
+                };
                 Received {
                     dedup_id: s("id"),
                     headers,
-                    body: serde_json::to_vec(&v["payload"]).unwrap(),
+                    body,
+                    content_type: v["content_type"].as_str().map(str::to_string),
                 }
             })
             .collect()
@@ -1030,6 +1102,7 @@ impl Kafka {
                 }
                 sink.lock().unwrap().push(Received {
                     dedup_id: headers.get("outbox-event-id").cloned().unwrap_or_default(),
+                    content_type: headers.get("content-type").cloned(),
                     headers,
                     body: m.payload().unwrap_or_default().to_vec(),
                 });
@@ -1100,17 +1173,33 @@ impl Broker for Aws {
         self.reader
             .all()
             .into_iter()
-            .map(|g| Received {
-                dedup_id: if sns {
-                    g.attributes
-                        .get("outbox-event-id")
-                        .cloned()
-                        .unwrap_or_default()
-                } else {
-                    g.dedup_id.clone().unwrap_or_default()
-                },
-                headers: g.attributes,
-                body: g.body.into_bytes(),
+            .map(|g| {
+                // A body that is not text comes base64-encoded, and says so.
+                let body = match g.attributes.get(publish::aws::ENCODING_ATTRIBUTE) {
+                    Some(e) if e == publish::aws::BASE64_ENCODING => {
+                        use base64::Engine as _;
+                        base64::engine::general_purpose::STANDARD
+                            .decode(&g.body)
+                            .unwrap()
+                    }
+                    _ => g.body.into_bytes(),
+                };
+                Received {
+                    dedup_id: if sns {
+                        g.attributes
+                            .get("outbox-event-id")
+                            .cloned()
+                            .unwrap_or_default()
+                    } else {
+                        g.dedup_id.clone().unwrap_or_default()
+                    },
+                    content_type: g
+                        .attributes
+                        .get(publish::aws::CONTENT_TYPE_ATTRIBUTE)
+                        .cloned(),
+                    headers: g.attributes,
+                    body,
+                }
             })
             .collect()
     }

@@ -73,6 +73,7 @@ fn message(n: usize, aggregate_id: &str) -> Message {
         aggregate_id: aggregate_id.into(),
         event_type: "created".into(),
         body: serde_json::to_vec(&serde_json::json!({ "n": n })).unwrap(),
+        content_type: "application/json".into(),
         headers,
         created_at: chrono::Utc::now(),
         attempt: 1,

@@ -9,6 +9,7 @@ mod kafka;
 mod mqtt;
 mod nats;
 mod nats_reconnect;
+mod protobuf;
 mod redis;
 mod routes;
 

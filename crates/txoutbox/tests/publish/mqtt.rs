@@ -97,6 +97,7 @@ fn message(n: usize) -> Message {
         aggregate_id: format!("o-{n}"),
         event_type: "created".into(),
         body: serde_json::to_vec(&serde_json::json!({ "n": n })).unwrap(),
+        content_type: "application/json".into(),
         headers,
         created_at: chrono::Utc::now(),
         attempt: 1,

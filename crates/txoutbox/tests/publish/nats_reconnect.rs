@@ -64,6 +64,7 @@ fn message(n: i64) -> Message {
         aggregate_id: n.to_string(),
         event_type: "created".into(),
         body: b"{}".to_vec(),
+        content_type: "application/json".into(),
         headers: Default::default(),
         created_at: chrono::Utc::now(),
         attempt: 1,

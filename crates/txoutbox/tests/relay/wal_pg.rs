@@ -512,3 +512,57 @@ async fn shutdown_mid_batch_confirms_only_what_was_settled() {
     shutdown(relay).await;
     h.cleanup().await;
 }
+
+/// An event of bytes comes off the stream as written (bytea's binary form, a NUL and bytes
+/// that are not UTF-8 included), with its content type, beside a JSON one; and a plain-SQL
+/// insert of bytes with its own columns (the README's) goes out the same way.
+#[tokio::test]
+async fn bytes_come_off_the_stream_as_written() {
+    let h = PgHarness::new().await;
+    let p = RecordingPublisher::new();
+    let relay = start(&h, &p, config("wal-bytes"));
+    streaming(&h).await;
+    let data = vec![0x08, 0x2a, 0x00, 0xff, 0x80, 0x7f];
+    let outbox = h.outbox();
+    let bytes = NewEvent::bytes(
+        "order",
+        "b",
+        "order.placed",
+        data.clone(),
+        "application/x-protobuf",
+    )
+    .unwrap();
+    let ids = outbox
+        .enqueue_many(&h.pool, &[bytes, event("b", 1)])
+        .await
+        .unwrap();
+    let plain: Uuid = sqlx::query_scalar(&format!(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, payload_bytes, content_type) \
+         VALUES ('order', 'b', 'order.placed', 'null', '\\x0a0b'::bytea, 'application/vnd.test') RETURNING id",
+        h.table.qualified()
+    ))
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    wait_until("all three delivered", || async {
+        ids.iter().chain([&plain]).all(|id| p.was_acked(*id))
+    })
+    .await;
+    let acked = p.acked();
+    let by_id = |id: Uuid| acked.iter().find(|m| m.id == id).unwrap().clone();
+    let m = by_id(ids[0]);
+    assert_eq!(
+        (m.body, m.content_type.as_str()),
+        (data, "application/x-protobuf")
+    );
+    let m = by_id(ids[1]);
+    assert_eq!(m.content_type, "application/json");
+    assert_eq!(m.body, br#"{"i":1}"#);
+    let m = by_id(plain);
+    assert_eq!(
+        (m.body, m.content_type.as_str()),
+        (vec![0x0a, 0x0b], "application/vnd.test")
+    );
+    shutdown(relay).await;
+    h.cleanup().await;
+}

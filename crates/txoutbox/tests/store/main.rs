@@ -1,6 +1,7 @@
 //! The stores against the real databases: the conformance suite on PostgreSQL, MySQL and SQLite, and what is particular to each (PostgreSQL's schema and partitions, MySQL's row locks).
 //! One test binary for all of them (each file was one of its own), so the suite links once.
 
+mod bytes;
 #[path = "../common/mod.rs"]
 mod common;
 mod conformance;

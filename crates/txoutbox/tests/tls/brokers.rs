@@ -19,6 +19,7 @@ pub fn message() -> Message {
         aggregate_id: "o-1".into(),
         event_type: "created".into(),
         body: br#"{"n":1}"#.to_vec(),
+        content_type: "application/json".into(),
         headers: BTreeMap::new(),
         created_at: chrono::Utc::now(),
         attempt: 1,

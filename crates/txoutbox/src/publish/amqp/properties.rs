@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// The AMQP properties of one message: persistent, JSON, with id, type, timestamp and the
-/// contract and user headers. Refuses what AMQP cannot carry.
+/// The AMQP properties of one message: persistent, with its content type, id, type, timestamp
+/// and the contract and user headers. Refuses what AMQP cannot carry.
 pub(super) fn properties(
     m: &Message,
     routing_key: &str,
@@ -22,6 +22,12 @@ pub(super) fn properties(
         return Err(too_long(
             "event type (the AMQP `type` property)",
             m.event_type.len(),
+        ));
+    }
+    if m.content_type.len() > MAX_SHORTSTR {
+        return Err(too_long(
+            "content type (the AMQP `content_type` property)",
+            m.content_type.len(),
         ));
     }
     let contract = m.contract_headers();
@@ -56,7 +62,7 @@ pub(super) fn properties(
     }
     if let Some(ce) = cloudevents {
         // The AMQP protocol binding, binary mode: `cloudEvents:` application properties; the
-        // content type is the message's own property.
+        // content type is the message's own property (`content_type`, set below).
         for (name, value) in ce.attributes(m) {
             if name != "datacontenttype" {
                 headers.insert(
@@ -67,7 +73,7 @@ pub(super) fn properties(
         }
     }
     Ok(BasicProperties::default()
-        .with_content_type(ShortString::from("application/json"))
+        .with_content_type(ShortString::from(m.content_type.as_str()))
         .with_delivery_mode(2)
         .with_message_id(ShortString::from(m.id.to_string()))
         .with_type(ShortString::from(m.event_type.as_str()))

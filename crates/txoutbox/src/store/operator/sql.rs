@@ -232,6 +232,8 @@ mod tests {
             aggregate_id: "1".into(),
             event_type: "e".into(),
             payload: serde_json::Value::Null,
+            payload_bytes: None,
+            content_type: None,
             headers: Default::default(),
             attempts: 0,
             attempts_unavailable: 0,

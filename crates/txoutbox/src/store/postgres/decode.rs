@@ -25,6 +25,8 @@ pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
         aggregate_id: c.get("aggregate_id")?,
         event_type: c.get("event_type")?,
         payload: c.get("payload")?,
+        payload_bytes: c.get("payload_bytes")?,
+        content_type: c.get("content_type")?,
         headers: {
             let v = c.get::<serde_json::Value>("headers")?;
             v.and_then(|v| c.ok(undecodable::headers(v)))

@@ -9,7 +9,8 @@ use crate::store::Retention;
 use crate::OutboxTable;
 
 /// The columns of an event, for the select lists.
-const COLUMNS: &str = "id, seq, aggregate_type, aggregate_id, event_type, payload, \
+const COLUMNS: &str =
+    "id, seq, aggregate_type, aggregate_id, event_type, payload, payload_bytes, content_type, \
      headers, attempts, attempts_unavailable, available_at, created_at, processed_at, dead_at, \
      locked_by, locked_until, last_error";
 

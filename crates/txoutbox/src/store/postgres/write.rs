@@ -23,13 +23,17 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
             .bind(&event.event_type)
             .bind(&event.payload)
             .bind(sqlx::types::Json(&event.headers))
+            .bind(event.payload_bytes.as_deref())
+            .bind(event.content_type.as_deref())
             .execute(executor)
             .await
             .map_err(|e| db_error(t, e))?;
         return Ok(());
     }
     let n = events.len();
-    let (mut ids, mut at, mut ai, mut et, mut pl, mut hd) = (
+    let (mut ids, mut at, mut ai, mut et, mut pl, mut hd, mut pb, mut ct) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -44,6 +48,8 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         et.push(e.event_type.as_str());
         pl.push(sqlx::types::Json(&e.payload));
         hd.push(sqlx::types::Json(&e.headers));
+        pb.push(e.payload_bytes.as_deref());
+        ct.push(e.content_type.as_deref());
     }
     sqlx::query(&names(t).fill(sql_file!("postgres", "insert_many")))
         .bind(&ids)
@@ -52,6 +58,8 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         .bind(&et)
         .bind(&pl)
         .bind(&hd)
+        .bind(&pb)
+        .bind(&ct)
         .execute(executor)
         .await
         .map_err(|e| db_error(t, e))?;

@@ -570,3 +570,69 @@ fn ordered(relay_id: &str, token: Uuid, ordering: Ordering) -> ClaimParams<'_> {
         ..claim(relay_id, token, 100, LEASE)
     }
 }
+
+/// Events of bytes ([`NewEvent::bytes`]) come back as written, beside JSON ones: the bytes
+/// exactly (a NUL, bytes that are not UTF-8, none at all), their content type, a JSON `null`
+/// payload; one alone (the single insert) and several together (the set-based insert); from a
+/// claim, from the operator, and as the message a publisher gets.
+pub async fn byte_payloads_round_trip_beside_json_ones<H: Harness>(h: &H) {
+    use crate::publish::Message;
+    let store = h.store(Retention::Mark).await;
+    let proto = vec![0x08, 0x96, 0x01, 0x00, 0xff, 0x80, 0x12, 0x02, b'h', b'i'];
+    let bytes = |data: Vec<u8>, ct: &str| {
+        NewEvent::bytes("order", "o-1", "order.created", data, ct).unwrap()
+    };
+    let alone = h
+        .enqueue(&[bytes(proto.clone(), "application/x-protobuf")])
+        .await;
+    let mixed = h
+        .enqueue(&[
+            event(1),
+            bytes(proto.clone(), "application/x-protobuf"),
+            bytes(Vec::new(), "application/octet-stream"),
+            event(2),
+        ])
+        .await;
+    let claimed = store
+        .claim(claim("r", Uuid::new_v4(), 100, LEASE))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(ids_of(&claimed), [alone, mixed].concat());
+    let expect: [(Option<&[u8]>, Option<&str>); 5] = [
+        (Some(&proto), Some("application/x-protobuf")),
+        (None, None),
+        (Some(&proto), Some("application/x-protobuf")),
+        (Some(&[]), Some("application/octet-stream")),
+        (None, None),
+    ];
+    for (e, (data, ct)) in claimed.iter().zip(expect) {
+        assert_eq!(e.payload_bytes.as_deref(), data, "seq {}", e.seq);
+        assert_eq!(e.content_type.as_deref(), ct, "seq {}", e.seq);
+        let m = Message::from_event(e);
+        match data {
+            Some(data) => {
+                assert_eq!(e.payload, serde_json::Value::Null);
+                assert_eq!(m.body, data);
+                assert_eq!(Some(m.content_type.as_str()), ct);
+            }
+            None => {
+                assert!(e.payload.is_object(), "{}", e.payload);
+                assert_eq!(m.body, serde_json::to_vec(&e.payload).unwrap());
+                assert_eq!(m.content_type, crate::event::JSON_CONTENT_TYPE);
+            }
+        }
+    }
+    let got = store
+        .get_event(claimed[0].id)
+        .await
+        .unwrap()
+        .expect("a hit");
+    assert_eq!(got.payload_bytes.as_deref(), Some(&proto[..]));
+    assert_eq!(got.content_type.as_deref(), Some("application/x-protobuf"));
+    let shown = serde_json::to_value(&got).unwrap();
+    assert_eq!(shown["payload_base64"], "CJYBAP+AEgJoaQ==");
+    assert_eq!(shown["content_type"], "application/x-protobuf");
+    let json = serde_json::to_value(&claimed[1]).unwrap();
+    assert!(json.get("payload_base64").is_none() && json.get("content_type").is_none());
+}

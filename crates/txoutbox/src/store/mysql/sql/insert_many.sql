@@ -1,6 +1,8 @@
--- Several events from one JSON array of rows, in array order, so `seq` follows it.
+-- Several events from one JSON array of rows, in array order, so `seq` follows it. Bytes come
+-- as hex (a JSON null for a JSON event, which JSON_TABLE reads as NULL).
 INSERT INTO {{table}} ({{insert_columns}})
-SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.headers
+SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.payload, j.headers,
+       UNHEX(j.payload_hex), j.content_type
 FROM JSON_TABLE(?, '$[*]' COLUMNS (
     n FOR ORDINALITY,
     id CHAR(36) PATH '$[0]',
@@ -8,6 +10,8 @@ FROM JSON_TABLE(?, '$[*]' COLUMNS (
     aggregate_id VARCHAR(255) PATH '$[2]',
     event_type VARCHAR(255) PATH '$[3]',
     payload LONGTEXT PATH '$[4]',
-    headers LONGTEXT PATH '$[5]'
+    headers LONGTEXT PATH '$[5]',
+    payload_hex LONGTEXT PATH '$[6]',
+    content_type VARCHAR(255) PATH '$[7]'
 )) AS j
 ORDER BY j.n

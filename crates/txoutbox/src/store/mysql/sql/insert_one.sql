@@ -1,1 +1,1 @@
-INSERT INTO {{table}} ({{insert_columns}}) VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO {{table}} ({{insert_columns}}) VALUES (?, ?, ?, ?, ?, ?, UNHEX(?), ?)

@@ -13,6 +13,6 @@ WITH c AS (
 UPDATE {{table}} AS e
 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
 FROM c WHERE e.id = c.id
-RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.payload_bytes, e.content_type,
   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
   e.locked_by, e.locked_until, e.last_error

@@ -16,7 +16,7 @@ WITH owned AS (
    SELECT partition, lease_until, epoch FROM {{partitions}}
    WHERE owner = $2 AND lease_until > now() + interval '{{claim_margin_ms}} milliseconds'
 )
-SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload,
+SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.payload_bytes, e.content_type,
   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,

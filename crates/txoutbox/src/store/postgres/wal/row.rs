@@ -18,9 +18,10 @@ const INT4: u32 = 23;
 const TEXT: u32 = 25;
 const JSONB: u32 = 3802;
 const TIMESTAMPTZ: u32 = 1184;
+const BYTEA: u32 = 17;
 
 /// The columns the relay reads, with the type each must have.
-const COLUMNS: [(&str, u32); 16] = [
+const COLUMNS: [(&str, u32); 18] = [
     ("id", UUID),
     ("seq", INT8),
     ("aggregate_type", TEXT),
@@ -37,6 +38,8 @@ const COLUMNS: [(&str, u32); 16] = [
     ("locked_by", TEXT),
     ("locked_until", TIMESTAMPTZ),
     ("last_error", TEXT),
+    ("payload_bytes", BYTEA),
+    ("content_type", TEXT),
 ];
 
 /// Where each of [`COLUMNS`] is in the relation's tuples, and its type there.
@@ -98,6 +101,8 @@ impl Layout {
         let locked_by = r.get(13, text);
         let locked_until = r.get(14, timestamptz);
         let last_error = r.get(15, text);
+        let payload_bytes = r.get(16, bytea);
+        let content_type = r.get(17, text);
         // NOT NULL columns without a default the relay could stand in for.
         let nulls = [
             matches!(id, Some(None)),
@@ -116,6 +121,8 @@ impl Layout {
             aggregate_id: aggregate_id.flatten().unwrap_or_default(),
             event_type: event_type.flatten().unwrap_or_default(),
             payload: payload.flatten().unwrap_or_default(),
+            payload_bytes: payload_bytes.flatten(),
+            content_type: content_type.flatten(),
             headers: headers.flatten().unwrap_or_default(),
             attempts: attempts.flatten().unwrap_or_default(),
             attempts_unavailable: attempts_unavailable.flatten().unwrap_or_default(),
@@ -189,6 +196,11 @@ fn int8(b: &[u8]) -> Result<i64, String> {
 
 fn int4(b: &[u8]) -> Result<i32, String> {
     Ok(i32::from_be_bytes(fixed(b)?))
+}
+
+/// bytea's binary format: the bytes themselves.
+fn bytea(b: &[u8]) -> Result<Vec<u8>, String> {
+    Ok(b.to_vec())
 }
 
 fn text(b: &[u8]) -> Result<String, String> {

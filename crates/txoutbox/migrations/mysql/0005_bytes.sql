@@ -1,0 +1,18 @@
+-- txoutbox schema, version 5: binary payloads. An event carries JSON in `payload`, as the
+-- seed writes it, or bytes (Protobuf, Avro, ...) in `payload_bytes` with their
+-- `content_type`, and then `payload` is the JSON null:
+--   INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload, payload_bytes, content_type)
+--   VALUES ('order', '42', 'order.created', 'null', X'082A', 'application/x-protobuf');
+ALTER TABLE {{table}}
+    ADD COLUMN payload_bytes LONGBLOB NULL,
+    ADD COLUMN content_type VARCHAR(255) NULL,
+    ADD CONSTRAINT {{index:payload_kind}} CHECK (
+        (payload_bytes IS NULL AND content_type IS NULL)
+        OR (payload_bytes IS NOT NULL AND content_type IS NOT NULL
+            AND JSON_TYPE(payload) = 'NULL')
+    )
+;;
+-- The view's `*` was expanded when it was made: take the new columns in.
+CREATE OR REPLACE VIEW {{name:dead_letters}} AS
+    SELECT * FROM {{table}}
+    WHERE dead_at IS NOT NULL AND processed_at IS NULL
