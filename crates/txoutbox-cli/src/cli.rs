@@ -162,9 +162,20 @@ pub struct EnqueueArgs {
     /// Event type, e.g. order.created
     #[arg(long)]
     pub event_type: String,
-    /// Payload as JSON
-    #[arg(long)]
-    pub payload: String,
+    /// Payload as JSON (or --bytes-file)
+    #[arg(
+        long,
+        required_unless_present = "bytes_file",
+        conflicts_with = "bytes_file"
+    )]
+    pub payload: Option<String>,
+    /// Payload as the bytes of this file, sent as they are (Protobuf, Avro, ...); needs
+    /// --content-type
+    #[arg(long, value_name = "PATH", requires = "content_type")]
+    pub bytes_file: Option<std::path::PathBuf>,
+    /// Content type of --bytes-file, e.g. application/x-protobuf
+    #[arg(long, value_name = "TYPE", requires = "bytes_file")]
+    pub content_type: Option<String>,
     /// Message header K=V (repeatable)
     #[arg(long = "header", value_name = "K=V")]
     pub headers: Vec<String>,

@@ -645,6 +645,7 @@ fn the_shared_publisher_forwards_what_the_relay_asks() {
         aggregate_id: "1".into(),
         event_type: "created".into(),
         body: b"{}".to_vec(),
+        content_type: "application/json".into(),
         headers: Default::default(),
         created_at: chrono::Utc::now(),
         attempt: 1,

@@ -6,9 +6,28 @@ use crate::cli::EnqueueArgs;
 use crate::ctx::{Ctx, UsageError};
 
 pub async fn run(ctx: &Ctx, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
-    let payload: serde_json::Value = serde_json::from_str(&a.payload)
-        .map_err(|e| UsageError(format!("--payload is not valid JSON: {e}")))?;
-    let mut event = NewEvent::from_json(a.aggregate_type, a.aggregate_id, a.event_type, payload);
+    let mut event = match (&a.payload, &a.bytes_file, &a.content_type) {
+        (_, Some(path), Some(content_type)) => {
+            let data = std::fs::read(path).map_err(|e| {
+                UsageError(format!("--bytes-file: cannot read {}: {e}", path.display()))
+            })?;
+            NewEvent::bytes(
+                a.aggregate_type,
+                a.aggregate_id,
+                a.event_type,
+                data,
+                content_type,
+            )
+            .map_err(|e| UsageError(format!("--content-type: {e}")))?
+        }
+        (Some(json), _, _) => {
+            let payload: serde_json::Value = serde_json::from_str(json)
+                .map_err(|e| UsageError(format!("--payload is not valid JSON: {e}")))?;
+            NewEvent::from_json(a.aggregate_type, a.aggregate_id, a.event_type, payload)
+        }
+        // clap requires --payload or --bytes-file, and --content-type with the file.
+        _ => return Err(UsageError("give --payload JSON or --bytes-file PATH".into()).into()),
+    };
     if let Some(id) = a.id {
         event = event.with_id(id);
     }

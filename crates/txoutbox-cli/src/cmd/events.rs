@@ -115,7 +115,18 @@ pub fn print_one(e: &OutboxEvent, json: bool) -> anyhow::Result<()> {
     println!("dead since  {}", t(e.dead_at));
     println!("last error  {}", e.last_error.as_deref().unwrap_or("-"));
     println!("headers     {}", serde_json::to_string(&e.headers)?);
-    println!("payload     {}", e.payload);
+    match &e.payload_bytes {
+        Some(bytes) => {
+            use base64::Engine as _;
+            println!(
+                "payload     base64 {} ({} bytes, {})",
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+                bytes.len(),
+                e.content_type()
+            );
+        }
+        None => println!("payload     {}", e.payload),
+    }
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 
 mod amqp_daemon;
 mod bad_input;
+mod bytes_cli;
 mod commands;
 #[path = "../common/mod.rs"]
 mod common;

@@ -191,6 +191,18 @@ function cell(tr, text, cls) {
 
 let shownDead = "";
 
+// A payload in one line: JSON as text, bytes as base64 with their length and content type;
+// long ones cut, the whole in the cell's title.
+function payloadText(e) {
+  if (e.payload_base64 !== undefined) {
+    const b64 = e.payload_base64;
+    const pad = b64.endsWith("==") ? 2 : b64.endsWith("=") ? 1 : 0;
+    const n = (b64.length / 4) * 3 - pad;
+    return "base64 " + b64 + " (" + n + " bytes, " + e.content_type + ")";
+  }
+  return JSON.stringify(e.payload);
+}
+
 function renderDead(page) {
   // Rebuild only on change: a row replaced under the pointer would swallow a click.
   const key = JSON.stringify(page.events.map((e) => [e.id, e.attempts, e.last_error]));
@@ -207,6 +219,9 @@ function renderDead(page) {
     cell(tr, e.aggregate_type + "/" + e.aggregate_id);
     cell(tr, e.attempts);
     cell(tr, e.dead_at ? new Date(e.dead_at).toLocaleString() : "");
+    const payload = payloadText(e);
+    const p = cell(tr, payload.length > 80 ? payload.slice(0, 79) + "…" : payload, "payload");
+    p.title = payload;
     cell(tr, e.last_error || "", "error");
     const td = cell(tr, "");
     for (const [action, label] of [["retry", "Retry"], ["discard", "Discard"]]) {
