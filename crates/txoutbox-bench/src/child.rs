@@ -44,11 +44,10 @@ impl RelayChild {
         let mut cmd = Command::new(spec.txoutbox);
         // `routes:PATH`: the relay's publishers are the `[[route]]` entries of that config file.
         match spec.publisher.strip_prefix(ROUTES_PREFIX) {
-            Some(path) => cmd.arg("--config").arg(path),
-            None => cmd.arg("--publisher").arg(spec.publisher),
+            Some(path) => cmd.arg("--config").arg(path).arg("relay"),
+            None => cmd.arg("relay").arg("--publisher").arg(spec.publisher),
         };
-        cmd.arg("relay")
-            .arg("--mode")
+        cmd.arg("--mode")
             .arg(spec.mode.as_str())
             .arg("--source")
             .arg(spec.source.as_str())

@@ -121,8 +121,21 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    // Malformed publisher URLs are usage errors, before anything is created.
+    // Malformed publisher URLs are usage errors, before anything is created. A routes file is
+    // the relays' to check (they say what is wrong with it); here only that it can be read.
     for p in &a.publishers {
+        if let Some(path) = p.strip_prefix(child::ROUTES_PREFIX) {
+            if a.scenario == Scenario::Publish || a.scenario == Scenario::All {
+                return Err(UsageError(format!(
+                    "--publisher {p}: publish measures one publisher alone; routes are for the \
+                     relay scenarios (drain, latency, write, scale)"
+                ))
+                .into());
+            }
+            std::fs::metadata(path)
+                .map_err(|e| UsageError(format!("--publisher {p}: cannot read {path}: {e}")))?;
+            continue;
+        }
         let publisher = open_publisher(p).await?;
         let _ = publisher.close().await;
     }

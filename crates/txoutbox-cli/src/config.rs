@@ -130,7 +130,7 @@ fn routes(path: &Path, value: toml::Value) -> anyhow::Result<Vec<RouteSpec>> {
                 "config file {}: [[route]] number {}{name}: {}",
                 path.display(),
                 i + 1,
-                e.message().trim_end()
+                e.to_string().trim_end()
             )
         })?;
         out.push(spec);
@@ -160,25 +160,24 @@ mod tests {
     use crate::cli::{Cli, Command as Cmd};
     use clap::{CommandFactory, FromArgMatches};
 
-    fn parse(file: &str, args: &[&str]) -> anyhow::Result<Cli> {
+    /// `file` written to a temporary path and applied to the CLI's command.
+    fn load(file: &str) -> anyhow::Result<FileSettings> {
         let dir = std::env::temp_dir().join(format!("txoutbox-cfg-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir)?;
         let path = dir.join("c.toml");
         std::fs::write(&path, file)?;
-        let file = apply_file(Cli::command(), &path);
+        let loaded = apply_file(Cli::command(), &path);
         std::fs::remove_dir_all(&dir)?;
-        let m = file?.command.try_get_matches_from(args)?;
+        loaded
+    }
+
+    fn parse(file: &str, args: &[&str]) -> anyhow::Result<Cli> {
+        let m = load(file)?.command.try_get_matches_from(args)?;
         Ok(Cli::from_arg_matches(&m)?)
     }
 
     fn routes_of(file: &str) -> anyhow::Result<Vec<RouteSpec>> {
-        let dir = std::env::temp_dir().join(format!("txoutbox-cfg-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("c.toml");
-        std::fs::write(&path, file)?;
-        let file = apply_file(Cli::command(), &path);
-        std::fs::remove_dir_all(&dir)?;
-        Ok(file?.routes)
+        Ok(load(file)?.routes)
     }
 
     #[test]
@@ -231,7 +230,11 @@ publisher_file = "/run/secrets/sqs"
         let e = routes_of("[[route]]\nname = \"a\"\nheaders = { x = 1 }\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("(`a`)"), "{e}");
+        assert!(e.contains("(`a`)") && e.contains("headers.x"), "{e}");
+        let e = routes_of("[[route]]\nname = \"a\"\nevent_type = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("event_type"), "{e}");
     }
 
     #[test]

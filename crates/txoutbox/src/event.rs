@@ -36,7 +36,7 @@ pub const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// A content type that cannot go on the wire as a header value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("content type {0:?} is not valid: use 1 to 255 printable ASCII characters, e.g. application/x-protobuf")]
+#[error("content type {0:?} is not valid: use 1 to 255 printable ASCII characters, without spaces at either end, e.g. application/x-protobuf")]
 pub struct InvalidContentType(pub String);
 
 /// Is `content_type` usable (1 to 255 printable ASCII characters, spaces allowed inside)? It
@@ -185,7 +185,7 @@ pub struct OutboxEvent {
     /// The JSON payload as written (`null` for an event of bytes).
     pub payload: serde_json::Value,
     /// The payload of an event of bytes ([`NewEvent::bytes`]); `None` for a JSON event. Shown
-    /// in JSON as `payload_base64`, with its length as `payload_length`.
+    /// in JSON as `payload_base64` (standard alphabet, padded).
     #[serde(
         rename = "payload_base64",
         serialize_with = "base64_bytes",

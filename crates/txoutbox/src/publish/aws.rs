@@ -274,12 +274,7 @@ fn body_text(m: &Message) -> (String, bool) {
 
 /// Is `content_type` text: JSON (also `+json`), `text/*`, XML (also `+xml`)?
 fn is_textual(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
+    let essence = super::message::media_essence(content_type);
     super::message::is_json_content_type(&essence)
         || essence.starts_with("text/")
         || essence == "application/xml"

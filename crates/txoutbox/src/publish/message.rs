@@ -12,13 +12,19 @@ pub(crate) const CONTENT_TYPE_HEADER: &str = "content-type";
 /// Is `content_type` JSON: `application/json` or a `+json` type, parameters (`; charset=...`)
 /// and case aside?
 pub(crate) fn is_json_content_type(content_type: &str) -> bool {
-    let essence = content_type
+    let essence = media_essence(content_type);
+    essence == "application/json" || (essence.contains('/') && essence.ends_with("+json"))
+}
+
+/// A content type without its parameters, trimmed and lowercased (`text/plain; charset=utf-8`
+/// -> `text/plain`).
+pub(crate) fn media_essence(content_type: &str) -> String {
+    content_type
         .split(';')
         .next()
         .unwrap_or_default()
         .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || (essence.contains('/') && essence.ends_with("+json"))
+        .to_ascii_lowercase()
 }
 
 /// One event as a publisher sees it: body bytes plus the metadata of the message contract.

@@ -70,9 +70,19 @@ where
     })
 }
 
-/// The columns an insert of a new event fills, in the order of `text_values`.
+/// The columns an insert of new JSON events fills, in the order of `text_values`: those of
+/// schema 4, so that a writer upgraded before `migrate` ran still writes JSON events.
 pub(crate) const INSERT_COLUMNS: &str =
+    "id, aggregate_type, aggregate_id, event_type, payload, headers";
+
+/// The columns an insert fills when one of its events has bytes (schema 5).
+pub(crate) const INSERT_COLUMNS_BYTES: &str =
     "id, aggregate_type, aggregate_id, event_type, payload, headers, payload_bytes, content_type";
+
+/// Does any of `events` carry bytes (so the insert needs schema 5's columns)?
+pub(crate) fn any_bytes(events: &[crate::NewEvent]) -> bool {
+    events.iter().any(|e| e.payload_bytes.is_some())
+}
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 /// A new event's values as text, in the order of the insert's columns: id, aggregate type,
@@ -102,12 +112,15 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
-/// New events as one JSON array of [`text_values`] arrays, for a single insert statement
-/// (no limit on bound parameters).
-pub(crate) fn text_values_json(events: &[NewEvent]) -> Result<String, serde_json::Error> {
+/// New events as one JSON array of [`text_values`] arrays (their first `columns` values), for
+/// a single insert statement (no limit on bound parameters).
+pub(crate) fn text_values_json(
+    events: &[NewEvent],
+    columns: usize,
+) -> Result<String, serde_json::Error> {
     let rows = events
         .iter()
-        .map(|e| text_values(e).map(|v| serde_json::json!(v)))
+        .map(|e| text_values(e).map(|v| serde_json::json!(v[..columns])))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(serde_json::Value::Array(rows).to_string())
 }

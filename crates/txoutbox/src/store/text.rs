@@ -4,7 +4,7 @@
 //! ([`text_store`]), their statements of the same name ([`TextQueries`]), and the write path
 //! and the inbox ([`text_write`]).
 
-use super::rows::{COLUMNS, INSERT_COLUMNS};
+use super::rows::{COLUMNS, INSERT_COLUMNS, INSERT_COLUMNS_BYTES};
 use super::sql::Fill;
 
 /// `f` with the names both text-row stores fill alike: `{{table}}` and `{{relays}}` (`table`
@@ -16,6 +16,7 @@ pub(crate) fn text_names(f: Fill, table: String, relays: String, now: &'static s
         .name("{{now_ms}}", now)
         .name("{{columns}}", COLUMNS)
         .name("{{insert_columns}}", INSERT_COLUMNS)
+        .name("{{insert_columns_bytes}}", INSERT_COLUMNS_BYTES)
 }
 
 /// The statements MySQL and SQLite have alike (each from its own `sql/<name>.sql`), built
@@ -263,17 +264,29 @@ macro_rules! text_write {
         where
             E: sqlx::Executor<'e, Database = $database>,
         {
-            use $crate::store::rows::{text_values, text_values_json};
+            use $crate::store::rows::{any_bytes, text_values, text_values_json};
             let f = super::queries::names(t);
+            // JSON events alone name schema 4's columns only (see `INSERT_COLUMNS`).
+            let bytes = any_bytes(events);
+            let columns = if bytes { 8 } else { 6 };
             let (one, many);
             let query = if let [e] = events {
-                one = f.fill(sql_file!($db, "insert_one"));
+                one = f.fill(if bytes {
+                    sql_file!($db, "insert_one_bytes")
+                } else {
+                    sql_file!($db, "insert_one")
+                });
                 text_values(e)?
                     .into_iter()
+                    .take(columns)
                     .fold(sqlx::query(&one), |q, v| q.bind(v))
             } else {
-                many = f.fill(sql_file!($db, "insert_many"));
-                sqlx::query(&many).bind(text_values_json(events)?)
+                many = f.fill(if bytes {
+                    sql_file!($db, "insert_many_bytes")
+                } else {
+                    sql_file!($db, "insert_many")
+                });
+                sqlx::query(&many).bind(text_values_json(events, columns)?)
             };
             query
                 .execute(executor)

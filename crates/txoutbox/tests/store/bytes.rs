@@ -62,3 +62,49 @@ async fn sqlite_takes_one_payload_or_the_other() {
     .await;
     h.cleanup().await;
 }
+
+/// A writer upgraded before `txoutbox migrate` ran (the table still without migration 5's
+/// columns) writes JSON events as before, one or several; only an event of bytes needs them.
+#[tokio::test]
+async fn json_writers_do_not_need_migration_5() {
+    use txoutbox::NewEvent;
+    let h = PgHarness::new().await;
+    sqlx::query(&format!(
+        "ALTER TABLE {} DROP COLUMN payload_bytes CASCADE, DROP COLUMN content_type CASCADE",
+        h.table.qualified()
+    ))
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    let json = |n: i32| {
+        NewEvent::new(
+            "order",
+            "1",
+            "order.created",
+            &serde_json::json!({ "n": n }),
+        )
+        .unwrap()
+    };
+    let outbox = h.outbox();
+    outbox.enqueue(&h.pool, &json(1)).await.unwrap();
+    outbox
+        .enqueue_many(&h.pool, &[json(2), json(3)])
+        .await
+        .unwrap();
+    assert_eq!(h.raw_rows().await.len(), 3);
+    let bytes = NewEvent::bytes(
+        "order",
+        "1",
+        "order.created",
+        vec![1],
+        "application/x-protobuf",
+    )
+    .unwrap();
+    let e = outbox
+        .enqueue(&h.pool, &bytes)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("payload_bytes"), "{e}");
+    h.cleanup().await;
+}

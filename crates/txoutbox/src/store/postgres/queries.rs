@@ -26,6 +26,10 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
         .name("{{schema}}", t.schema().quoted())
         .name("{{columns}}", COLUMNS)
         .name("{{insert_columns}}", crate::store::rows::INSERT_COLUMNS)
+        .name(
+            "{{insert_columns_bytes}}",
+            crate::store::rows::INSERT_COLUMNS_BYTES,
+        )
 }
 
 /// The store's statements for one outbox table, built once from validated names.

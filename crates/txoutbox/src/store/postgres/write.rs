@@ -15,19 +15,31 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
     executor: E,
     events: &[NewEvent],
 ) -> Result<(), Error> {
+    // JSON events alone name schema 4's columns only, so a writer upgraded before `migrate`
+    // ran still writes them (see `rows::INSERT_COLUMNS`).
+    let bytes = crate::store::rows::any_bytes(events);
     if let [event] = events {
-        sqlx::query(&names(t).fill(sql_file!("postgres", "insert_one")))
+        let sql = if bytes {
+            sql_file!("postgres", "insert_one_bytes")
+        } else {
+            sql_file!("postgres", "insert_one")
+        };
+        let sql = names(t).fill(sql);
+        let query = sqlx::query(&sql)
             .bind(event.id)
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
             .bind(&event.event_type)
             .bind(&event.payload)
-            .bind(sqlx::types::Json(&event.headers))
-            .bind(event.payload_bytes.as_deref())
-            .bind(event.content_type.as_deref())
-            .execute(executor)
-            .await
-            .map_err(|e| db_error(t, e))?;
+            .bind(sqlx::types::Json(&event.headers));
+        let query = if bytes {
+            query
+                .bind(event.payload_bytes.as_deref())
+                .bind(event.content_type.as_deref())
+        } else {
+            query
+        };
+        query.execute(executor).await.map_err(|e| db_error(t, e))?;
         return Ok(());
     }
     let n = events.len();
@@ -51,18 +63,25 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
         pb.push(e.payload_bytes.as_deref());
         ct.push(e.content_type.as_deref());
     }
-    sqlx::query(&names(t).fill(sql_file!("postgres", "insert_many")))
+    let sql = if bytes {
+        sql_file!("postgres", "insert_many_bytes")
+    } else {
+        sql_file!("postgres", "insert_many")
+    };
+    let sql = names(t).fill(sql);
+    let query = sqlx::query(&sql)
         .bind(&ids)
         .bind(&at)
         .bind(&ai)
         .bind(&et)
         .bind(&pl)
-        .bind(&hd)
-        .bind(&pb)
-        .bind(&ct)
-        .execute(executor)
-        .await
-        .map_err(|e| db_error(t, e))?;
+        .bind(&hd);
+    let query = if bytes {
+        query.bind(&pb).bind(&ct)
+    } else {
+        query
+    };
+    query.execute(executor).await.map_err(|e| db_error(t, e))?;
     Ok(())
 }
 

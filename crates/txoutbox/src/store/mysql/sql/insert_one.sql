@@ -1,1 +1,1 @@
-INSERT INTO {{table}} ({{insert_columns}}) VALUES (?, ?, ?, ?, ?, ?, UNHEX(?), ?)
+INSERT INTO {{table}} ({{insert_columns}}) VALUES (?, ?, ?, ?, ?, ?)

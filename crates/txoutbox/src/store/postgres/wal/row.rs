@@ -20,7 +20,9 @@ const JSONB: u32 = 3802;
 const TIMESTAMPTZ: u32 = 1184;
 const BYTEA: u32 = 17;
 
-/// The columns the relay reads, with the type each must have.
+/// The columns the relay reads, with the type each must have. Those from [`ADDED_BY_5`] on
+/// came with migration 5: rows inserted before it reach the stream (from a slot's backlog)
+/// with a relation that lacks them, and read them as NULL.
 const COLUMNS: [(&str, u32); 18] = [
     ("id", UUID),
     ("seq", INT8),
@@ -41,6 +43,9 @@ const COLUMNS: [(&str, u32); 18] = [
     ("payload_bytes", BYTEA),
     ("content_type", TEXT),
 ];
+
+/// The first of [`COLUMNS`] that migration 5 added (`payload_bytes`, `content_type`).
+const ADDED_BY_5: usize = 16;
 
 /// Where each of [`COLUMNS`] is in the relation's tuples, and its type there.
 #[derive(Debug, Clone)]
@@ -153,6 +158,9 @@ impl Reader<'_, '_> {
     fn get<T>(&mut self, i: usize, f: fn(&[u8]) -> Result<T, String>) -> Option<Option<T>> {
         let (name, want) = COLUMNS[i];
         let Some((at, oid)) = self.layout.at[i] else {
+            if i >= ADDED_BY_5 {
+                return Some(None);
+            }
             self.problems
                 .push(format!("the table has no column {name}"));
             return None;
@@ -245,15 +253,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_row_decodes_by_column_name_whatever_the_column_order() {
-        let mut cols: Vec<(&str, u32)> = COLUMNS.to_vec();
-        cols.reverse();
-        cols.insert(3, ("partition_key", INT4));
-        let layout = Layout::of(&relation(&cols));
-        let id = Uuid::now_v7();
-        let values: Vec<Vec<u8>> = cols
-            .iter()
+    /// A valid row's values in the binary format, for the columns `cols` in their order.
+    fn row_values(cols: &[(&str, u32)], id: Uuid) -> Vec<Vec<u8>> {
+        cols.iter()
             .map(|&(name, _)| match name {
                 "id" => id.as_bytes().to_vec(),
                 "seq" => 42i64.to_be_bytes().to_vec(),
@@ -268,8 +270,12 @@ mod tests {
                 "available_at" | "created_at" => 86_400_000_000i64.to_be_bytes().to_vec(),
                 _ => Vec::new(),
             })
-            .collect();
-        let tuple: Vec<Value<'_>> = values
+            .collect()
+    }
+
+    /// Empty values are NULL.
+    fn tuple(values: &[Vec<u8>]) -> Vec<Value<'_>> {
+        values
             .iter()
             .map(|v| {
                 if v.is_empty() {
@@ -278,8 +284,18 @@ mod tests {
                     Value::Binary(v)
                 }
             })
-            .collect();
-        let e = layout.read(&tuple).expect("the tuple fits");
+            .collect()
+    }
+
+    #[test]
+    fn a_row_decodes_by_column_name_whatever_the_column_order() {
+        let mut cols: Vec<(&str, u32)> = COLUMNS.to_vec();
+        cols.reverse();
+        cols.insert(3, ("partition_key", INT4));
+        let layout = Layout::of(&relation(&cols));
+        let id = Uuid::now_v7();
+        let values = row_values(&cols, id);
+        let e = layout.read(&tuple(&values)).expect("the tuple fits");
         assert!(e.problems.is_empty(), "{:?}", e.problems);
         assert_eq!(e.event.id, id);
         assert_eq!(e.event.seq, 42);
@@ -288,6 +304,25 @@ mod tests {
         assert_eq!(e.event.headers.get("k").map(String::as_str), Some("v"));
         assert_eq!(e.event.created_at.to_rfc3339(), "2000-01-02T00:00:00+00:00");
         assert_eq!(e.event.processed_at, None);
+    }
+
+    /// A slot's backlog from before migration 5 comes with the old relation: the columns it
+    /// added read as NULL (a JSON event), not as a problem that would dead-letter the row.
+    #[test]
+    fn a_row_from_before_migration_5_decodes_without_its_columns() {
+        let cols = &COLUMNS[..ADDED_BY_5];
+        let layout = Layout::of(&relation(cols));
+        let id = Uuid::now_v7();
+        let values = row_values(cols, id);
+        let e = layout.read(&tuple(&values)).expect("the tuple fits");
+        assert!(e.problems.is_empty(), "{:?}", e.problems);
+        assert_eq!(e.event.id, id);
+        assert_eq!((e.event.payload_bytes, e.event.content_type), (None, None));
+        // Without an older column the row is still a problem.
+        let layout = Layout::of(&relation(&COLUMNS[1..]));
+        let values = row_values(&COLUMNS[1..], id);
+        let e = layout.read(&tuple(&values)).expect("the tuple fits");
+        assert_eq!(e.problems, ["the table has no column id"]);
     }
 
     #[test]

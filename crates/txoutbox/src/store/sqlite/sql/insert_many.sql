@@ -1,7 +1,5 @@
--- Several events from one JSON array of rows (?1), in array order, so `seq` follows it. Bytes
--- come as hex (a JSON null for a JSON event).
+-- Several events from one JSON array of rows (?1), in array order, so `seq` follows it.
 INSERT INTO {{table}} ({{insert_columns}})
 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
-       unhex(json_extract(value, '$[6]')), json_extract(value, '$[7]')
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]')
 FROM json_each(?1) ORDER BY key

@@ -1,0 +1,1 @@
+INSERT INTO {{table}} ({{insert_columns_bytes}}) VALUES (?, ?, ?, ?, ?, ?, UNHEX(?), ?)
