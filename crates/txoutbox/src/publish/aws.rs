@@ -690,6 +690,33 @@ async fn run(
     }
 }
 
+/// One failed entry of a batch call (its id is its index in `entries`): the id, and its error
+/// naming the event.
+pub(crate) fn failed_entry(
+    entries: &[Prepared],
+    what: &str,
+    id: &str,
+    code: &str,
+    message: Option<&str>,
+    sender_fault: bool,
+) -> (String, PublishError) {
+    let event = id
+        .parse::<usize>()
+        .ok()
+        .and_then(|i| entries.get(i))
+        .map(|p| p.event.to_string())
+        .unwrap_or_default();
+    (
+        id.to_string(),
+        entry_error(
+            &format!("event {event}: {what}"),
+            code,
+            message,
+            sender_fault,
+        ),
+    )
+}
+
 /// The results of a batch call, one per entry in order, from the ids (`0`..`n`) of the
 /// successful and the failed entries; an entry named by neither is an error.
 pub(crate) fn settle(

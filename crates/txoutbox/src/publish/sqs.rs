@@ -277,21 +277,13 @@ impl SendBatch for SqsBatch {
             entries.len(),
             out.successful().iter().map(|s| s.id().to_string()),
             out.failed().iter().map(|f| {
-                let event = f
-                    .id()
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|i| entries.get(i))
-                    .map(|p| p.event.to_string())
-                    .unwrap_or_default();
-                (
-                    f.id().to_string(),
-                    aws::entry_error(
-                        &format!("event {event}: {what}"),
-                        f.code(),
-                        f.message(),
-                        f.sender_fault(),
-                    ),
+                aws::failed_entry(
+                    entries,
+                    &what,
+                    f.id(),
+                    f.code(),
+                    f.message(),
+                    f.sender_fault(),
                 )
             }),
         ))
