@@ -104,6 +104,11 @@ pub struct Global {
     /// options may sit under [relay])
     #[arg(long, env = "TXOUTBOX_CONFIG", global = true, hide_env_values = true)]
     pub config: Option<std::path::PathBuf>,
+    /// With [[outbox]] entries in the config file: act on this one only (`relay` and
+    /// `status` take all of them without it; the other commands need it when there are
+    /// several)
+    #[arg(long, env = "TXOUTBOX_OUTBOX", global = true, value_name = "NAME")]
+    pub outbox: Option<String>,
     /// Log format on stderr
     #[arg(
         long,

@@ -47,10 +47,40 @@ pub struct RouteSpec {
     pub publisher_file: Option<PathBuf>,
 }
 
-/// What the file says: its settings as defaults on the command, and its routes.
+/// One `[[outbox]]` entry: an outbox of a relay process that runs several, each with its
+/// own database, table, publisher or routes, and relay settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxSpec {
+    /// The entry's name: the `outbox` label of its metrics, `--outbox NAME`, and how logs,
+    /// the admin API and errors name it.
+    pub name: String,
+    /// Its settings as (option id, value), in file order; they win over flags, the
+    /// environment and the file's top-level settings, which are defaults for what it leaves
+    /// out.
+    pub settings: Vec<(String, String)>,
+    /// Its `[[outbox.route]]` entries.
+    pub routes: Vec<RouteSpec>,
+}
+
+/// Options that belong to the process, not to one outbox: refused inside `[[outbox]]`.
+const PROCESS_WIDE: &[&str] = &[
+    "admin_addr",
+    "admin_token",
+    "admin_token_file",
+    "metrics_interval",
+    "retention_interval",
+    "retention_batch",
+    "drain",
+    "config",
+    "log_format",
+    "outbox",
+];
+
+/// What the file says: its settings as defaults on the command, its routes and its outboxes.
 pub struct FileSettings {
     pub command: Command,
     pub routes: Vec<RouteSpec>,
+    pub outboxes: Vec<OutboxSpec>,
 }
 
 /// Apply the file's settings as defaults on `cmd`. Top-level keys apply wherever an option of
@@ -62,9 +92,20 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings>
     let mut table: toml::Table = toml::from_str(&text)
         .with_context(|| format!("config file {}: not valid TOML", path.display()))?;
     let routes = match table.remove("route") {
-        Some(value) => routes(path, value)?,
+        Some(value) => routes(path, "[[route]]", value)?,
         None => Vec::new(),
     };
+    let outboxes = match table.remove("outbox") {
+        Some(value) => outboxes(path, &cmd, value)?,
+        None => Vec::new(),
+    };
+    if !outboxes.is_empty() && !routes.is_empty() {
+        bail!(
+            "config file {}: with [[outbox]] entries, routes belong to an outbox: write them \
+             as [[outbox.route]] under the [[outbox]] they are for",
+            path.display()
+        );
+    }
     for (key, value) in table {
         if let toml::Value::Table(section) = value {
             let Some(sub) = cmd.find_subcommand(&key).map(|s| s.get_name().to_string()) else {
@@ -107,14 +148,172 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings>
     Ok(FileSettings {
         command: cmd,
         routes,
+        outboxes,
     })
 }
 
-/// The `[[route]]` array; each entry's error names it (by number, and by name when it has one).
-fn routes(path: &Path, value: toml::Value) -> anyhow::Result<Vec<RouteSpec>> {
+/// The `[[outbox]]` array: each entry named, its keys checked against the options an outbox
+/// may set (database, schema, table, publisher, source, relay settings).
+fn outboxes(path: &Path, cmd: &Command, value: toml::Value) -> anyhow::Result<Vec<OutboxSpec>> {
     let toml::Value::Array(entries) = value else {
         bail!(
-            "config file {}: `route` must be an array of tables, written [[route]] (one per route)",
+            "config file {}: `outbox` must be an array of tables, written [[outbox]] (one per \
+             outbox)",
+            path.display()
+        );
+    };
+    let allowed = outbox_options(cmd);
+    let mut out: Vec<OutboxSpec> = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let toml::Value::Table(mut entry) = entry else {
+            bail!(
+                "config file {}: [[outbox]] number {} must be a table",
+                path.display(),
+                i + 1
+            );
+        };
+        let at = |name: &str| {
+            let name = if name.is_empty() {
+                String::new()
+            } else {
+                format!(" (`{name}`)")
+            };
+            format!(
+                "config file {}: [[outbox]] number {}{name}",
+                path.display(),
+                i + 1
+            )
+        };
+        let name = match entry.remove("name") {
+            Some(toml::Value::String(n)) => n,
+            Some(other) => bail!(
+                "{}: `name` must be a string, not {}",
+                at(""),
+                other.type_str()
+            ),
+            None => bail!(
+                "{}: it needs a `name` (its metrics label and --outbox NAME)",
+                at("")
+            ),
+        };
+        if !txoutbox::publish::route::is_route_name(&name) {
+            bail!(
+                "{}: the name must be 1 to 64 of A-Z a-z 0-9 _ . - (it is a metrics label)",
+                at(&name)
+            );
+        }
+        if out.iter().any(|o| o.name == name) {
+            bail!(
+                "{}: another outbox has this name: names must be unique",
+                at(&name)
+            );
+        }
+        let routes = match entry.remove("route") {
+            Some(value) => routes(
+                path,
+                &format!("[[outbox]] `{name}` [[outbox.route]]"),
+                value,
+            )?,
+            None => Vec::new(),
+        };
+        let mut settings = Vec::new();
+        for (k, v) in entry {
+            let (id, v) = setting(path, &format!("outbox `{name}`: {k}"), &k, v)?;
+            if PROCESS_WIDE.contains(&id.as_str()) {
+                bail!(
+                    "{}: `{k}` is the process's, not one outbox's: set it at the top level or \
+                     under [relay]",
+                    at(&name)
+                );
+            }
+            if !allowed.contains(&id) {
+                bail!(
+                    "{}: unknown setting `{k}` (an outbox takes name, route and: {})",
+                    at(&name),
+                    allowed.join(", ")
+                );
+            }
+            settings.push((id, v));
+        }
+        out.push(OutboxSpec {
+            name,
+            settings,
+            routes,
+        });
+    }
+    Ok(out)
+}
+
+/// The options an `[[outbox]]` entry may set: the database (global options) and the
+/// relay's, without the process-wide ones.
+fn outbox_options(cmd: &Command) -> Vec<String> {
+    let global = cmd.get_arguments().map(|a| a.get_id().to_string());
+    let relay = cmd
+        .find_subcommand("relay")
+        .into_iter()
+        .flat_map(|s| s.get_arguments().map(|a| a.get_id().to_string()));
+    let mut ids: Vec<String> = global
+        .chain(relay)
+        .filter(|id| !PROCESS_WIDE.contains(&id.as_str()) && id != "help" && id != "version")
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// `cmd` with `spec`'s settings as the values of their options: defaults that no environment
+/// variable replaces (an outbox's own setting wins over the environment). A flag on the
+/// command line for one of them is refused by [`outbox_conflicts`].
+pub fn outbox_command(mut cmd: Command, spec: &OutboxSpec) -> Command {
+    for (id, v) in &spec.settings {
+        if cmd.get_arguments().any(|a| a.get_id() == id.as_str()) {
+            cmd = cmd.mut_arg(id, |a| a.default_value(v.clone()).env(None));
+        }
+        let subs: Vec<String> = cmd
+            .get_subcommands()
+            .filter(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()))
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for sub in subs {
+            cmd = cmd.mut_subcommand(&sub, |s| {
+                s.mut_arg(id, |a| a.default_value(v.clone()).env(None))
+            });
+        }
+    }
+    cmd
+}
+
+/// The options that `spec` sets and the command line sets too: which one was meant is not
+/// clear, so the command is refused (an outbox's settings are its own).
+pub fn outbox_conflicts(
+    cmd: &Command,
+    matches: &clap::ArgMatches,
+    spec: &OutboxSpec,
+) -> Vec<String> {
+    let sub = matches
+        .subcommand()
+        .and_then(|(name, m)| cmd.find_subcommand(name).map(|c| (c, m)));
+    spec.settings
+        .iter()
+        .filter(|(id, _)| {
+            let on_root = cmd.get_arguments().any(|a| a.get_id() == id.as_str())
+                && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+            let on_sub = sub.is_some_and(|(c, m)| {
+                c.get_arguments().any(|a| a.get_id() == id.as_str())
+                    && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            });
+            on_root || on_sub
+        })
+        .map(|(id, _)| format!("--{}", id.replace('_', "-")))
+        .collect()
+}
+
+/// A `[[route]]` array (`what`: how errors name it); each entry's error names it (by number,
+/// and by name when it has one).
+fn routes(path: &Path, what: &str, value: toml::Value) -> anyhow::Result<Vec<RouteSpec>> {
+    let toml::Value::Array(entries) = value else {
+        bail!(
+            "config file {}: `route` must be an array of tables, written {what} (one per route)",
             path.display()
         );
     };
@@ -127,7 +326,7 @@ fn routes(path: &Path, value: toml::Value) -> anyhow::Result<Vec<RouteSpec>> {
             .unwrap_or_default();
         let spec: RouteSpec = entry.try_into().map_err(|e: toml::de::Error| {
             anyhow::anyhow!(
-                "config file {}: [[route]] number {}{name}: {}",
+                "config file {}: {what} number {}{name}: {}",
                 path.display(),
                 i + 1,
                 e.to_string().trim_end()

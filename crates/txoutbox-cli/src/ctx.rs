@@ -28,6 +28,8 @@ pub struct UsageError(pub String);
 pub struct Ctx {
     pub table: OutboxTable,
     database_url: Option<String>,
+    /// The `[[outbox]]` this command acts on, when the config file has them.
+    pub outbox: Option<String>,
 }
 
 impl Ctx {
@@ -37,6 +39,7 @@ impl Ctx {
         Ok(Self {
             table,
             database_url: g.database_url.clone().filter(|u| !u.trim().is_empty()),
+            outbox: None,
         })
     }
 

@@ -20,11 +20,13 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let mut command = Cli::command();
     let mut routes = Vec::new();
+    let mut outbox_specs = Vec::new();
     if let Some(path) = config::config_path(&args) {
         match config::apply_file(command, &path) {
             Ok(file) => {
                 command = file.command;
                 routes = file.routes;
+                outbox_specs = file.outboxes;
             }
             Err(e) => {
                 eprintln!(
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         }
     }
     let mut cli = match command
+        .clone()
         .try_get_matches_from(&args)
         .and_then(|m| Cli::from_arg_matches(&m))
     {
@@ -45,6 +48,14 @@ fn main() -> ExitCode {
     if let Command::Relay(relay) = &mut cli.command {
         relay.routes = routes;
     }
+    // With [[outbox]] entries: the command once per outbox it acts on.
+    let outboxes = match outbox_clis(&command, &args, &cli, &outbox_specs) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {}", txoutbox::publish::redact_secrets(&e));
+            return ExitCode::from(2);
+        }
+    };
     init_logging(cli.global.log_format);
     // Before the runtime: the OTLP exporter's blocking HTTP client must not be made (or
     // dropped) on it. Dropped after the runtime, flushing what is queued.
@@ -69,7 +80,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let outcome = if outboxes.is_empty() {
+        runtime.block_on(run(cli))
+    } else {
+        runtime.block_on(run_outboxes(cli, outboxes))
+    };
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             // The last line of defence: whatever an error quotes (a URL, a client library's
@@ -90,16 +106,147 @@ fn main() -> ExitCode {
 async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
     secrets::resolve(&mut cli)?;
     let ctx = Ctx::new(&cli.global)?;
-    match cli.command {
-        Command::Migrate => cmd::migrate::run(&ctx).await,
-        Command::Enqueue(a) => cmd::enqueue::run(&ctx, a).await,
-        Command::Relay(a) => cmd::relay::run(&ctx, a).await,
-        Command::Status(a) => cmd::status::run(&ctx, a).await,
-        Command::Slot(a) => cmd::slot::run(&ctx, a).await,
-        Command::Dlq(a) => cmd::dlq::run(&ctx, a).await,
-        Command::Events(a) => cmd::events::run(&ctx, a).await,
-        Command::Demo(a) => cmd::demo::run(&ctx, a).await,
+    dispatch(&ctx, cli.command).await
+}
+
+async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Migrate => cmd::migrate::run(ctx).await,
+        Command::Enqueue(a) => cmd::enqueue::run(ctx, a).await,
+        Command::Relay(a) => cmd::relay::run(ctx, a).await,
+        Command::Status(a) => cmd::status::run(ctx, a).await,
+        Command::Slot(a) => cmd::slot::run(ctx, a).await,
+        Command::Dlq(a) => cmd::dlq::run(ctx, a).await,
+        Command::Events(a) => cmd::events::run(ctx, a).await,
+        Command::Demo(a) => cmd::demo::run(ctx, a).await,
     }
+}
+
+/// The command parsed once for each `[[outbox]]` it acts on (all of them, or `--outbox
+/// NAME`'s), with that entry's settings in place: empty when the file has no `[[outbox]]`.
+fn outbox_clis(
+    command: &clap::Command,
+    args: &[std::ffi::OsString],
+    cli: &Cli,
+    specs: &[config::OutboxSpec],
+) -> Result<Vec<(String, Cli)>, String> {
+    let names = || {
+        specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let picked: Vec<&config::OutboxSpec> = match (&cli.global.outbox, specs.is_empty()) {
+        (None, _) => specs.iter().collect(),
+        (Some(_), true) => {
+            return Err(
+                "--outbox NAME (TXOUTBOX_OUTBOX) picks one of the config file's [[outbox]] \
+                 entries, and there are none"
+                    .into(),
+            )
+        }
+        (Some(name), false) => match specs.iter().find(|s| &s.name == name) {
+            Some(s) => vec![s],
+            None => {
+                return Err(format!(
+                    "--outbox {name}: the config file has no [[outbox]] of that name (it has: {})",
+                    names()
+                ))
+            }
+        },
+    };
+    let mut out = Vec::with_capacity(picked.len());
+    for spec in picked {
+        let cmd = config::outbox_command(command.clone(), spec);
+        let m = cmd
+            .clone()
+            .try_get_matches_from(args)
+            .map_err(|e| format!("outbox `{}`: {}", spec.name, clap_text(&e)))?;
+        let both = config::outbox_conflicts(&cmd, &m, spec);
+        if !both.is_empty() {
+            return Err(format!(
+                "outbox `{}` sets {} in the config file, and the command line sets it too: an \
+                 outbox's own settings are not overridden; drop the flag, or pick another outbox \
+                 with --outbox NAME",
+                spec.name,
+                both.join(", ")
+            ));
+        }
+        let mut c = Cli::from_arg_matches(&m)
+            .map_err(|e| format!("outbox `{}`: {}", spec.name, clap_text(&e)))?;
+        if let Command::Relay(relay) = &mut c.command {
+            relay.routes = spec.routes.clone();
+        }
+        out.push((spec.name.clone(), c));
+    }
+    Ok(out)
+}
+
+/// A clap error's message, on one line and without its `error: ` prefix.
+fn clap_text(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.trim_start_matches("error: ").trim().to_string()
+}
+
+/// A command over the config file's outboxes: `relay` runs them all in this process,
+/// `status` and `migrate` go through them in turn (one that fails does not stop the
+/// others), the rest need exactly one.
+async fn run_outboxes(cli: Cli, mut outboxes: Vec<(String, Cli)>) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let names: Vec<String> = outboxes.iter().map(|(n, _)| n.clone()).collect();
+    match &cli.command {
+        Command::Relay(_) => {
+            let mut runs = Vec::with_capacity(outboxes.len());
+            for (name, mut c) in outboxes {
+                secrets::resolve(&mut c)
+                    .map_err(|e| UsageError(format!("outbox `{name}`: {}", e.0)))?;
+                let mut ctx = Ctx::new(&c.global).with_context(|| format!("outbox `{name}`"))?;
+                ctx.outbox = Some(name.clone());
+                if let Command::Relay(a) = c.command {
+                    runs.push((name, ctx, a));
+                }
+            }
+            cmd::many::run(runs).await
+        }
+        Command::Status(_) | Command::Migrate => {
+            let mut failed = 0;
+            for (name, c) in outboxes {
+                if let Err(e) = run_named(c, &name).await {
+                    eprintln!(
+                        "error: outbox `{name}`: {}",
+                        txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                    );
+                    failed += 1;
+                }
+            }
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        _ if outboxes.len() == 1 => {
+            let (name, c) = outboxes.remove(0);
+            run_named(c, &name).await
+        }
+        _ => Err(UsageError(format!(
+            "this command acts on one outbox, and the config file has {} ({}): name one with \
+             --outbox NAME",
+            names.len(),
+            names.join(", ")
+        ))
+        .into()),
+    }
+}
+
+/// [`run`] for the outbox `name`.
+async fn run_named(mut cli: Cli, name: &str) -> anyhow::Result<ExitCode> {
+    secrets::resolve(&mut cli)?;
+    let mut ctx = Ctx::new(&cli.global)?;
+    ctx.outbox = Some(name.to_string());
+    dispatch(&ctx, cli.command).await
 }
 
 fn init_logging(format: LogFormat) {

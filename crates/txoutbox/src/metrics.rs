@@ -73,6 +73,84 @@ pub const ROUTE_UNMATCHED_TOTAL: &str = "outbox_route_unmatched_total";
 /// The values `pg_replication_slots.wal_status` takes, for [`WAL_SLOT_STATUS`].
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
+/// Labels a relay adds to every metric it records, e.g. `outbox="orders"` when one process
+/// runs several outboxes (the daemon's `[[outbox]]` entries): set
+/// [`RelayConfig::metric_labels`](crate::relay::RelayConfig), and the same on the
+/// [`Router`](crate::publish::Router) and [`Purger`](crate::retention::Purger) beside it.
+/// Empty by default: a relay alone records the plain series.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetricLabels(Vec<(String, String)>);
+
+static NO_LABELS: MetricLabels = MetricLabels(Vec::new());
+
+/// A label name Prometheus refuses (it must match `[a-zA-Z_][a-zA-Z0-9_]*` and not start
+/// with `__`), or one given twice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metric label `{0}`: {1}")]
+pub struct InvalidLabel(pub String, pub &'static str);
+
+impl MetricLabels {
+    /// No labels (shared, for what takes a reference).
+    pub fn none() -> &'static MetricLabels {
+        &NO_LABELS
+    }
+
+    /// `outbox="name"`: the label of one of several outboxes in a process.
+    pub fn outbox(name: &str) -> Self {
+        Self(vec![("outbox".to_string(), name.to_string())])
+    }
+
+    /// These labels and `name="value"`, checked: the name must be a Prometheus label name
+    /// that none of the labels has yet, and not one the relay sets itself (`event_type`,
+    /// `route`, `status`, `reason`).
+    pub fn with(mut self, name: &str, value: &str) -> Result<Self, InvalidLabel> {
+        let bad = |why| Err(InvalidLabel(name.to_string(), why));
+        let mut chars = name.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return bad("a label name is a letter or `_`, then letters, digits or `_`");
+        }
+        if name.starts_with("__") {
+            return bad("names starting with `__` are reserved to Prometheus");
+        }
+        if ["event_type", "route", "status", "reason", "relay_id"].contains(&name) {
+            return bad("the relay sets this label itself");
+        }
+        if self.0.iter().any(|(k, _)| k == name) {
+            return bad("given twice");
+        }
+        self.0.push((name.to_string(), value.to_string()));
+        Ok(self)
+    }
+
+    /// The labels, in the order given.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The labels, for a `metrics` macro.
+    pub fn labels(&self) -> Vec<::metrics::Label> {
+        self.0
+            .iter()
+            .map(|(k, v)| ::metrics::Label::new(k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The labels and one more (`event_type`, `route`, ...), for a `metrics` macro.
+    pub fn and(&self, name: &'static str, value: impl Into<String>) -> Vec<::metrics::Label> {
+        let mut l = self.labels();
+        l.push(::metrics::Label::new(name, value.into()));
+        l
+    }
+}
+
 /// Describe every metric (units and help texts) to the installed recorder, and start every
 /// series the relay records at zero, so that a relay that has published nothing yet exposes
 /// them: a dashboard panel shows 0 rather than "no data", and `increase()` sees the first
@@ -81,7 +159,22 @@ pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost
 /// added as event types appear). The gauges read from the database are left to the first
 /// sample: 0 pending before anyone looked would be a claim, not a measurement.
 pub fn describe() {
+    describe_for(&[MetricLabels::default()]);
+}
+
+/// [`describe`], starting the series of each relay of the process at zero under its labels
+/// (one set per outbox; no unlabelled series unless one of the sets is empty).
+pub fn describe_for(relays: &[MetricLabels]) {
     describe_only();
+    for labels in relays {
+        start_series(labels);
+    }
+    for reason in ["queue_full", "export_failed"] {
+        ::metrics::counter!(SPANS_DROPPED_TOTAL, "reason" => reason).increment(0);
+    }
+}
+
+fn start_series(labels: &MetricLabels) {
     for counter in [
         PUBLISHED_TOTAL,
         FAILED_TOTAL,
@@ -91,16 +184,13 @@ pub fn describe() {
         FENCED_TOTAL,
         PURGED_TOTAL,
     ] {
-        ::metrics::counter!(counter).increment(0);
+        ::metrics::counter!(counter, labels.labels()).increment(0);
     }
     for histogram in [BATCH_DURATION_SECONDS, COMMIT_TO_PUBLISH_SECONDS] {
         // Registering the handle is enough for the exporter to render empty buckets.
-        let _ = ::metrics::histogram!(histogram);
+        let _ = ::metrics::histogram!(histogram, labels.labels());
     }
-    ::metrics::gauge!(PARTITIONS_OWNED).set(0.0);
-    for reason in ["queue_full", "export_failed"] {
-        ::metrics::counter!(SPANS_DROPPED_TOTAL, "reason" => reason).increment(0);
-    }
+    ::metrics::gauge!(PARTITIONS_OWNED, labels.labels()).set(0.0);
 }
 
 fn describe_only() {
@@ -190,4 +280,28 @@ fn describe_only() {
         SPANS_DROPPED_TOTAL,
         "Trace spans dropped by the OTLP export (queue full, or the collector refused them)."
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_names_are_checked() {
+        let l = MetricLabels::outbox("orders")
+            .with("tenant", "a b")
+            .unwrap();
+        assert_eq!(
+            l.iter().collect::<Vec<_>>(),
+            [("outbox", "orders"), ("tenant", "a b")]
+        );
+        for bad in ["", "1x", "a-b", "__x", "outbox", "event_type", "route"] {
+            let e = MetricLabels::outbox("o").with(bad, "v").unwrap_err();
+            assert_eq!(e.0, bad);
+        }
+        let labels = MetricLabels::outbox("o").and("event_type", "e");
+        assert_eq!(labels.len(), 2);
+        assert_eq!(labels[1].key(), "event_type");
+        assert!(MetricLabels::none().is_empty() && MetricLabels::none().labels().is_empty());
+    }
 }

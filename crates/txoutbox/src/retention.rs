@@ -32,6 +32,8 @@ pub struct Purger {
     pub every: Duration,
     /// Pause between two batches of one round, so the purge yields to the relay and writers.
     pub pause: Duration,
+    /// Labels on its metric (as the relay's [`RelayConfig::metric_labels`](crate::relay::RelayConfig)).
+    pub metric_labels: crate::metrics::MetricLabels,
 }
 
 impl Default for Purger {
@@ -41,6 +43,7 @@ impl Default for Purger {
             batch: 5000,
             every: Duration::from_secs(60),
             pause: Duration::from_millis(20),
+            metric_labels: crate::metrics::MetricLabels::default(),
         }
     }
 }
@@ -72,7 +75,7 @@ impl Purger {
         while !cancel.is_cancelled() {
             let n = store.purge_processed(self.keep, self.batch).await?;
             total += n;
-            ::metrics::counter!(m::PURGED_TOTAL).increment(n);
+            ::metrics::counter!(m::PURGED_TOTAL, self.metric_labels.labels()).increment(n);
             if (n as i64) < self.batch {
                 break;
             }

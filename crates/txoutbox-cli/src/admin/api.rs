@@ -60,26 +60,68 @@ pub async fn require_read(
 
 /// The status document from the sampler's last reading (taken every `--metrics-interval`):
 /// no query of its own, however many dashboards poll it. `sampled_at` says how fresh it is.
-pub async fn status(State(s): State<SharedState>) -> Result<Json<Value>, AppError> {
-    let Some(latest) = s.history.latest() else {
-        return Err(AppError::Unavailable(
-            "no reading of the outbox yet: the first one is taken at start-up; retry shortly"
+/// With several outboxes, `?outbox=NAME` picks one.
+pub async fn status(
+    State(s): State<SharedState>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, AppError> {
+    let o = s.outbox(q.as_deref())?;
+    let Some(latest) = o.history.latest() else {
+        return Err(AppError::Unavailable(match o.error() {
+            Some(e) => s.redact(&format!("no reading of the outbox: it is not running: {e}")),
+            None => "no reading of the outbox yet: the first one is taken at start-up; retry \
+                     shortly"
                 .into(),
-        ));
+        }));
     };
     let mut body = status_body(
-        &s.table,
+        &o.table,
         &latest.counts,
-        s.relay_id.as_deref(),
+        o.relay_id.as_deref(),
         &latest.relays,
-        s.history.slot().as_ref(),
+        o.history.slot().as_ref(),
     );
     body["sampled_at"] = json!(latest.at);
+    if let Some(name) = &o.name {
+        body["outbox"] = json!(name);
+        body["error"] = json!(o.error().map(|e| s.redact(&e)));
+    }
     Ok(Json(body))
 }
 
-pub async fn history(State(s): State<SharedState>) -> Json<Value> {
-    Json(json!({ "samples": s.history.samples() }))
+/// `GET /api/v1/outboxes`: every outbox of this relay, with whether it runs (and why not)
+/// and its last counts.
+pub async fn outboxes(State(s): State<SharedState>) -> Json<Value> {
+    let list: Vec<Value> = s
+        .outboxes
+        .iter()
+        .map(|o| {
+            let error = o.error().map(|e| s.redact(&e));
+            let latest = o.history.latest();
+            json!({
+                "name": o.name,
+                "table": o.table.display(),
+                "relay_id": o.relay_id,
+                "running": error.is_none() && o.store().is_ok(),
+                "error": error,
+                "pending": latest.as_ref().map(|l| l.counts.pending),
+                "leased": latest.as_ref().map(|l| l.counts.leased),
+                "dead": latest.as_ref().map(|l| l.counts.dead),
+                "processed": latest.as_ref().map(|l| l.counts.processed),
+                "oldest_pending_age_secs": latest.as_ref().and_then(|l| l.counts.oldest_pending_age_secs),
+                "sampled_at": latest.as_ref().map(|l| l.at),
+            })
+        })
+        .collect();
+    Json(json!({ "outboxes": list }))
+}
+
+pub async fn history(
+    State(s): State<SharedState>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, AppError> {
+    let o = s.outbox(q.as_deref())?;
+    Ok(Json(json!({ "samples": o.history.samples() })))
 }
 
 pub async fn metrics(State(s): State<SharedState>) -> Response {
@@ -101,18 +143,49 @@ pub async fn healthz() -> &'static str {
 }
 
 /// 200 when the database and the broker answer; 503 naming the one that does not. The
-/// database is asked on readiness's own connection ([`super::AdminState::probe`]), so a
-/// busy admin pool does not make the relay look down.
+/// database is asked on readiness's own connection (a pool of one), so a busy admin pool does
+/// not make the relay look down. With several outboxes, every one must be ready, and the body
+/// says each one's.
 pub async fn readyz(State(s): State<SharedState>) -> Response {
+    let checks = futures::future::join_all(s.outboxes.iter().map(|o| ready(&s, o))).await;
+    let ready = checks.iter().all(|(ok, _)| *ok);
+    let body = if s.named() {
+        let each: serde_json::Map<String, Value> = s
+            .outboxes
+            .iter()
+            .zip(checks)
+            .map(|(o, (_, body))| (o.name.clone().unwrap_or_default(), body))
+            .collect();
+        json!({ "ready": ready, "outboxes": each })
+    } else {
+        checks
+            .into_iter()
+            .next()
+            .map(|(_, body)| body)
+            .unwrap_or_else(|| json!({ "ready": true }))
+    };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+/// One outbox's readiness: (ready, `{"ready", "database", "broker"}`).
+async fn ready(s: &super::AdminState, o: &super::OutboxAdmin) -> (bool, Value) {
     let database = async {
-        match tokio::time::timeout(PROBE_TIMEOUT, s.probe.ping()).await {
+        let Some(conn) = o.conn_probe() else {
+            return Err(o.not_connected());
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, conn.ping()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("unreachable: {e}")),
             Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
         }
     };
     let broker = async {
-        match &s.broker {
+        match &o.broker {
             None => Ok(()),
             Some(p) => match tokio::time::timeout(PROBE_TIMEOUT, p.check()).await {
                 Ok(Ok(())) => Ok(()),
@@ -127,13 +200,18 @@ pub async fn readyz(State(s): State<SharedState>) -> Response {
         Err(e) => s.redact(e),
     };
     let ready = db.is_ok() && broker.is_ok();
-    let body = json!({ "ready": ready, "database": word(&db), "broker": word(&broker) });
-    let code = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, Json(body)).into_response()
+    (
+        ready,
+        json!({ "ready": ready, "database": word(&db), "broker": word(&broker) }),
+    )
+}
+
+/// The value of query parameter `name`, if given.
+pub fn query_value(q: Option<&str>, name: &str) -> Option<String> {
+    parse_query(q)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
 }
 
 fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
@@ -145,7 +223,10 @@ fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
 fn filter_from_query(q: Option<&str>) -> Result<(EventFilter, Page), AppError> {
     let pairs = parse_query(q);
     Ok(EventFilter::from_params(
-        pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        pairs
+            .iter()
+            .filter(|(k, _)| k != "outbox")
+            .map(|(k, v)| (k.as_str(), v.as_str())),
     )?)
 }
 
@@ -163,16 +244,19 @@ pub async fn list_events(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
+    let store = s.outbox(q.as_deref())?.store()?;
     let (f, page) = filter_from_query(q.as_deref())?;
-    Ok(page_body(s.store.list_events(&f, page).await?))
+    Ok(page_body(store.list_events(&f, page).await?))
 }
 
 pub async fn get_event(
     State(s): State<SharedState>,
+    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
+    let store = s.outbox(q.as_deref())?.store()?;
     let id = parse_id(&id)?;
-    match s.store.get_event(id).await? {
+    match store.get_event(id).await? {
         Some(e) => Ok(Json(json!(e))),
         None => Err(AppError::NotFound(format!("no event with id {id}"))),
     }
@@ -183,9 +267,10 @@ pub async fn list_dead(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
+    let store = s.outbox(q.as_deref())?.store()?;
     let (mut f, page) = filter_from_query(q.as_deref())?;
     dead_only(&mut f)?;
-    Ok(page_body(s.store.list_events(&f, page).await?))
+    Ok(page_body(store.list_events(&f, page).await?))
 }
 
 fn dead_only(f: &mut EventFilter) -> Result<(), AppError> {
@@ -203,10 +288,12 @@ fn dead_only(f: &mut EventFilter) -> Result<(), AppError> {
 
 pub async fn get_dead(
     State(s): State<SharedState>,
+    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
+    let store = s.outbox(q.as_deref())?.store()?;
     let id = parse_id(&id)?;
-    match s.store.get_event(id).await? {
+    match store.get_event(id).await? {
         Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(json!(e))),
         _ => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
     }
@@ -215,11 +302,13 @@ pub async fn get_dead(
 pub async fn retry_one(
     State(s): State<SharedState>,
     headers: HeaderMap,
+    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
+    let store = s.outbox(q.as_deref())?.store()?;
     let f = one(&id)?;
-    match s.store.retry_dead(&f).await? {
+    match store.retry_dead(&f).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "retried": n }))),
     }
@@ -228,11 +317,13 @@ pub async fn retry_one(
 pub async fn discard_one(
     State(s): State<SharedState>,
     headers: HeaderMap,
+    RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
+    let store = s.outbox(q.as_deref())?.store()?;
     let f = one(&id)?;
-    match s.store.discard_dead(&f).await? {
+    match store.discard_dead(&f).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "discarded": n }))),
     }
@@ -296,11 +387,13 @@ fn bulk_filter(body: &Bytes) -> Result<EventFilter, AppError> {
 pub async fn retry_many(
     State(s): State<SharedState>,
     headers: HeaderMap,
+    RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
+    let store = s.outbox(q.as_deref())?.store()?;
     let f = bulk_filter(&body)?;
-    let n = s.store.retry_dead(&f).await?;
+    let n = store.retry_dead(&f).await?;
     tracing::info!(retried = n, "dead letters retried through the admin API");
     Ok(Json(json!({ "retried": n })))
 }
@@ -309,11 +402,13 @@ pub async fn retry_many(
 pub async fn discard_many(
     State(s): State<SharedState>,
     headers: HeaderMap,
+    RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
+    let store = s.outbox(q.as_deref())?.store()?;
     let f = bulk_filter(&body)?;
-    let n = s.store.discard_dead(&f).await?;
+    let n = store.discard_dead(&f).await?;
     tracing::info!(
         discarded = n,
         "dead letters discarded through the admin API"

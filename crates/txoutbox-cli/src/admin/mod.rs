@@ -25,21 +25,101 @@ pub use auth::Auth;
 
 /// Everything the handlers need.
 pub struct AdminState {
-    /// The operator queries, on a small pool of their own (any database).
-    pub store: Arc<dyn Operator>,
-    /// Readiness's own connection (a store on a pool of one), so `/readyz` answers even while
-    /// slow admin queries hold every connection of the store's pool.
-    pub probe: Arc<dyn Operator>,
-    pub table: OutboxTable,
     pub auth: Auth,
     /// The Prometheus recorder's handle (`None`: `/metrics` answers 404).
     pub metrics: Option<PrometheusHandle>,
-    /// The relay's publisher, for readiness (`None`: no broker to check).
-    pub broker: Option<Arc<dyn Publisher>>,
-    pub relay_id: Option<String>,
-    pub history: Arc<sampler::History>,
     /// Strings that must never leave the process (database and broker passwords).
     pub secrets: Vec<String>,
+    /// The outboxes this process relays: one, without a name, for a relay of one table; the
+    /// config file's `[[outbox]]` entries otherwise (the API takes `?outbox=NAME`).
+    pub outboxes: Vec<Arc<OutboxAdmin>>,
+}
+
+/// One outbox, as the admin listener sees it.
+pub struct OutboxAdmin {
+    /// Its `[[outbox]]` name; `None` for the one outbox of a relay without them.
+    pub name: Option<String>,
+    pub table: OutboxTable,
+    pub relay_id: Option<String>,
+    /// Its publisher, for readiness (`None`: no broker to check).
+    pub broker: Option<Arc<dyn Publisher>>,
+    pub history: Arc<sampler::History>,
+    conn: std::sync::RwLock<Option<Conn>>,
+    error: std::sync::Mutex<Option<String>>,
+}
+
+/// An outbox's database handles for the admin listener.
+#[derive(Clone)]
+struct Conn {
+    /// The operator queries, on a small pool of their own (any database).
+    store: Arc<dyn Operator>,
+    /// Readiness's own connection (a store on a pool of one), so `/readyz` answers even while
+    /// slow admin queries hold every connection of the store's pool.
+    probe: Arc<dyn Operator>,
+}
+
+impl OutboxAdmin {
+    /// An outbox not connected yet: the API answers 503 for it until
+    /// [`OutboxAdmin::connected`].
+    pub fn new(
+        name: Option<String>,
+        table: OutboxTable,
+        relay_id: Option<String>,
+        broker: Option<Arc<dyn Publisher>>,
+    ) -> Self {
+        Self {
+            name,
+            table,
+            relay_id,
+            broker,
+            history: Arc::default(),
+            conn: std::sync::RwLock::new(None),
+            error: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Its database is reachable: queries go to `store`, readiness to `probe`.
+    pub fn connected(&self, store: Arc<dyn Operator>, probe: Arc<dyn Operator>) {
+        if let Ok(mut c) = self.conn.write() {
+            *c = Some(Conn { store, probe });
+        }
+        self.set_error(None);
+    }
+
+    /// Why it is not running (`None`: it is), as the status and `/readyz` say.
+    pub fn set_error(&self, error: Option<String>) {
+        if let Ok(mut e) = self.error.lock() {
+            *e = error;
+        }
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().ok().and_then(|e| e.clone())
+    }
+
+    fn conn(&self) -> Option<Conn> {
+        self.conn.read().ok().and_then(|c| c.clone())
+    }
+
+    /// The operator store, or a 503 saying why there is none.
+    pub fn store(&self) -> Result<Arc<dyn Operator>, error::AppError> {
+        self.conn()
+            .map(|c| c.store)
+            .ok_or_else(|| error::AppError::Unavailable(self.not_connected()))
+    }
+
+    /// Readiness's connection, once connected.
+    fn conn_probe(&self) -> Option<Arc<dyn Operator>> {
+        self.conn().map(|c| c.probe)
+    }
+
+    pub(super) fn not_connected(&self) -> String {
+        let name = self.name.as_deref().unwrap_or("the outbox");
+        match self.error() {
+            Some(e) => format!("outbox `{name}` is not connected: {e}"),
+            None => format!("outbox `{name}` is not connected yet"),
+        }
+    }
 }
 
 impl AdminState {
@@ -53,6 +133,40 @@ impl AdminState {
             .filter(|s| !s.is_empty())
             .fold(msg, |m, s| m.replace(s.as_str(), "***"))
     }
+
+    /// Whether this process runs `[[outbox]]` entries (the API then takes `?outbox=NAME`).
+    pub fn named(&self) -> bool {
+        self.outboxes.iter().any(|o| o.name.is_some())
+    }
+
+    /// The outbox a call is about: `?outbox=NAME`, needed when there are several.
+    pub fn outbox(&self, query: Option<&str>) -> Result<&Arc<OutboxAdmin>, error::AppError> {
+        let wanted = api::query_value(query, "outbox");
+        let names = || {
+            self.outboxes
+                .iter()
+                .filter_map(|o| o.name.as_deref())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match (wanted, self.outboxes.as_slice()) {
+            (None, [only]) => Ok(only),
+            (None, _) => Err(error::AppError::BadRequest(format!(
+                "this relay runs several outboxes: name one with ?outbox=NAME ({}); \
+                 GET /api/v1/outboxes lists them",
+                names()
+            ))),
+            (Some(name), all) => all
+                .iter()
+                .find(|o| o.name.as_deref() == Some(name.as_str()))
+                .ok_or_else(|| {
+                    error::AppError::NotFound(format!(
+                        "no outbox `{name}` in this relay (it has: {})",
+                        names()
+                    ))
+                }),
+        }
+    }
 }
 
 pub type SharedState = Arc<AdminState>;
@@ -62,6 +176,7 @@ pub type SharedState = Arc<AdminState>;
 pub fn router(state: SharedState) -> Router {
     let api = Router::new()
         .route("/status", get(api::status))
+        .route("/outboxes", get(api::outboxes))
         .route("/history", get(api::history))
         .route("/events", get(api::list_events))
         .route("/events/{id}", get(api::get_event))
@@ -102,7 +217,9 @@ pub fn parse_addr(s: &str) -> Result<Option<SocketAddr>, String> {
 
 /// Install the process-wide Prometheus recorder. Histograms get buckets, so quantiles can be
 /// aggregated across relays (`histogram_quantile`).
-pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+pub fn install_recorder(
+    relays: &[txoutbox::metrics::MetricLabels],
+) -> anyhow::Result<PrometheusHandle> {
     const BUCKETS: &[f64] = &[
         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
     ];
@@ -111,7 +228,7 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         .context("metric buckets")?
         .install_recorder()
         .context("cannot install the Prometheus recorder")?;
-    txoutbox::metrics::describe();
+    txoutbox::metrics::describe_for(relays);
     Ok(handle)
 }
 

@@ -12,7 +12,10 @@ use txoutbox::retention::Purger;
 use txoutbox::store::Operator;
 use txoutbox::OutboxTable;
 
-use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth};
+use metrics_exporter_prometheus::PrometheusHandle;
+use txoutbox::metrics::MetricLabels;
+
+use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth, OutboxAdmin};
 use crate::cli::{OpsArgs, RelayTuning};
 use crate::cmd::slot::SlotReader;
 use crate::ctx::{Ctx, Db, UsageError};
@@ -44,7 +47,8 @@ pub struct OpsConfig {
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8720";
 
 impl Ops {
-    /// Check the settings and bind the listener (errors here stop start-up).
+    /// Check the settings and bind the listener (errors here stop start-up): the one outbox
+    /// of a relay without `[[outbox]]` entries, connected.
     pub async fn start(
         cfg: OpsConfig,
         store: Arc<dyn Operator>,
@@ -53,67 +57,122 @@ impl Ops {
         broker: Arc<dyn Publisher>,
         slot: Option<SlotReader>,
     ) -> anyhow::Result<Self> {
-        let cancel = CancellationToken::new();
-        let mut tasks = Vec::new();
-        let metrics = match install_recorder() {
+        let labels = MetricLabels::default();
+        let (mut ops, metrics) = Self::begin(&cfg, std::slice::from_ref(&labels));
+        let outbox = Arc::new(OutboxAdmin::new(
+            None,
+            table,
+            Some(cfg.relay_id.clone()),
+            Some(broker),
+        ));
+        outbox.connected(store.clone(), probe);
+        ops.companions(
+            &outbox,
+            store,
+            metrics.clone(),
+            slot,
+            cfg.metrics_interval,
+            cfg.purger.clone(),
+            labels,
+            ops.cancel.clone(),
+        );
+        ops.listen(cfg, metrics, vec![outbox]).await?;
+        Ok(ops)
+    }
+
+    /// The recorder (every relay's series started under its labels) and the relay's info
+    /// gauge, once per process.
+    pub fn begin(cfg: &OpsConfig, relays: &[MetricLabels]) -> (Self, Option<PrometheusHandle>) {
+        let metrics = match install_recorder(relays) {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
                 None
             }
         };
-        ::metrics::gauge!(txoutbox::metrics::RELAY_INFO, "relay_id" => cfg.relay_id.clone())
+        for labels in relays {
+            ::metrics::gauge!(
+                txoutbox::metrics::RELAY_INFO,
+                labels.and("relay_id", cfg.relay_id.clone())
+            )
             .set(1.0);
-        let history = Arc::new(sampler::History::default());
-        tasks.push(tokio::spawn(sampler::run(
+        }
+        let ops = Self {
+            cancel: CancellationToken::new(),
+            tasks: Vec::new(),
+        };
+        (ops, metrics)
+    }
+
+    /// The gauge refresher (and `slot`'s reading) and the retention purge of one outbox, on
+    /// its operator `store`, until `cancel`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn companions(
+        &mut self,
+        outbox: &OutboxAdmin,
+        store: Arc<dyn Operator>,
+        metrics: Option<PrometheusHandle>,
+        slot: Option<SlotReader>,
+        every: Duration,
+        purger: Option<Purger>,
+        labels: MetricLabels,
+        cancel: CancellationToken,
+    ) {
+        self.tasks.push(tokio::spawn(sampler::run(
             store.clone(),
-            metrics.clone(),
-            history.clone(),
+            metrics,
+            outbox.history.clone(),
             slot,
-            cfg.metrics_interval,
+            every,
+            labels.clone(),
             cancel.clone(),
         )));
-        if let Some(purger) = cfg.purger {
-            let (store, cancel) = (store.clone(), cancel.clone());
+        if let Some(mut purger) = purger {
+            purger.metric_labels = labels;
             tracing::info!(keep = ?purger.keep, every = ?purger.every, batch = purger.batch, "retention purge on");
-            tasks.push(tokio::spawn(
+            self.tasks.push(tokio::spawn(
                 async move { purger.run(&*store, cancel).await },
             ));
         }
-        if let Some(addr) = cfg.addr {
-            let auth = Auth::new(cfg.token, addr).map_err(crate::ctx::UsageError)?;
-            let listener = match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => l,
-                Err(e) if cfg.default_addr => {
-                    tracing::warn!(error = %e, %addr, "admin listener not started (set --admin-addr)");
-                    return Ok(Self { cancel, tasks });
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot listen on --admin-addr {addr}"))
-                }
-            };
-            let local = listener.local_addr().unwrap_or(addr);
-            let state = Arc::new(AdminState {
-                store,
-                probe,
-                table,
-                auth,
-                metrics,
-                broker: Some(broker),
-                relay_id: Some(cfg.relay_id),
-                history,
-                secrets: cfg.secrets,
-            });
-            tracing::info!(addr = %local, "admin listener: http://{local}/ (metrics at /metrics)");
-            let app = router(state);
-            let c = cancel.clone();
-            tasks.push(tokio::spawn(async move {
-                if let Err(e) = serve(listener, app, c).await {
-                    tracing::error!(error = %e, "admin listener failed");
-                }
-            }));
-        }
-        Ok(Self { cancel, tasks })
+    }
+
+    /// Bind the admin listener over `outboxes` (none with `--admin-addr off`).
+    pub async fn listen(
+        &mut self,
+        cfg: OpsConfig,
+        metrics: Option<PrometheusHandle>,
+        outboxes: Vec<Arc<OutboxAdmin>>,
+    ) -> anyhow::Result<()> {
+        let Some(addr) = cfg.addr else {
+            return Ok(());
+        };
+        let auth = Auth::new(cfg.token, addr).map_err(crate::ctx::UsageError)?;
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) if cfg.default_addr => {
+                tracing::warn!(error = %e, %addr, "admin listener not started (set --admin-addr)");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot listen on --admin-addr {addr}"))
+            }
+        };
+        let local = listener.local_addr().unwrap_or(addr);
+        let state = Arc::new(AdminState {
+            auth,
+            metrics,
+            secrets: cfg.secrets,
+            outboxes,
+        });
+        tracing::info!(addr = %local, "admin listener: http://{local}/ (metrics at /metrics)");
+        let app = router(state);
+        let c = self.cancel.clone();
+        self.tasks.push(tokio::spawn(async move {
+            if let Err(e) = serve(listener, app, c).await {
+                tracing::error!(error = %e, "admin listener failed");
+            }
+        }));
+        Ok(())
     }
 
     /// Stop everything and wait for it.

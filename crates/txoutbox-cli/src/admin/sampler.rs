@@ -121,16 +121,18 @@ impl History {
 
 /// Refresh the gauges and the history (and the slot's reading, given a `slot`) every
 /// `every` until `cancel`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     store: Arc<dyn Operator>,
     metrics: Option<PrometheusHandle>,
     history: Arc<History>,
     slot: Option<SlotReader>,
     every: Duration,
+    labels: m::MetricLabels,
     cancel: CancellationToken,
 ) {
     loop {
-        refresh(&*store, metrics.as_ref(), &history).await;
+        refresh(&*store, metrics.as_ref(), &history, &labels).await;
         if let Some(slot) = &slot {
             refresh_slot(slot, &history).await;
         }
@@ -141,7 +143,12 @@ pub async fn run(
     }
 }
 
-pub async fn refresh(store: &dyn Operator, metrics: Option<&PrometheusHandle>, history: &History) {
+pub async fn refresh(
+    store: &dyn Operator,
+    metrics: Option<&PrometheusHandle>,
+    history: &History,
+    labels: &m::MetricLabels,
+) {
     let at = chrono::Utc::now();
     match store.counts().await {
         Ok(c) => {
@@ -159,12 +166,12 @@ pub async fn refresh(store: &dyn Operator, metrics: Option<&PrometheusHandle>, h
                 relays,
                 at,
             });
-            ::metrics::gauge!(m::PENDING).set(c.pending as f64);
-            ::metrics::gauge!(m::LEASED).set(c.leased as f64);
-            ::metrics::gauge!(m::DEAD).set(c.dead as f64);
+            ::metrics::gauge!(m::PENDING, labels.labels()).set(c.pending as f64);
+            ::metrics::gauge!(m::LEASED, labels.labels()).set(c.leased as f64);
+            ::metrics::gauge!(m::DEAD, labels.labels()).set(c.dead as f64);
             ::metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS)
                 .set(c.oldest_pending_age_secs.unwrap_or(0.0).max(0.0));
-            let totals = metrics.map(totals).unwrap_or_default();
+            let totals = metrics.map(|h| totals(h, labels)).unwrap_or_default();
             history.push(&c, totals);
         }
         Err(e) => {
@@ -188,10 +195,11 @@ pub async fn refresh_slot(slot: &SlotReader, history: &History) {
     }
 }
 
-/// (published total, commit-to-publish latency sum, count) from the rendered exposition.
-fn totals(h: &PrometheusHandle) -> (f64, f64, f64) {
+/// (published total, commit-to-publish latency sum, count) of the relay with `labels`, from
+/// the rendered exposition.
+fn totals(h: &PrometheusHandle, labels: &m::MetricLabels) -> (f64, f64, f64) {
     let text = h.render();
-    let v = |name: &str| value(&text, name).unwrap_or(0.0);
+    let v = |name: &str| value(&text, &series(name, labels)).unwrap_or(0.0);
     (
         v(m::PUBLISHED_TOTAL),
         v(&format!("{}_sum", m::COMMIT_TO_PUBLISH_SECONDS)),
@@ -199,7 +207,19 @@ fn totals(h: &PrometheusHandle) -> (f64, f64, f64) {
     )
 }
 
-/// The value of an unlabelled series in Prometheus text format.
+/// How the exposition writes the series `name` with exactly `labels` (in their order).
+pub fn series(name: &str, labels: &m::MetricLabels) -> String {
+    if labels.is_empty() {
+        return name.to_string();
+    }
+    let inner: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect();
+    format!("{name}{{{}}}", inner.join(","))
+}
+
+/// The value of a series (as [`series`] writes it) in Prometheus text format.
 pub fn value(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         l.strip_prefix(name)
@@ -218,6 +238,11 @@ mod tests {
         assert_eq!(value(text, "a_total"), Some(12.0));
         assert_eq!(value(text, "b_sum"), Some(1.5));
         assert_eq!(value(text, "b"), None);
+        let labels = m::MetricLabels::outbox("o1");
+        let text = "a_total{outbox=\"o1\"} 5\na_total{outbox=\"o2\"} 7\n";
+        assert_eq!(series("a_total", &labels), "a_total{outbox=\"o1\"}");
+        assert_eq!(value(text, &series("a_total", &labels)), Some(5.0));
+        assert_eq!(value(text, "a_total"), None);
     }
 
     #[test]

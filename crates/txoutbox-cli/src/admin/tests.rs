@@ -11,6 +11,7 @@ use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
+use txoutbox::metrics::MetricLabels;
 use txoutbox::publish::{Ack, Message, PublishError, Publisher};
 use txoutbox::store::{Operator, Retention};
 use txoutbox::testing::Harness;
@@ -20,6 +21,19 @@ use super::*;
 use crate::ctx::Db;
 
 const TOKEN: &str = "t0ken-for-tests";
+
+/// One sampler reading of the state's only outbox.
+async fn refresh(st: &SharedState) {
+    let o = &st.outboxes[0];
+    let store = o.store().unwrap();
+    sampler::refresh(
+        &*store,
+        st.metrics.as_ref(),
+        &o.history,
+        MetricLabels::none(),
+    )
+    .await;
+}
 
 /// A fresh outbox on one database, and the admin listener's pools on it as
 /// `ops::start_for_relay` makes them: a store on a pool of 3, readiness on a pool of 1.
@@ -60,16 +74,18 @@ impl<H: Harness> TestDb<H> {
         addr: &str,
     ) -> SharedState {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let outbox = OutboxAdmin::new(
+            None,
+            self.h.table().clone(),
+            Some("relay-test".into()),
+            broker,
+        );
+        outbox.connected(self.store(), self.probe().await);
         Arc::new(AdminState {
-            store: self.store(),
-            probe: self.probe().await,
-            table: self.h.table().clone(),
             auth: Auth::new(token.map(String::from), addr.parse().unwrap()).unwrap(),
             metrics: Some(recorder.handle()),
-            broker,
-            relay_id: Some("relay-test".into()),
-            history: Arc::default(),
             secrets: vec!["hunter2".into()],
+            outboxes: vec![Arc::new(outbox)],
         })
     }
 
@@ -197,7 +213,7 @@ async fn health_status_and_metrics<H: Harness>() {
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     // The gauges and the status come from the refresher, not from the scrape or the call.
-    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
+    refresh(&st).await;
     let (s, v) = get(&st, "/api/v1/status").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["pending"], 3);
@@ -263,16 +279,13 @@ async fn readiness_names_a_database_that_does_not_answer_without_secrets() {
             table.clone(),
         ))
     };
+    let outbox = OutboxAdmin::new(None, table.clone(), None, None);
+    outbox.connected(store(), store());
     let st = Arc::new(AdminState {
-        store: store(),
-        probe: store(),
-        table: table.clone(),
         auth: Auth::default(),
         metrics: None,
-        broker: None,
-        relay_id: None,
-        history: Arc::default(),
         secrets: vec!["hunter2".into()],
+        outboxes: vec![Arc::new(outbox)],
     });
     let (s, v) = get(&st, "/readyz").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
@@ -454,7 +467,7 @@ async fn bulk_retry_and_discard_by_filter<H: Harness>() {
     .await;
     assert_eq!((s, &v["discarded"]), (StatusCode::OK, &Value::from(4)));
     assert_eq!(db.dead_count().await, 0);
-    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
+    refresh(&st).await;
     let (_, v) = get(&st, "/api/v1/status").await;
     assert_eq!(v["pending"], 2, "retried events are pending again");
     db.cleanup().await;
@@ -489,7 +502,7 @@ async fn every_api_call_needs_the_token_off_loopback<H: Harness>() {
     let db = TestDb::<H>::new().await;
     let rows = db.insert(2, "order.created", 1).await;
     let st = db.state_on(Some(TOKEN), None, "0.0.0.0:8720").await;
-    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
+    refresh(&st).await;
     let id = rows[0].0;
     for uri in [
         "/api/v1/status".to_string(),
@@ -519,7 +532,7 @@ async fn every_api_call_needs_the_token_off_loopback<H: Harness>() {
     }
     // On loopback, reads stay open.
     let local = db.state(Some(TOKEN), None).await;
-    sampler::refresh(&*local.store, local.metrics.as_ref(), &local.history).await;
+    refresh(&local).await;
     assert_eq!(get(&local, "/api/v1/status").await.0, StatusCode::OK);
     assert_eq!(get(&local, "/api/v1/history").await.0, StatusCode::OK);
     db.cleanup().await;
@@ -529,7 +542,7 @@ async fn status_is_served_from_the_sampler_without_a_query<H: Harness>() {
     let db = TestDb::<H>::new().await;
     db.insert(5, "order.created", 1).await;
     let st = db.state(None, None).await;
-    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
+    refresh(&st).await;
     db.insert(7, "order.created", 0).await;
     // The last reading, not a count of its own (that would say 11).
     let (s, v) = get(&st, "/api/v1/status").await;
@@ -543,7 +556,7 @@ async fn status_is_served_from_the_sampler_without_a_query<H: Harness>() {
     let (s, v) = answer.expect("/api/v1/status waited for the database");
     assert_eq!((s, &v["dead"]), (StatusCode::OK, &Value::from(1)), "{v}");
     assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
-    sampler::refresh(&*st.store, st.metrics.as_ref(), &st.history).await;
+    refresh(&st).await;
     assert_eq!(get(&st, "/api/v1/status").await.1["pending"], 11);
     db.cleanup().await;
 }
@@ -554,7 +567,11 @@ async fn readiness_answers_while_slow_queries_hold_the_admin_pool<H: Harness>() 
     // The admin pool as the relay sizes it (3), every connection taken.
     let held = db.hold_admin_pool().await;
     // The store's own queries now wait for a connection...
-    let blocked = tokio::time::timeout(Duration::from_millis(300), st.store.counts()).await;
+    let blocked = tokio::time::timeout(
+        Duration::from_millis(300),
+        st.outboxes[0].store().unwrap().counts(),
+    )
+    .await;
     assert!(blocked.is_err(), "the admin pool is not exhausted");
     // ... and readiness, on its own connection, does not.
     let started = Instant::now();

@@ -5,6 +5,9 @@ use crate::ctx::{Ctx, Db};
 pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let db = ctx.db(1).await?;
     let report = db.migrate(&ctx.table).await?;
+    if let Some(name) = &ctx.outbox {
+        print!("outbox {name}: ");
+    }
     if report.applied.is_empty() {
         println!(
             "{} is up to date (schema version {})",

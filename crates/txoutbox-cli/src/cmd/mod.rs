@@ -4,6 +4,7 @@ pub mod demo;
 pub mod dlq;
 pub mod enqueue;
 pub mod events;
+pub mod many;
 pub mod migrate;
 pub mod relay;
 mod routes;

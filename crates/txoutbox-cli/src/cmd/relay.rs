@@ -96,7 +96,11 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
 
 /// `--source wal` needs PostgreSQL, and `--slot` needs `--source wal`: refused before anything
 /// is connected.
-fn check_source(source: Source, slot: Option<&str>, kind: Kind) -> Result<(), UsageError> {
+pub(super) fn check_source(
+    source: Source,
+    slot: Option<&str>,
+    kind: Kind,
+) -> Result<(), UsageError> {
     if slot.is_some() && source != Source::Wal {
         return Err(UsageError(
             "--slot names the replication slot of the WAL source: it needs --source wal".into(),
@@ -113,7 +117,7 @@ fn check_source(source: Source, slot: Option<&str>, kind: Kind) -> Result<(), Us
 }
 
 /// SIGTERM or SIGINT (Ctrl-C).
-async fn wait_for_signal() {
+pub(super) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

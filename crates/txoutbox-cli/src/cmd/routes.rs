@@ -93,7 +93,16 @@ fn matcher(spec: &RouteSpec) -> Result<Matcher, publish::route::RouteError> {
 /// Connect each distinct URL once, in route order, and build the router. A URL that cannot
 /// be used or reached is named by its route.
 pub async fn connect(routes: Vec<Checked>) -> anyhow::Result<Router> {
-    let mut connected: HashMap<String, Arc<dyn Publisher>> = HashMap::new();
+    connect_shared(routes, Default::default(), &mut HashMap::new()).await
+}
+
+/// [`connect`], taking publishers from `connected` (and adding those it connects): one
+/// connection per URL across several routers. `labels` go on the router's metrics.
+pub async fn connect_shared(
+    routes: Vec<Checked>,
+    labels: txoutbox::metrics::MetricLabels,
+    connected: &mut HashMap<String, Arc<dyn Publisher>>,
+) -> anyhow::Result<Router> {
     let mut out = Vec::with_capacity(routes.len());
     for c in routes {
         let publisher = match connected.get(&c.url) {
@@ -116,7 +125,7 @@ pub async fn connect(routes: Vec<Checked>) -> anyhow::Result<Router> {
         );
         out.push(Route::new(c.name, c.matcher, publisher)?);
     }
-    Ok(Router::new(out)?)
+    Ok(Router::with_metric_labels(out, labels)?)
 }
 
 /// `open_publisher`'s error, prefixed with the route (a usage error stays one).

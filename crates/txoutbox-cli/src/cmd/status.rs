@@ -18,11 +18,15 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
     };
     if a.json {
         // The same document as the admin API's GET /api/v1/status (without a relay).
-        println!(
-            "{}",
-            crate::admin::api::status_body(&ctx.table, &c, None, &relays, slot.as_ref())
-        );
+        let mut body = crate::admin::api::status_body(&ctx.table, &c, None, &relays, slot.as_ref());
+        if let Some(name) = &ctx.outbox {
+            body["outbox"] = serde_json::json!(name);
+        }
+        println!("{body}");
     } else {
+        if let Some(name) = &ctx.outbox {
+            println!("outbox     {name}");
+        }
         println!("table      {}", ctx.table.display());
         println!("pending    {}", c.pending);
         println!("leased     {}", c.leased);

@@ -246,11 +246,22 @@ pub struct Router {
     /// The distinct publishers (by `Arc` identity), in order of first use, with the names of
     /// the routes that use each.
     publishers: Vec<(Arc<dyn Publisher>, Vec<String>)>,
+    /// Labels on its metrics beside `route` (the relay's `metric_labels`).
+    labels: crate::metrics::MetricLabels,
 }
 
 impl Router {
     /// A router over `routes`, tried in order. Names must be unique.
     pub fn new(routes: Vec<Route>) -> Result<Self, RouteError> {
+        Self::with_metric_labels(routes, crate::metrics::MetricLabels::default())
+    }
+
+    /// [`Router::new`], with `labels` on its metrics beside `route` (e.g. `outbox`: the same
+    /// as its relay's [`RelayConfig::metric_labels`](crate::relay::RelayConfig)).
+    pub fn with_metric_labels(
+        routes: Vec<Route>,
+        labels: crate::metrics::MetricLabels,
+    ) -> Result<Self, RouteError> {
         if routes.is_empty() {
             return Err(RouteError::NoRoutes);
         }
@@ -272,12 +283,23 @@ impl Router {
         // Start every route's series at zero, so dashboards and `increase()` see the first
         // delivery (see `metrics::describe`).
         for route in &routes {
-            ::metrics::counter!(m::ROUTE_PUBLISHED_TOTAL, "route" => route.name.clone())
-                .increment(0);
-            ::metrics::counter!(m::ROUTE_FAILED_TOTAL, "route" => route.name.clone()).increment(0);
+            ::metrics::counter!(
+                m::ROUTE_PUBLISHED_TOTAL,
+                labels.and("route", route.name.clone())
+            )
+            .increment(0);
+            ::metrics::counter!(
+                m::ROUTE_FAILED_TOTAL,
+                labels.and("route", route.name.clone())
+            )
+            .increment(0);
         }
-        ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL).increment(0);
-        Ok(Self { routes, publishers })
+        ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL, labels.labels()).increment(0);
+        Ok(Self {
+            routes,
+            publishers,
+            labels,
+        })
     }
 
     /// The routes, in the order they are tried.
@@ -337,10 +359,10 @@ impl Publisher for Router {
 
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let Some(route) = self.route_for(message) else {
-            ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL).increment(1);
+            ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL, self.labels.labels()).increment(1);
             return Err(self.unmatched(message));
         };
-        let name = route.name.clone();
+        let labels = self.labels.and("route", route.name.clone());
         match route.publisher.send(message).await {
             Ok(ack) => Ok(ack
                 .map(move |r| {
@@ -349,12 +371,12 @@ impl Publisher for Router {
                     } else {
                         m::ROUTE_FAILED_TOTAL
                     };
-                    ::metrics::counter!(counter, "route" => name).increment(1);
+                    ::metrics::counter!(counter, labels).increment(1);
                     r
                 })
                 .boxed()),
             Err(e) => {
-                ::metrics::counter!(m::ROUTE_FAILED_TOTAL, "route" => name).increment(1);
+                ::metrics::counter!(m::ROUTE_FAILED_TOTAL, labels).increment(1);
                 Err(e)
             }
         }

@@ -72,6 +72,7 @@ impl Relay {
                     lease: cfg.lease,
                     ordering: cfg.ordering,
                     in_flight: &in_flight,
+                    metric_labels: &cfg.metric_labels,
                 })
                 .await?,
         );
@@ -160,11 +161,13 @@ impl Relay {
             );
             report.fenced_off = lost;
         }
-        ::metrics::counter!(m::CLAIMED_TOTAL).increment(report.claimed as u64);
-        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
-        ::metrics::counter!(m::RELEASED_TOTAL).increment(report.released as u64);
-        ::metrics::counter!(m::FENCED_TOTAL).increment(report.fenced_off as u64);
-        ::metrics::histogram!(m::BATCH_DURATION_SECONDS).record(claimed_at.elapsed().as_secs_f64());
+        let labels = &self.config.metric_labels;
+        ::metrics::counter!(m::CLAIMED_TOTAL, labels.labels()).increment(report.claimed as u64);
+        ::metrics::counter!(m::PUBLISHED_TOTAL, labels.labels()).increment(settled.published);
+        ::metrics::counter!(m::RELEASED_TOTAL, labels.labels()).increment(report.released as u64);
+        ::metrics::counter!(m::FENCED_TOTAL, labels.labels()).increment(report.fenced_off as u64);
+        ::metrics::histogram!(m::BATCH_DURATION_SECONDS, labels.labels())
+            .record(claimed_at.elapsed().as_secs_f64());
         if !released.is_empty() {
             self.store
                 .release(ReleaseParams {
@@ -183,7 +186,11 @@ impl Relay {
         let since_insert = (chrono::Utc::now() - event.created_at)
             .to_std()
             .unwrap_or_default();
-        ::metrics::histogram!(m::COMMIT_TO_PUBLISH_SECONDS).record(since_insert.as_secs_f64());
+        ::metrics::histogram!(
+            m::COMMIT_TO_PUBLISH_SECONDS,
+            self.config.metric_labels.labels()
+        )
+        .record(since_insert.as_secs_f64());
         tracing::debug!(event_id = %event.id, event_type = %event.event_type,
             aggregate_id = %event.aggregate_id, attempt = event.attempts + 1, "published");
     }
@@ -212,10 +219,19 @@ impl Relay {
         tracing::warn!(event_id = %event.id, event_type = %event.event_type,
             aggregate_id = %event.aggregate_id, attempt = failures, kind = %e.kind(),
             dead, error = %error, "publish failed");
-        ::metrics::counter!(m::FAILED_TOTAL, "event_type" => event.event_type.clone()).increment(1);
+        ::metrics::counter!(
+            m::FAILED_TOTAL,
+            cfg.metric_labels
+                .and("event_type", event.event_type.clone())
+        )
+        .increment(1);
         if dead {
-            ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
-                .increment(1);
+            ::metrics::counter!(
+                m::DEAD_LETTERED_TOTAL,
+                cfg.metric_labels
+                    .and("event_type", event.event_type.clone())
+            )
+            .increment(1);
         }
         Failure {
             id: event.id,

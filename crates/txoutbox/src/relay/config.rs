@@ -43,6 +43,9 @@ pub struct RelayConfig {
     /// With [`Source::Wal`]: the replication slot to read (default
     /// `txoutbox_<schema>_<table>`), created when missing.
     pub slot: Option<String>,
+    /// Labels on every metric this relay records (e.g. `outbox="orders"` for one of several
+    /// outboxes in a process); none by default.
+    pub metric_labels: crate::metrics::MetricLabels,
 }
 
 /// Where a relay reads committed events from: the daemon's `--source`.
@@ -85,6 +88,7 @@ impl Default for RelayConfig {
             pipeline: 2,
             source: Source::Table,
             slot: None,
+            metric_labels: crate::metrics::MetricLabels::default(),
         }
     }
 }

@@ -443,7 +443,8 @@ async fn rebalance(
             live_relays = m.live_relays, acquired = ?m.acquired, released = ?m.released,
             "partitions rebalanced");
     }
-    ::metrics::gauge!(crate::metrics::PARTITIONS_OWNED).set(m.owned.len() as f64);
+    ::metrics::gauge!(crate::metrics::PARTITIONS_OWNED, cfg.metric_labels.labels())
+        .set(m.owned.len() as f64);
     Ok(m)
 }
 

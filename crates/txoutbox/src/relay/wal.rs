@@ -85,7 +85,10 @@ impl Relay {
             tracing::warn!("{warning}");
         }
         // Sampled from the start: a standby reports the slot (and whether anyone reads it) too.
-        let sampler = AbortOnDrop(tokio::spawn(sample_slot(wal.clone())));
+        let sampler = AbortOnDrop(tokio::spawn(sample_slot(
+            wal.clone(),
+            cfg.metric_labels.clone(),
+        )));
         let Some(lock) = wal.lock(&cancel).await? else {
             return Ok(stats);
         };
@@ -103,7 +106,12 @@ impl Relay {
             stop.clone(),
             lock_lost.clone(),
         )));
-        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(opened.handed_off);
+        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, cfg.metric_labels.labels())
+            .increment(opened.handed_off);
+        if opened.recreated {
+            ::metrics::counter!(m::WAL_SLOT_RECREATED_TOTAL, cfg.metric_labels.labels())
+                .increment(1);
+        }
 
         // The table path: the ordinary loop over the handed-off events.
         let table = Relay {
@@ -307,9 +315,9 @@ impl Relay {
             if reader.is_idle() {
                 // Caught up: settle now, so that the slot is confirmed while idle.
                 pending.finish(reader).await?;
-                ::metrics::gauge!(m::WAL_LAG_SECONDS).set(0.0);
+                ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels()).set(0.0);
             }
-            ::metrics::histogram!(m::BATCH_DURATION_SECONDS)
+            ::metrics::histogram!(m::BATCH_DURATION_SECONDS, cfg.metric_labels.labels())
                 .record(started.elapsed().as_secs_f64());
         }
     }
@@ -396,12 +404,12 @@ impl Relay {
                         }
                     }
                 }
-                ::metrics::histogram!(m::BATCH_DURATION_SECONDS)
+                ::metrics::histogram!(m::BATCH_DURATION_SECONDS, cfg.metric_labels.labels())
                     .record(started.elapsed().as_secs_f64());
                 continue;
             }
             // Caught up: everything committed before `flush` has been read.
-            ::metrics::gauge!(m::WAL_LAG_SECONDS).set(0.0);
+            ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels()).set(0.0);
             if confirmed_idle_at.is_none_or(|t| t.elapsed() >= IDLE_CONFIRM) {
                 if let Err(e) = wal.confirm(flush).await {
                     tracing::debug!(error = %e, "could not confirm the slot while idle");
@@ -461,6 +469,10 @@ impl Relay {
                     handed_to_table = opened.handed_off,
                     "replication slot created again"
                 );
+                let labels = &self.config.metric_labels;
+                ::metrics::counter!(m::WAL_SLOT_RECREATED_TOTAL, labels.labels()).increment(1);
+                ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, labels.labels())
+                    .increment(opened.handed_off);
                 Ok(true)
             }
             Ok(false) => Err(e),
@@ -541,8 +553,12 @@ impl Relay {
                     let error = format!("undecodable row: {}", we.problems.join("; "));
                     tracing::warn!(event_id = %event.id, error = %error,
                         "dead-lettering an event that does not decode");
-                    ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event.event_type.clone())
-                        .increment(1);
+                    ::metrics::counter!(
+                        m::DEAD_LETTERED_TOTAL,
+                        cfg.metric_labels
+                            .and("event_type", event.event_type.clone())
+                    )
+                    .increment(1);
                     if hold {
                         blocked.insert(key(event));
                     }
@@ -609,9 +625,10 @@ impl Relay {
             let behind = (chrono::Utc::now() - last.commit_time)
                 .to_std()
                 .unwrap_or_default();
-            ::metrics::gauge!(m::WAL_LAG_SECONDS).set(behind.as_secs_f64());
+            ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels())
+                .set(behind.as_secs_f64());
         }
-        ::metrics::counter!(m::CLAIMED_TOTAL).increment(claimed as u64);
+        ::metrics::counter!(m::CLAIMED_TOTAL, cfg.metric_labels.labels()).increment(claimed as u64);
         stats.batches += 1;
         stats.published += published.len() as u64;
         stats.failed += failed.len() as u64;
@@ -628,6 +645,7 @@ impl Relay {
                 0 => None,
                 n => Some(txs[n - 1].end_lsn),
             },
+            labels: cfg.metric_labels.clone(),
         })
     }
 }
@@ -641,6 +659,8 @@ struct Published {
     xids: Vec<u32>,
     /// The end of the longest prefix of its transactions whose every event this settles.
     confirm: Option<Lsn>,
+    /// The relay's metric labels, for the counts of the settle.
+    labels: crate::metrics::MetricLabels,
 }
 
 impl Published {
@@ -654,8 +674,9 @@ impl Published {
         let settled = wal
             .settle_stream(&self.published, &self.failed, &self.held, HELD)
             .await?;
-        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL).increment(settled.failed + settled.held);
-        ::metrics::counter!(m::PUBLISHED_TOTAL).increment(settled.published);
+        ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
+            .increment(settled.failed + settled.held);
+        ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);
         Ok(self.confirm)
     }
 }
@@ -762,30 +783,31 @@ fn key(e: &OutboxEvent) -> AggregateKey {
 }
 
 /// Every few seconds: the slot's lag, status, confirmed position and safe size as gauges.
-async fn sample_slot(wal: Arc<WalStore>) {
+async fn sample_slot(wal: Arc<WalStore>, labels: crate::metrics::MetricLabels) {
     loop {
         match wal::slot_info(wal.pool(), wal.slot()).await {
             Ok(Some(info)) => {
                 if let Some(lag) = info.lag_bytes {
-                    ::metrics::gauge!(m::WAL_SLOT_LAG_BYTES).set(lag as f64);
+                    ::metrics::gauge!(m::WAL_SLOT_LAG_BYTES, labels.labels()).set(lag as f64);
                 }
                 if let Some(lsn) = info.confirmed_flush_lsn {
-                    ::metrics::gauge!(m::WAL_CONFIRMED_LSN).set(lsn.0 as f64);
+                    ::metrics::gauge!(m::WAL_CONFIRMED_LSN, labels.labels()).set(lsn.0 as f64);
                 }
                 if let Some(safe) = info.safe_wal_size {
-                    ::metrics::gauge!(m::WAL_SAFE_WAL_SIZE_BYTES).set(safe as f64);
+                    ::metrics::gauge!(m::WAL_SAFE_WAL_SIZE_BYTES, labels.labels()).set(safe as f64);
                 }
                 // Active: a relay reads it (a stream holds the slot open; a relay reading
                 // through SQL holds it only per read, but holds the reader lock).
                 let reading = info.active || wal.reader_present().await.unwrap_or(false);
-                ::metrics::gauge!(m::WAL_SLOT_ACTIVE).set(f64::from(u8::from(reading)));
+                ::metrics::gauge!(m::WAL_SLOT_ACTIVE, labels.labels())
+                    .set(f64::from(u8::from(reading)));
                 let now = info.wal_status.as_deref().unwrap_or_default();
                 for status in m::WAL_STATUSES {
-                    ::metrics::gauge!(m::WAL_SLOT_STATUS, "status" => status)
+                    ::metrics::gauge!(m::WAL_SLOT_STATUS, labels.and("status", status))
                         .set(f64::from(u8::from(status == now)));
                 }
             }
-            Ok(None) => ::metrics::gauge!(m::WAL_SLOT_ACTIVE).set(0.0),
+            Ok(None) => ::metrics::gauge!(m::WAL_SLOT_ACTIVE, labels.labels()).set(0.0),
             Err(e) => tracing::debug!(error = %e, "could not sample the replication slot"),
         }
         tokio::time::sleep(SLOT_SAMPLE).await;

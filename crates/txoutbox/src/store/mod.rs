@@ -58,6 +58,9 @@ pub struct ClaimParams<'a> {
     /// relay's own later events of an aggregate never overtake the ones it is still sending.
     /// The relay keeps this list, not the store: a store holds no per-claim state.
     pub in_flight: &'a [Arc<Claim>],
+    /// The relay's metric labels, on what the claim counts itself (rows dead-lettered because
+    /// they did not decode).
+    pub metric_labels: &'a crate::metrics::MetricLabels,
 }
 
 /// A claimed batch: its events, what fences its settle, and how long it may be published.

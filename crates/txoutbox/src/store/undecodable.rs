@@ -293,10 +293,11 @@ pub(crate) fn bad_rows_json(bad: &[Decoded]) -> String {
 }
 
 /// Count rows dead-lettered because they did not decode.
-pub(crate) fn count_dead(bad: &[Decoded]) {
+pub(crate) fn count_dead(bad: &[Decoded], labels: &crate::metrics::MetricLabels) {
     for b in bad {
         let event_type = b.event_type.clone().unwrap_or_default();
-        ::metrics::counter!(m::DEAD_LETTERED_TOTAL, "event_type" => event_type).increment(1);
+        ::metrics::counter!(m::DEAD_LETTERED_TOTAL, labels.and("event_type", event_type))
+            .increment(1);
     }
 }
 

@@ -51,6 +51,7 @@ async fn publish<S: Store>(store: &S, ids: &[Uuid]) {
             lease: LEASE,
             ordering: Ordering::Unordered,
             in_flight: &[],
+            metric_labels: crate::metrics::MetricLabels::none(),
         })
         .await
         .unwrap();
@@ -87,6 +88,7 @@ async fn lease<S: Store>(store: &S, n: usize) -> Vec<Uuid> {
             lease: LEASE,
             ordering: Ordering::Unordered,
             in_flight: &[],
+            metric_labels: crate::metrics::MetricLabels::none(),
         })
         .await
         .unwrap();

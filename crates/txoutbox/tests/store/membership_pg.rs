@@ -39,6 +39,7 @@ fn ordered_claim(relay_id: &str, token: Uuid) -> ClaimParams<'_> {
         lease: Duration::from_secs(30),
         ordering: Ordering::Ordered,
         in_flight: &[],
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
     }
 }
 

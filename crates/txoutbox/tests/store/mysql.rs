@@ -23,6 +23,7 @@ fn claim(relay_id: &str, ordering: Ordering) -> ClaimParams<'_> {
         lease: Duration::from_secs(30),
         ordering,
         in_flight: &[],
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
     }
 }
 

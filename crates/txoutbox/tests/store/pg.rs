@@ -35,6 +35,7 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
         lease,
         ordering: txoutbox::store::Ordering::Unordered,
         in_flight: &[],
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
     }
 }
 
@@ -415,6 +416,7 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
         lease: LEASE,
         ordering: Ordering::Ordered,
         in_flight,
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
     };
     let first = Arc::new(store.claim(ordered(2, &[])).await.unwrap());
     assert_eq!(first.ids(), ids[..2]);

@@ -81,7 +81,7 @@ impl MySqlStore {
             self.bury_undecodable(&mut tx, &token, &bad, &held).await?;
         }
         tx.commit().await.map_err(err)?;
-        undecodable::count_dead(&bad);
+        undecodable::count_dead(&bad, p.metric_labels);
         self.poll.busy();
         Ok(Claim::leased(p.token, events, started + p.lease))
     }

@@ -231,7 +231,7 @@ impl PgStore {
         };
         let result = q.execute(&self.pool).await;
         match result {
-            Ok(_) => undecodable::count_dead(bad),
+            Ok(_) => undecodable::count_dead(bad, p.metric_labels),
             Err(e) => tracing::warn!(error = %self.err(e),
                 "could not dead-letter rows that do not decode; the next claims meet them again"),
         }

@@ -36,7 +36,7 @@ impl SqliteStore {
         let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
         let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
-            self.bury_undecodable(p.token, &bad, &held).await;
+            self.bury_undecodable(&p, &bad, &held).await;
         }
         if !events.is_empty() {
             self.poll.busy();
@@ -47,8 +47,8 @@ impl SqliteStore {
     /// Dead-letter the claimed rows that do not decode, and give back (`held`) the events of
     /// the claim that a dead letter holds back; fenced by the claim token. On failure they
     /// stay leased, and are claimed again when the lease runs out.
-    async fn bury_undecodable(&self, token: Uuid, bad: &[Decoded], held: &[OutboxEvent]) {
-        let token = token.hyphenated().to_string();
+    async fn bury_undecodable(&self, p: &ClaimParams<'_>, bad: &[Decoded], held: &[OutboxEvent]) {
+        let token = p.token.hyphenated().to_string();
         let rows = undecodable::bad_rows_json(bad);
         let held: Vec<Uuid> = held.iter().map(|e| e.id).collect();
         let result = async {
@@ -69,7 +69,7 @@ impl SqliteStore {
         }
         .await;
         match result {
-            Ok(()) => undecodable::count_dead(bad),
+            Ok(()) => undecodable::count_dead(bad, p.metric_labels),
             Err(e) => tracing::warn!(error = %self.err(e),
                 "could not dead-letter rows that do not decode; they are claimed again after their lease"),
         }

@@ -43,6 +43,7 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
         lease,
         ordering: Ordering::Unordered,
         in_flight: &[],
+        metric_labels: crate::metrics::MetricLabels::none(),
     }
 }
 

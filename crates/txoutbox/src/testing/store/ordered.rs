@@ -37,6 +37,7 @@ pub async fn ordered_claim_never_passes_a_blocked_aggregate<H: Harness>(h: &H) {
         store
             .claim(ClaimParams {
                 in_flight: std::slice::from_ref(&first),
+                metric_labels: crate::metrics::MetricLabels::none(),
                 ..ordered("r", Uuid::new_v4(), Ordering::Ordered)
             })
             .await
@@ -59,6 +60,7 @@ pub async fn ordered_claim_never_passes_a_blocked_aggregate<H: Harness>(h: &H) {
     let none = store
         .claim(ClaimParams {
             in_flight: std::slice::from_ref(&second),
+            metric_labels: crate::metrics::MetricLabels::none(),
             ..ordered("r", Uuid::new_v4(), Ordering::Ordered)
         })
         .await

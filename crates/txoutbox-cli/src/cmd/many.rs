@@ -1,0 +1,423 @@
+//! `txoutbox relay` over the config file's `[[outbox]]` entries: one relay per outbox in this
+//! process, each with its own pool, partitions and metrics (label `outbox`), sharing the
+//! publishers (each distinct URL connects once) and one admin listener.
+//!
+//! Everything every outbox needs is checked before anything connects; after that an outbox
+//! whose database is down (or whose table is not migrated) is started again and again with a
+//! backoff, while the others run. With `--drain` a start that fails is final: that outbox
+//! fails, the others drain, and the exit code says so.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use txoutbox::metrics::MetricLabels;
+use txoutbox::publish::{redact_url, Ack, Message, PublishError, Publisher};
+use txoutbox::relay::{Relay, RelayConfig, RelayStats};
+use txoutbox::retry::Backoff;
+use txoutbox::store::Operator;
+
+use super::routes::Checked;
+use super::{open_publisher, relay_config, retention};
+use crate::admin::ops::{Ops, OpsConfig};
+use crate::admin::{OutboxAdmin, SharedPublisher};
+use crate::cli::RelayArgs;
+use crate::cmd::slot::SlotReader;
+use crate::ctx::{Ctx, UsageError};
+
+/// One outbox, checked: what its relay will run with.
+struct Plan {
+    name: String,
+    ctx: Ctx,
+    args: RelayArgs,
+    config: RelayConfig,
+    labels: MetricLabels,
+    /// Its routes, or `None` for its one `--publisher`.
+    routes: Option<Vec<Checked>>,
+    publisher_url: Option<String>,
+}
+
+/// Run every outbox of `outboxes` (name, its settings) until SIGTERM/SIGINT, or with
+/// `--drain` until each has drained.
+pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<ExitCode> {
+    // --- everything checked before anything connects ---------------------------------------
+    let mut plans = Vec::with_capacity(outboxes.len());
+    for (name, ctx, args) in outboxes {
+        plans.push(plan(name, ctx, args)?);
+    }
+    let Some(first) = plans.first() else {
+        return Err(UsageError("the config file has no [[outbox]] entries".into()).into());
+    };
+    for (i, p) in plans.iter().enumerate() {
+        let url = p.ctx.require_url()?;
+        if let Some(other) = plans[..i].iter().find(|o| {
+            o.ctx.require_url().ok() == Some(url) && o.ctx.table.display() == p.ctx.table.display()
+        }) {
+            return Err(UsageError(format!(
+                "outboxes `{}` and `{}` are the same table {} of the same database: give each \
+                 [[outbox]] its own",
+                other.name,
+                p.name,
+                p.ctx.table.display()
+            ))
+            .into());
+        }
+    }
+    let ops_args = first.args.ops.clone();
+    let drain = first.args.drain;
+    let urls: Vec<String> = plans
+        .iter()
+        .flat_map(|p| {
+            let db = p.ctx.database_url().map(str::to_string);
+            let publishers: Vec<String> = match &p.routes {
+                Some(r) => r.iter().map(|c| c.url.clone()).collect(),
+                None => p.publisher_url.iter().cloned().collect(),
+            };
+            db.into_iter().chain(publishers)
+        })
+        .collect();
+    let ops_config = OpsConfig::from_args(
+        &ops_args,
+        &first.args.tuning,
+        &first.config.relay_id,
+        &urls.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+
+    // --- publishers: each distinct URL once, lent to every outbox that names it ------------
+    let mut pool: HashMap<String, Arc<dyn Publisher>> = HashMap::new();
+    let mut publishers: Vec<Arc<dyn Publisher>> = Vec::with_capacity(plans.len());
+    for p in &mut plans {
+        let publisher: Arc<dyn Publisher> = match (p.routes.take(), &p.publisher_url) {
+            (Some(routes), _) => Arc::new(
+                super::routes::connect_shared(routes, p.labels.clone(), &mut pool)
+                    .await
+                    .with_context(|| format!("outbox `{}`", p.name))?,
+            ),
+            (None, Some(url)) => shared(&mut pool, url)
+                .await
+                .with_context(|| format!("outbox `{}`", p.name))?,
+            (None, None) => unreachable!("plan() requires a publisher or routes"),
+        };
+        let publisher: Arc<dyn Publisher> = if p.args.tuning.inject_faults > 0.0 {
+            tracing::warn!(outbox = %p.name, rate = p.args.tuning.inject_faults,
+                "injecting publish faults (--inject-faults)");
+            Arc::new(txoutbox::publish::FaultyPublisher::new(
+                Box::new(SharedPublisher(publisher)),
+                p.args.tuning.inject_faults,
+                u64::from(std::process::id()),
+            ))
+        } else {
+            publisher
+        };
+        publishers.push(publisher);
+    }
+
+    // --- the admin listener over every outbox ------------------------------------------------
+    let labels: Vec<MetricLabels> = plans.iter().map(|p| p.labels.clone()).collect();
+    let (mut ops, metrics) = Ops::begin(&ops_config, &labels);
+    let admins: Vec<Arc<OutboxAdmin>> = plans
+        .iter()
+        .zip(&publishers)
+        .map(|(p, publisher)| {
+            Arc::new(OutboxAdmin::new(
+                Some(p.name.clone()),
+                p.ctx.table.clone(),
+                Some(p.config.relay_id.clone()),
+                Some(publisher.clone()),
+            ))
+        })
+        .collect();
+    let companions = Companions {
+        metrics,
+        every: ops_config.metrics_interval,
+        purger: ops_config.purger.clone(),
+    };
+    ops.listen(ops_config, companions.metrics.clone(), admins.clone())
+        .await?;
+    let ops = Arc::new(tokio::sync::Mutex::new(ops));
+
+    // --- one supervised relay per outbox ------------------------------------------------------
+    let cancel = CancellationToken::new();
+    tracing::info!(
+        outboxes = %plans.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+        "starting one relay per outbox"
+    );
+    let mut tasks = Vec::with_capacity(plans.len());
+    for ((plan, publisher), admin) in plans.into_iter().zip(publishers.iter()).zip(admins) {
+        let span = tracing::info_span!("outbox", outbox = %plan.name);
+        let run = Supervisor {
+            plan,
+            admin,
+            publisher: publisher.clone(),
+            companions: companions.clone(),
+            ops: ops.clone(),
+            cancel: cancel.clone(),
+            drain,
+        };
+        tasks.push(tokio::spawn(run.run().instrument(span)));
+    }
+    let signals = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            super::relay::wait_for_signal().await;
+            tracing::info!("shutdown requested: finishing in-flight events");
+            cancel.cancel();
+        })
+    };
+    let mut failed = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok((_, Ok(_))) => {}
+            Ok((name, Err(e))) => {
+                tracing::error!(outbox = %name, error = %redact(&format!("{e:#}")), "outbox failed");
+                failed.push(name);
+            }
+            Err(e) => failed.push(format!("(a relay task: {e})")),
+        }
+    }
+    signals.abort();
+    if let Ok(ops) = Arc::try_unwrap(ops) {
+        ops.into_inner().stop().await;
+    }
+    let mut closed: Vec<&Arc<dyn Publisher>> = Vec::new();
+    for p in pool.values() {
+        if closed.iter().any(|c| Arc::ptr_eq(c, p)) {
+            continue;
+        }
+        closed.push(p);
+        if let Err(e) = p.close().await {
+            tracing::warn!(error = %redact(&e.chain()), "closing a publisher failed");
+        }
+    }
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Err(anyhow::anyhow!("outbox(es) failed: {}", failed.join(", ")))
+    }
+}
+
+/// Check one outbox's settings (no connection yet).
+fn plan(name: String, ctx: Ctx, args: RelayArgs) -> anyhow::Result<Plan> {
+    let at = |e: UsageError| UsageError(format!("outbox `{name}`: {}", e.0));
+    let routes = if args.routes.is_empty() {
+        None
+    } else {
+        Some(super::routes::check(&args.routes, args.publisher.as_deref()).map_err(at)?)
+    };
+    if routes.is_none() && args.publisher.is_none() {
+        return Err(at(UsageError(
+            "no publisher: give the outbox `publisher = \"URL\"` (or publisher_file), \
+             [[outbox.route]] entries, or a top-level publisher for every outbox"
+                .into(),
+        ))
+        .into());
+    }
+    let mut config =
+        relay_config(&args.tuning, args.drain).map_err(|e| match e.downcast::<UsageError>() {
+            Ok(u) => at(u).into(),
+            Err(e) => e,
+        })?;
+    let db_url = ctx.require_url().map_err(|_| {
+        at(UsageError(
+            "no database: give the outbox `database_url` (or database_url_file), or a \
+             top-level one for every outbox"
+                .into(),
+        ))
+    })?;
+    let kind = crate::ctx::kind_of(db_url).map_err(|e| match e.downcast::<UsageError>() {
+        Ok(u) => at(u).into(),
+        Err(e) => e,
+    })?;
+    super::relay::check_source(args.source, args.slot.as_deref(), kind).map_err(at)?;
+    config.source = args.source;
+    config.slot.clone_from(&args.slot);
+    let labels = MetricLabels::outbox(&name);
+    config.metric_labels = labels.clone();
+    let publisher_url = args.publisher.clone();
+    Ok(Plan {
+        name,
+        ctx,
+        args,
+        config,
+        labels,
+        routes,
+        publisher_url,
+    })
+}
+
+/// The publisher of `url` from `pool`, connected on first use.
+async fn shared(
+    pool: &mut HashMap<String, Arc<dyn Publisher>>,
+    url: &str,
+) -> anyhow::Result<Arc<dyn Publisher>> {
+    if let Some(p) = pool.get(url) {
+        return Ok(p.clone());
+    }
+    let p: Arc<dyn Publisher> = Arc::from(open_publisher(url).await?);
+    pool.insert(url.to_string(), p.clone());
+    Ok(p)
+}
+
+fn redact(s: &str) -> String {
+    txoutbox::publish::redact_secrets(s)
+}
+
+/// What runs beside each outbox's relay once its database answers.
+#[derive(Clone)]
+struct Companions {
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    every: Duration,
+    purger: Option<txoutbox::retention::Purger>,
+}
+
+/// One outbox's relay, started again after each failure until the process stops.
+struct Supervisor {
+    plan: Plan,
+    admin: Arc<OutboxAdmin>,
+    publisher: Arc<dyn Publisher>,
+    companions: Companions,
+    ops: Arc<tokio::sync::Mutex<Ops>>,
+    cancel: CancellationToken,
+    drain: bool,
+}
+
+/// Backoff between two starts of a failed outbox.
+const RESTART: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    jitter: true,
+};
+
+impl Supervisor {
+    async fn run(self) -> (String, anyhow::Result<RelayStats>) {
+        let name = self.plan.name.clone();
+        let result = self.supervise().await;
+        (name, result)
+    }
+
+    async fn supervise(self) -> anyhow::Result<RelayStats> {
+        let mut failures = 0u32;
+        loop {
+            let outcome = match self.start().await {
+                Ok((store, admin_store, probe, slot)) => {
+                    self.admin.connected(admin_store.clone(), probe);
+                    failures = 0;
+                    let stop = self.cancel.child_token();
+                    self.ops.lock().await.companions(
+                        &self.admin,
+                        admin_store,
+                        self.companions.metrics.clone(),
+                        slot,
+                        self.companions.every,
+                        self.companions.purger.clone(),
+                        self.plan.labels.clone(),
+                        stop.clone(),
+                    );
+                    tracing::info!(
+                        table = %self.plan.ctx.table.display(),
+                        database = %redact_url(self.plan.ctx.database_url().unwrap_or_default()),
+                        relay_id = %self.plan.config.relay_id,
+                        source = self.plan.config.source.as_str(),
+                        "starting relay"
+                    );
+                    let relay = Relay::new(
+                        store,
+                        Box::new(Lent(self.publisher.clone())),
+                        self.plan.config.clone(),
+                    );
+                    let result = relay.run(self.cancel.clone()).await;
+                    stop.cancel();
+                    match result {
+                        Ok(stats) => {
+                            tracing::info!(
+                                published = stats.published,
+                                failed = stats.failed,
+                                dead = stats.dead,
+                                "relay exited"
+                            );
+                            return Ok(stats);
+                        }
+                        Err(e) => anyhow::Error::new(e).context("relay failed"),
+                    }
+                }
+                Err(e) => e.context("cannot start"),
+            };
+            let text = redact(&format!("{outcome:#}"));
+            self.admin.set_error(Some(text.clone()));
+            if self.drain {
+                return Err(outcome);
+            }
+            failures = failures.saturating_add(1);
+            let wait = RESTART.ceiling(failures);
+            tracing::error!(error = %text, retry_in = ?wait, "outbox not running; the others go on");
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(RelayStats::default()),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Connect: the relay's store (its schema checked), and the admin listener's store and
+    /// readiness probe on pools of their own.
+    async fn start(
+        &self,
+    ) -> anyhow::Result<(
+        Box<dyn Operator>,
+        Arc<dyn Operator>,
+        Arc<dyn Operator>,
+        Option<SlotReader>,
+    )> {
+        let ctx = &self.plan.ctx;
+        let url = ctx.require_url()?;
+        let db = ctx.db(4).await?;
+        let store = db.relay_store(
+            &ctx.table,
+            retention(&self.plan.args.tuning),
+            url,
+            self.plan.config.source,
+        )?;
+        store.check_schema().await?;
+        let mark = txoutbox::store::Retention::Mark;
+        let sibling = db.sibling(url, &ctx.table, 3).await?;
+        let slot = SlotReader::for_db(&sibling, ctx, self.plan.args.slot.as_deref());
+        let admin_store: Arc<dyn Operator> = Arc::from(sibling.store(&ctx.table, mark));
+        let probe = db
+            .probe(url, &ctx.table, crate::admin::api::PROBE_TIMEOUT)
+            .await?;
+        let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, mark));
+        Ok((store, admin_store, probe, slot))
+    }
+}
+
+/// A publisher lent to one outbox's relay: the relay closes its publisher when it stops,
+/// but a shared one is closed by the process, once, after every relay has stopped.
+struct Lent(Arc<dyn Publisher>);
+
+#[async_trait::async_trait]
+impl Publisher for Lent {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn kind_for(&self, message: &Message) -> &'static str {
+        self.0.kind_for(message)
+    }
+    fn keeps_key_order(&self) -> bool {
+        self.0.keeps_key_order()
+    }
+    fn destination(&self, message: &Message) -> Option<String> {
+        self.0.destination(message)
+    }
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        self.0.send(message).await
+    }
+    async fn check(&self) -> Result<(), PublishError> {
+        self.0.check().await
+    }
+    async fn close(&self) -> Result<(), PublishError> {
+        Ok(())
+    }
+}
