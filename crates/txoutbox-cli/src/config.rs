@@ -54,7 +54,7 @@ pub struct OutboxSpec {
     /// The entry's name: the `outbox` label of its metrics, `--outbox NAME`, and how logs,
     /// the admin API and errors name it.
     pub name: String,
-    /// Its settings as (option id, value), in file order; they win over flags, the
+    /// Its settings as (option id, value), by option id; they win over flags, the
     /// environment and the file's top-level settings, which are defaults for what it leaves
     /// out.
     pub settings: Vec<(String, String)>,
@@ -304,7 +304,7 @@ pub fn outbox_conflicts(
             });
             on_root || on_sub
         })
-        .map(|(id, _)| format!("--{}", id.replace('_', "-")))
+        .map(|(id, _)| id.clone())
         .collect()
 }
 
@@ -434,6 +434,89 @@ publisher_file = "/run/secrets/sqs"
             .unwrap_err()
             .to_string();
         assert!(e.contains("event_type"), "{e}");
+    }
+
+    #[test]
+    fn outboxes_are_read_with_their_routes_and_settings() {
+        let file = load(
+            r#"
+batch_size = 7
+[[outbox]]
+name = "a"
+schema = "s_a"
+batch-size = 3
+publisher = "null:"
+[[outbox]]
+name = "b"
+database_url = "sqlite:///tmp/b.db"
+[[outbox.route]]
+name = "r1"
+event_type = "x.*"
+publisher = "stdout:"
+"#,
+        )
+        .unwrap();
+        assert!(file.routes.is_empty());
+        let [a, b] = &file.outboxes[..] else {
+            panic!("{:?}", file.outboxes)
+        };
+        assert_eq!(a.name, "a");
+        assert_eq!(
+            a.settings,
+            [
+                ("batch_size".to_string(), "3".to_string()),
+                ("publisher".to_string(), "null:".to_string()),
+                ("schema".to_string(), "s_a".to_string())
+            ]
+        );
+        assert!(a.routes.is_empty());
+        assert_eq!(b.routes.len(), 1);
+        assert_eq!(b.routes[0].event_type.as_deref(), Some("x.*"));
+        // The entry's value, then the file's top level, beneath flags on other keys.
+        let cmd = outbox_command(file.command.clone(), a);
+        let m = cmd
+            .clone()
+            .try_get_matches_from(["txoutbox", "relay", "--max-in-flight", "5"])
+            .unwrap();
+        assert!(outbox_conflicts(&cmd, &m, a).is_empty());
+        let cli = Cli::from_arg_matches(&m).unwrap();
+        assert_eq!(cli.global.schema, "s_a");
+        let Cmd::Relay(r) = cli.command else { panic!() };
+        assert_eq!((r.tuning.batch_size, r.tuning.max_in_flight), (3, 5));
+        let cli = Cli::from_arg_matches(
+            &outbox_command(file.command.clone(), b)
+                .try_get_matches_from(["txoutbox", "relay"])
+                .unwrap(),
+        )
+        .unwrap();
+        let Cmd::Relay(r) = cli.command else { panic!() };
+        assert_eq!(r.tuning.batch_size, 7);
+        // A flag for what the entry sets is a conflict.
+        let m = cmd
+            .clone()
+            .try_get_matches_from(["txoutbox", "--schema", "z", "relay", "--batch-size", "9"])
+            .unwrap();
+        assert_eq!(outbox_conflicts(&cmd, &m, a), ["batch_size", "schema"]);
+    }
+
+    #[test]
+    fn a_bad_outbox_entry_is_named() {
+        let e = |f: &str| load(f).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e("outbox = 1\n").contains("[[outbox]]"));
+        assert!(e("[[outbox]]\nschema = \"x\"\n").contains("needs a `name`"));
+        assert!(e("[[outbox]]\nname = \"a b\"\n").contains("1 to 64"));
+        let err = e("[[outbox]]\nname = \"a\"\nmetrics_interval = \"1s\"\n");
+        assert!(
+            err.contains("(`a`)") && err.contains("the process's"),
+            "{err}"
+        );
+        let err = e("[[outbox]]\nname = \"a\"\nfoo = 1\n");
+        assert!(
+            err.contains("unknown setting `foo`") && err.contains("batch_size"),
+            "{err}"
+        );
+        let err = e("[[route]]\nname = \"r\"\npublisher = \"null:\"\n[[outbox]]\nname = \"a\"\n");
+        assert!(err.contains("[[outbox.route]]"), "{err}");
     }
 
     #[test]

@@ -165,12 +165,18 @@ fn outbox_clis(
             .map_err(|e| format!("outbox `{}`: {}", spec.name, clap_text(&e)))?;
         let both = config::outbox_conflicts(&cmd, &m, spec);
         if !both.is_empty() {
+            let keys: Vec<String> = both.iter().map(|k| format!("`{k}`")).collect();
+            let flags: Vec<String> = both
+                .iter()
+                .map(|k| format!("--{}", k.replace('_', "-")))
+                .collect();
             return Err(format!(
-                "outbox `{}` sets {} in the config file, and the command line sets it too: an \
+                "outbox `{}` sets {} in the config file, and the command line gives {} too: an \
                  outbox's own settings are not overridden; drop the flag, or pick another outbox \
                  with --outbox NAME",
                 spec.name,
-                both.join(", ")
+                keys.join(", "),
+                flags.join(", ")
             ));
         }
         let mut c = Cli::from_arg_matches(&m)

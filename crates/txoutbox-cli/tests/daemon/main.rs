@@ -14,6 +14,7 @@ mod databases_cli;
 mod ops;
 mod ordering_process;
 mod otel;
+mod outboxes_cli;
 mod relay_process;
 mod routes_cli;
 mod secrets;

@@ -3,6 +3,7 @@
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "txoutbox-admin-token";
+const OUTBOX_KEY = "txoutbox-outbox";
 
 function token() {
   return sessionStorage.getItem(TOKEN_KEY) || "";
@@ -19,6 +20,106 @@ async function getJson(path) {
   const r = await fetch(path, { headers });
   if (!r.ok) throw new Error(path + ": " + r.status);
   return r.json();
+}
+
+// The relay's [[outbox]] entries, from GET /api/v1/outboxes: null until known, empty for a
+// relay of one table (its calls then take no `outbox` parameter).
+let outboxes = null;
+// The outbox the page shows (its name), when there are named ones.
+let outbox = null;
+
+// An /api/v1 path for the outbox shown: `outbox=NAME` added when the relay runs [[outbox]]s.
+function api(path) {
+  if (outbox === null) return path;
+  return path + (path.includes("?") ? "&" : "?") + "outbox=" + encodeURIComponent(outbox);
+}
+
+// The outbox named in the address (#outbox=NAME), if any.
+function hashOutbox() {
+  return new URLSearchParams(location.hash.slice(1)).get("outbox");
+}
+
+// Ask the relay which outboxes it runs. A relay of one table is asked once; with [[outbox]]
+// entries on every refresh, so the picker shows which ones run. A failed call keeps what was
+// known (the calls after it say what is wrong).
+async function loadOutboxes() {
+  let list;
+  try {
+    list = (await getJson("/api/v1/outboxes")).outboxes || [];
+  } catch (err) {
+    return;
+  }
+  outboxes = list.filter((o) => typeof o.name === "string");
+  if (!outboxes.length) {
+    outbox = null;
+    $("outbox-picker").hidden = true;
+    $("outbox-error").hidden = true;
+    return;
+  }
+  if (!outboxes.some((o) => o.name === outbox)) {
+    const wanted = hashOutbox() || localStorage.getItem(OUTBOX_KEY);
+    const first = outbox === null;
+    outbox = outboxes.some((o) => o.name === wanted) ? wanted : outboxes[0].name;
+    if (!first) clearView();
+    remember();
+  }
+  renderOutboxes();
+}
+
+// The choice, kept in the address (a reload or a shared link shows the same outbox) and in
+// local storage (a new tab starts with it).
+function remember() {
+  localStorage.setItem(OUTBOX_KEY, outbox);
+  history.replaceState(null, "", "#outbox=" + encodeURIComponent(outbox));
+}
+
+let shownOutboxes = "";
+
+function renderOutboxes() {
+  const select = $("outbox");
+  const key = JSON.stringify(outboxes.map((o) => [o.name, o.running]));
+  if (key !== shownOutboxes) {
+    shownOutboxes = key;
+    select.replaceChildren();
+    for (const o of outboxes) {
+      const opt = document.createElement("option");
+      opt.value = o.name;
+      opt.textContent = o.running ? o.name : o.name + " (not running)";
+      if (!o.running) opt.className = "down";
+      select.appendChild(opt);
+    }
+  }
+  select.value = outbox;
+  $("outbox-picker").hidden = false;
+  const o = outboxes.find((x) => x.name === outbox);
+  const down = o !== undefined && !o.running;
+  $("outbox-error").hidden = !down;
+  $("outbox-error").textContent = down
+    ? "Outbox " + o.name + " is not running: " + (o.error || "not connected yet")
+    : "";
+}
+
+// Show another outbox: nothing of the last one stays on the page.
+function pick(name) {
+  if (name === outbox || !outboxes || !outboxes.some((o) => o.name === name)) return;
+  outbox = name;
+  remember();
+  clearView();
+  renderOutboxes();
+  refresh();
+}
+
+function clearView() {
+  for (const id of ["pending", "leased", "dead", "processed", "oldest", "rate-now", "latency-now"]) {
+    $(id).textContent = "–";
+  }
+  $("dead").className = "value";
+  for (const id of ["table", "relay", "updated", "message", "wal-slot"]) $(id).textContent = "";
+  for (const id of ["grid", "ticks"]) $(id).replaceChildren();
+  for (const id of ["rate-line", "latency-line"]) $(id).setAttribute("points", "");
+  for (const id of ["relays-table", "dead-table"]) $(id).querySelector("tbody").replaceChildren();
+  for (const id of ["wal", "no-relays", "no-dead"]) $(id).hidden = true;
+  shownDead = "";
 }
 
 function age(secs) {
@@ -240,7 +341,7 @@ function renderDead(page) {
 
 async function act(action, id) {
   if (action === "discard" && !confirm("Delete dead letter " + id + " for good?")) return;
-  const r = await fetch("/api/v1/dead-letters/" + encodeURIComponent(id) + "/" + action, {
+  const r = await fetch(api("/api/v1/dead-letters/" + encodeURIComponent(id) + "/" + action), {
     method: "POST",
     headers: token() ? { Authorization: "Bearer " + token() } : {},
   });
@@ -254,18 +355,22 @@ async function act(action, id) {
 }
 
 async function refresh() {
+  if (outboxes === null || outboxes.length) await loadOutboxes();
+  const asked = outbox;
   try {
     const [status, history, dead] = await Promise.all([
-      getJson("/api/v1/status"),
-      getJson("/api/v1/history"),
-      getJson("/api/v1/dead-letters?limit=50"),
+      getJson(api("/api/v1/status")),
+      getJson(api("/api/v1/history")),
+      getJson(api("/api/v1/dead-letters?limit=50")),
     ]);
+    if (asked !== outbox) return; // another outbox was picked meanwhile
     renderStatus(status);
     renderRelays(status);
     renderSlot(status);
     renderHistory(history);
     renderDead(dead);
   } catch (err) {
+    if (asked !== outbox) return;
     $("updated").textContent = "refresh failed: " + err.message;
   }
 }
@@ -277,6 +382,8 @@ document.addEventListener("DOMContentLoaded", () => {
     say("Token set for this tab.", false);
     refresh();
   });
+  $("outbox").addEventListener("change", () => pick($("outbox").value));
+  window.addEventListener("hashchange", () => pick(hashOutbox()));
   refresh();
   setInterval(refresh, 2000);
 });
