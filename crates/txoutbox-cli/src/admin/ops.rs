@@ -58,7 +58,7 @@ impl Ops {
         slot: Option<SlotReader>,
     ) -> anyhow::Result<Self> {
         let labels = MetricLabels::default();
-        let (mut ops, metrics) = Self::begin(&cfg, std::slice::from_ref(&labels));
+        let (mut ops, metrics) = Self::begin(&[(labels.clone(), cfg.relay_id.clone())]);
         let outbox = Arc::new(OutboxAdmin::new(
             None,
             table,
@@ -80,20 +80,21 @@ impl Ops {
         Ok(ops)
     }
 
-    /// The recorder (every relay's series started under its labels) and the relay's info
-    /// gauge, once per process.
-    pub fn begin(cfg: &OpsConfig, relays: &[MetricLabels]) -> (Self, Option<PrometheusHandle>) {
-        let metrics = match install_recorder(relays) {
+    /// The recorder (every relay's series started under its labels) and each relay's info
+    /// gauge (`relays`: its labels and relay id), once per process.
+    pub fn begin(relays: &[(MetricLabels, String)]) -> (Self, Option<PrometheusHandle>) {
+        let labels: Vec<MetricLabels> = relays.iter().map(|(l, _)| l.clone()).collect();
+        let metrics = match install_recorder(&labels) {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
                 None
             }
         };
-        for labels in relays {
+        for (labels, relay_id) in relays {
             ::metrics::gauge!(
                 txoutbox::metrics::RELAY_INFO,
-                labels.and("relay_id", cfg.relay_id.clone())
+                labels.and("relay_id", relay_id.clone())
             )
             .set(1.0);
         }

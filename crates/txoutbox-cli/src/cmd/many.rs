@@ -18,6 +18,7 @@ use tracing::Instrument;
 use txoutbox::metrics::MetricLabels;
 use txoutbox::publish::{redact_url, Ack, Message, PublishError, Publisher};
 use txoutbox::relay::{Relay, RelayConfig, RelayStats};
+use txoutbox::retention::Purger;
 use txoutbox::retry::Backoff;
 use txoutbox::store::Operator;
 
@@ -117,8 +118,11 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     }
 
     // --- the admin listener over every outbox ------------------------------------------------
-    let labels: Vec<MetricLabels> = plans.iter().map(|p| p.labels.clone()).collect();
-    let (mut ops, metrics) = Ops::begin(&ops_config, &labels);
+    let relays: Vec<(MetricLabels, String)> = plans
+        .iter()
+        .map(|p| (p.labels.clone(), p.config.relay_id.clone()))
+        .collect();
+    let (mut ops, metrics) = Ops::begin(&relays);
     let admins: Vec<Arc<OutboxAdmin>> = plans
         .iter()
         .zip(&publishers)
@@ -271,7 +275,8 @@ fn redact(s: &str) -> String {
 struct Companions {
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     every: Duration,
-    purger: Option<txoutbox::retention::Purger>,
+    /// The purge's process-wide settings; `keep` is each outbox's `retention_period`.
+    purger: Option<Purger>,
 }
 
 /// One outbox's relay, started again after each failure until the process stops.
@@ -313,7 +318,10 @@ impl Supervisor {
                         self.companions.metrics.clone(),
                         slot,
                         self.companions.every,
-                        self.companions.purger.clone(),
+                        self.companions.purger.clone().map(|p| Purger {
+                            keep: self.plan.args.tuning.retention_period,
+                            ..p
+                        }),
                         self.plan.labels.clone(),
                         stop.clone(),
                     );

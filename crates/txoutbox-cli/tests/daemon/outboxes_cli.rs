@@ -269,6 +269,12 @@ publisher = "null:"
         m.contains(r#"outbox_events_pending{outbox="billing"}"#),
         "{m}"
     );
+    for name in ["orders", "billing", "edge", "down"] {
+        assert!(
+            m.contains(&format!("outbox_relay_info{{outbox=\"{name}\",relay_id=")),
+            "{m}"
+        );
+    }
     assert!(!m.contains(PASSWORD));
 
     // `status` goes through every outbox; the one down fails alone.
