@@ -97,6 +97,10 @@ function renderOutboxes() {
   $("outbox-error").textContent = down
     ? "Outbox " + o.name + " is not running: " + (o.error || "not connected yet")
     : "";
+  if (down) {
+    $("table").textContent = o.table;
+    $("relay").textContent = o.relay_id ? "relay " + o.relay_id : "";
+  }
 }
 
 // Show another outbox: nothing of the last one stays on the page.
