@@ -265,20 +265,42 @@ fn outbox_options(cmd: &Command) -> Vec<String> {
 /// variable replaces (an outbox's own setting wins over the environment). A flag on the
 /// command line for one of them is refused by [`outbox_conflicts`].
 pub fn outbox_command(mut cmd: Command, spec: &OutboxSpec) -> Command {
+    // An outbox's `publisher` rules out a `publisher_file` from anywhere else (and so on):
+    // the other half of the pair has no value but the command line's, which is refused.
+    for (id, _) in &spec.settings {
+        if let Some(other) = other_half(id) {
+            cmd = set_everywhere(cmd, other, |a| a.default_value(None).env(None));
+        }
+    }
     for (id, v) in &spec.settings {
-        if cmd.get_arguments().any(|a| a.get_id() == id.as_str()) {
-            cmd = cmd.mut_arg(id, |a| a.default_value(v.clone()).env(None));
-        }
-        let subs: Vec<String> = cmd
-            .get_subcommands()
-            .filter(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()))
-            .map(|s| s.get_name().to_string())
-            .collect();
-        for sub in subs {
-            cmd = cmd.mut_subcommand(&sub, |s| {
-                s.mut_arg(id, |a| a.default_value(v.clone()).env(None))
-            });
-        }
+        cmd = set_everywhere(cmd, id, |a| a.default_value(v.clone()).env(None));
+    }
+    cmd
+}
+
+/// The option given instead of `id` (a value or the file holding it), if any.
+fn other_half(id: &str) -> Option<&'static str> {
+    match id {
+        "database_url" => Some("database_url_file"),
+        "database_url_file" => Some("database_url"),
+        "publisher" => Some("publisher_file"),
+        "publisher_file" => Some("publisher"),
+        _ => None,
+    }
+}
+
+/// `change` applied to the option `id` of `cmd` and of each subcommand that has it.
+fn set_everywhere(mut cmd: Command, id: &str, change: impl Fn(clap::Arg) -> clap::Arg) -> Command {
+    if cmd.get_arguments().any(|a| a.get_id() == id) {
+        cmd = cmd.mut_arg(id, &change);
+    }
+    let subs: Vec<String> = cmd
+        .get_subcommands()
+        .filter(|s| s.get_arguments().any(|a| a.get_id() == id))
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for sub in subs {
+        cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(id, &change));
     }
     cmd
 }
@@ -289,22 +311,27 @@ pub fn outbox_conflicts(
     cmd: &Command,
     matches: &clap::ArgMatches,
     spec: &OutboxSpec,
-) -> Vec<String> {
+) -> Vec<(String, String)> {
     let sub = matches
         .subcommand()
         .and_then(|(name, m)| cmd.find_subcommand(name).map(|c| (c, m)));
+    let given = |id: &str| {
+        let on_root = cmd.get_arguments().any(|a| a.get_id() == id)
+            && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let on_sub = sub.is_some_and(|(c, m)| {
+            c.get_arguments().any(|a| a.get_id() == id)
+                && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+        });
+        on_root || on_sub
+    };
     spec.settings
         .iter()
-        .filter(|(id, _)| {
-            let on_root = cmd.get_arguments().any(|a| a.get_id() == id.as_str())
-                && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-            let on_sub = sub.is_some_and(|(c, m)| {
-                c.get_arguments().any(|a| a.get_id() == id.as_str())
-                    && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
-            });
-            on_root || on_sub
+        .flat_map(|(id, _)| {
+            std::iter::once(id.as_str())
+                .chain(other_half(id))
+                .filter(|flag| given(flag))
+                .map(move |flag| (id.clone(), flag.to_string()))
         })
-        .map(|(id, _)| id.clone())
         .collect()
 }
 
@@ -496,7 +523,20 @@ publisher = "stdout:"
             .clone()
             .try_get_matches_from(["txoutbox", "--schema", "z", "relay", "--batch-size", "9"])
             .unwrap();
-        assert_eq!(outbox_conflicts(&cmd, &m, a), ["batch_size", "schema"]);
+        let both: Vec<(String, String)> = ["batch_size", "schema"]
+            .iter()
+            .map(|k| (k.to_string(), k.to_string()))
+            .collect();
+        assert_eq!(outbox_conflicts(&cmd, &m, a), both);
+        // The other half of a pair counts too, and no other source gives it.
+        let m = cmd
+            .clone()
+            .try_get_matches_from(["txoutbox", "relay", "--publisher-file", "/p"])
+            .unwrap();
+        assert_eq!(
+            outbox_conflicts(&cmd, &m, a),
+            [("publisher".to_string(), "publisher_file".to_string())]
+        );
     }
 
     #[test]

@@ -165,10 +165,10 @@ fn outbox_clis(
             .map_err(|e| format!("outbox `{}`: {}", spec.name, clap_text(&e)))?;
         let both = config::outbox_conflicts(&cmd, &m, spec);
         if !both.is_empty() {
-            let keys: Vec<String> = both.iter().map(|k| format!("`{k}`")).collect();
+            let keys: Vec<String> = both.iter().map(|(k, _)| format!("`{k}`")).collect();
             let flags: Vec<String> = both
                 .iter()
-                .map(|k| format!("--{}", k.replace('_', "-")))
+                .map(|(_, f)| format!("--{}", f.replace('_', "-")))
                 .collect();
             return Err(format!(
                 "outbox `{}` sets {} in the config file, and the command line gives {} too: an \

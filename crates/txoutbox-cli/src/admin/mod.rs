@@ -217,9 +217,22 @@ pub fn parse_addr(s: &str) -> Result<Option<SocketAddr>, String> {
 
 /// Install the process-wide Prometheus recorder. Histograms get buckets, so quantiles can be
 /// aggregated across relays (`histogram_quantile`).
+/// Installed once per process; later calls start their relays' series and return the same
+/// handle (the relay installs it before it builds its routes, whose series start at zero).
 pub fn install_recorder(
     relays: &[txoutbox::metrics::MetricLabels],
 ) -> anyhow::Result<PrometheusHandle> {
+    static RECORDER: std::sync::OnceLock<Result<PrometheusHandle, String>> =
+        std::sync::OnceLock::new();
+    let handle = RECORDER
+        .get_or_init(|| new_recorder().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)?;
+    txoutbox::metrics::describe_for(relays);
+    Ok(handle)
+}
+
+fn new_recorder() -> anyhow::Result<PrometheusHandle> {
     const BUCKETS: &[f64] = &[
         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
     ];
@@ -228,7 +241,6 @@ pub fn install_recorder(
         .context("metric buckets")?
         .install_recorder()
         .context("cannot install the Prometheus recorder")?;
-    txoutbox::metrics::describe_for(relays);
     Ok(handle)
 }
 

@@ -119,20 +119,25 @@ impl Ops {
         labels: MetricLabels,
         cancel: CancellationToken,
     ) {
-        self.tasks.push(tokio::spawn(sampler::run(
-            store.clone(),
-            metrics,
-            outbox.history.clone(),
-            slot,
-            every,
-            labels.clone(),
-            cancel.clone(),
-        )));
+        // In the caller's span: an outbox's gauge and purge logs name it.
+        use tracing::Instrument;
+        self.tasks.push(tokio::spawn(
+            sampler::run(
+                store.clone(),
+                metrics,
+                outbox.history.clone(),
+                slot,
+                every,
+                labels.clone(),
+                cancel.clone(),
+            )
+            .in_current_span(),
+        ));
         if let Some(mut purger) = purger {
             purger.metric_labels = labels;
             tracing::info!(keep = ?purger.keep, every = ?purger.every, batch = purger.batch, "retention purge on");
             self.tasks.push(tokio::spawn(
-                async move { purger.run(&*store, cancel).await },
+                async move { purger.run(&*store, cancel).await }.in_current_span(),
             ));
         }
     }

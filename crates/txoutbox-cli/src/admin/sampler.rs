@@ -169,7 +169,7 @@ pub async fn refresh(
             ::metrics::gauge!(m::PENDING, labels.labels()).set(c.pending as f64);
             ::metrics::gauge!(m::LEASED, labels.labels()).set(c.leased as f64);
             ::metrics::gauge!(m::DEAD, labels.labels()).set(c.dead as f64);
-            ::metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS)
+            ::metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS, labels.labels())
                 .set(c.oldest_pending_age_secs.unwrap_or(0.0).max(0.0));
             let totals = metrics.map(|h| totals(h, labels)).unwrap_or_default();
             history.push(&c, totals);

@@ -89,6 +89,11 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     )?;
 
     // --- publishers: each distinct URL once, lent to every outbox that names it ------------
+    // The metrics recorder first: the routes' series start at zero when they are built.
+    let labels: Vec<MetricLabels> = plans.iter().map(|p| p.labels.clone()).collect();
+    if let Err(e) = crate::admin::install_recorder(&labels) {
+        tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
+    }
     let mut pool: HashMap<String, Arc<dyn Publisher>> = HashMap::new();
     let mut publishers: Vec<Arc<dyn Publisher>> = Vec::with_capacity(plans.len());
     for p in &mut plans {
@@ -294,7 +299,7 @@ struct Supervisor {
 const RESTART: Backoff = Backoff {
     base: Duration::from_secs(1),
     max: Duration::from_secs(30),
-    jitter: true,
+    jitter: false,
 };
 
 impl Supervisor {

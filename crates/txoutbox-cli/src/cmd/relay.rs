@@ -31,6 +31,10 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     check_source(a.source, a.slot.as_deref(), crate::ctx::kind_of(db_url)?)?;
     config.source = a.source;
     config.slot.clone_from(&a.slot);
+    // The metrics recorder before the routes, whose series start at zero when built.
+    if let Err(e) = crate::admin::install_recorder(&[Default::default()]) {
+        tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
+    }
     // The publisher first: a malformed URL is reported before anything else is touched.
     let mut publisher: Box<dyn txoutbox::publish::Publisher> = match (routes, &a.publisher) {
         (Some(routes), _) => Box::new(super::routes::connect(routes).await?),

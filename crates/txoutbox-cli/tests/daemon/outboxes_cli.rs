@@ -269,6 +269,19 @@ publisher = "null:"
         m.contains(r#"outbox_events_pending{outbox="billing"}"#),
         "{m}"
     );
+    // Series start at zero (the recorder is in place before the routes are built).
+    assert_eq!(
+        metric(
+            &m,
+            r#"outbox_route_failed_total{outbox="billing",route="invoices"}"#
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"outbox_oldest_pending_age_seconds{outbox="edge"}"#),
+        "{m}"
+    );
     for name in ["orders", "billing", "edge", "down"] {
         assert!(
             m.contains(&format!("outbox_relay_info{{outbox=\"{name}\",relay_id=")),
@@ -330,7 +343,16 @@ publisher = "file:{out}"
         ),
     );
     good.insert_events(4, 2).await;
-    let out = good.cli(&["--config", &config, "relay", "--drain"]).await;
+    // The environment's publisher file loses to the outbox's own publisher (were it used, the
+    // events would go to null:).
+    let elsewhere = dir.join("publisher");
+    std::fs::write(&elsewhere, "null:\n").unwrap();
+    let out = good
+        .command(&["--config", &config, "relay", "--drain"])
+        .env("TXOUTBOX_PUBLISHER_FILE", &elsewhere)
+        .output()
+        .await
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("unmigrated"), "{err}");

@@ -97,6 +97,16 @@ pub enum RelayError {
     Join(String),
 }
 
+/// `tokio::spawn` in the caller's tracing span, so that a relay's tasks log under the span its
+/// embedder runs it in (e.g. the daemon's `outbox{outbox=NAME}`).
+pub(crate) fn spawn_here<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(tracing::Instrument::in_current_span(future))
+}
+
 impl Relay {
     /// A relay over `store` and `publisher`. The config is validated when [`Relay::run`] starts,
     /// not here.
@@ -148,7 +158,7 @@ impl Relay {
         // Aborted when dropped: if this future is dropped (an embedder gives up on it, or the
         // task is aborted), the heartbeat must stop too, or a dead relay's partitions would
         // stay renewed forever.
-        let heartbeat = AbortOnDrop(tokio::spawn(heartbeat_loop(
+        let heartbeat = AbortOnDrop(crate::relay::spawn_here(heartbeat_loop(
             self.store.clone(),
             self.claim_lock.clone(),
             self.release_wanted.clone(),
@@ -385,7 +395,7 @@ impl Relay {
         let cancel = CancellationToken::new();
         let task = {
             let cancel = cancel.clone();
-            tokio::spawn(async move { self.run(cancel).await })
+            crate::relay::spawn_here(async move { self.run(cancel).await })
         };
         RelayHandle { cancel, task }
     }

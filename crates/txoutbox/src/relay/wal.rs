@@ -85,7 +85,7 @@ impl Relay {
             tracing::warn!("{warning}");
         }
         // Sampled from the start: a standby reports the slot (and whether anyone reads it) too.
-        let sampler = AbortOnDrop(tokio::spawn(sample_slot(
+        let sampler = AbortOnDrop(crate::relay::spawn_here(sample_slot(
             wal.clone(),
             cfg.metric_labels.clone(),
         )));
@@ -101,7 +101,7 @@ impl Relay {
 
         let stop = cancel.child_token();
         let lock_lost = Arc::new(AtomicBool::new(false));
-        let watcher = AbortOnDrop(tokio::spawn(watch_lock(
+        let watcher = AbortOnDrop(crate::relay::spawn_here(watch_lock(
             lock,
             stop.clone(),
             lock_lost.clone(),
@@ -134,7 +134,7 @@ impl Relay {
         let table_stop = CancellationToken::new();
         let table_task = {
             let (stop, retry) = (table_stop.clone(), retry);
-            AbortOnDrop(tokio::spawn(async move {
+            AbortOnDrop(crate::relay::spawn_here(async move {
                 let mut s = RelayStats::default();
                 let r = table.pipeline(&stop, &mut s, &retry).await;
                 (s, r)
@@ -696,9 +696,9 @@ impl PendingSettle {
     ) -> Result<(), Error> {
         self.finish(reader).await?;
         let wal = wal.clone();
-        self.0 = Some(AbortOnDrop(tokio::spawn(
-            async move { p.settle(&wal).await },
-        )));
+        self.0 = Some(AbortOnDrop(crate::relay::spawn_here(async move {
+            p.settle(&wal).await
+        })));
         Ok(())
     }
 

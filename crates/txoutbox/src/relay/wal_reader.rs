@@ -74,7 +74,7 @@ impl StreamReader {
             confirm,
             position,
             close,
-            task: AbortOnDrop(tokio::spawn(task.run())),
+            task: AbortOnDrop(crate::relay::spawn_here(task.run())),
             next: None,
         }
     }
