@@ -26,7 +26,8 @@ source=${SOURCE:-table}
 # itself is built either way).
 release="${CARGO_TARGET_DIR:-target}/release"
 if [ -z "${BIN:-}" ]; then
-  cargo build --release -p txoutbox-cli --bin txoutbox -p txoutbox-bench
+  cargo build --release -p txoutbox-cli --bin txoutbox
+  cargo build --release -p txoutbox-bench
 else
   cargo build --release -p txoutbox-bench
 fi
