@@ -77,7 +77,7 @@ pub async fn status(
     let mut body = status_body(
         &o.table,
         &latest.counts,
-        o.relay_id.as_deref(),
+        o.relay_id().as_deref(),
         &latest.relays,
         o.history.slot().as_ref(),
     );
@@ -101,7 +101,7 @@ pub async fn outboxes(State(s): State<SharedState>) -> Json<Value> {
             json!({
                 "name": o.name,
                 "table": o.table.display(),
-                "relay_id": o.relay_id,
+                "relay_id": o.relay_id(),
                 "running": error.is_none() && o.store().is_ok(),
                 "error": error,
                 "pending": latest.as_ref().map(|l| l.counts.pending),
@@ -184,8 +184,9 @@ async fn ready(s: &super::AdminState, o: &super::OutboxAdmin) -> (bool, Value) {
             Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
         }
     };
+    let publisher = o.broker();
     let broker = async {
-        match &o.broker {
+        match &publisher {
             None => Ok(()),
             Some(p) => match tokio::time::timeout(PROBE_TIMEOUT, p.check()).await {
                 Ok(Ok(())) => Ok(()),
@@ -199,11 +200,15 @@ async fn ready(s: &super::AdminState, o: &super::OutboxAdmin) -> (bool, Value) {
         Ok(()) => "ok".to_string(),
         Err(e) => s.redact(e),
     };
-    let ready = db.is_ok() && broker.is_ok();
-    (
-        ready,
-        json!({ "ready": ready, "database": word(&db), "broker": word(&broker) }),
-    )
+    // A relay that failed after it connected: its database and broker may answer, but it is
+    // not running (it is being started again).
+    let relay = o.error();
+    let ready = db.is_ok() && broker.is_ok() && relay.is_none();
+    let mut body = json!({ "ready": ready, "database": word(&db), "broker": word(&broker) });
+    if let Some(e) = relay {
+        body["relay"] = json!(s.redact(&format!("not running: {e}")));
+    }
+    (ready, body)
 }
 
 /// The value of query parameter `name`, if given.

@@ -40,9 +40,9 @@ pub struct OutboxAdmin {
     /// Its `[[outbox]]` name; `None` for the one outbox of a relay without them.
     pub name: Option<String>,
     pub table: OutboxTable,
-    pub relay_id: Option<String>,
-    /// Its publisher, for readiness (`None`: no broker to check).
-    pub broker: Option<Arc<dyn Publisher>>,
+    relay_id: std::sync::Mutex<Option<String>>,
+    /// Its publisher, for readiness (`None`: no broker to check, or not connected yet).
+    broker: std::sync::RwLock<Option<Arc<dyn Publisher>>>,
     pub history: Arc<sampler::History>,
     conn: std::sync::RwLock<Option<Conn>>,
     error: std::sync::Mutex<Option<String>>,
@@ -70,11 +70,33 @@ impl OutboxAdmin {
         Self {
             name,
             table,
-            relay_id,
-            broker,
+            relay_id: std::sync::Mutex::new(relay_id),
+            broker: std::sync::RwLock::new(broker),
             history: Arc::default(),
             conn: std::sync::RwLock::new(None),
             error: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The id of its relay (a restarted relay may take a new one).
+    pub fn relay_id(&self) -> Option<String> {
+        self.relay_id.lock().ok().and_then(|r| r.clone())
+    }
+
+    pub fn set_relay_id(&self, relay_id: String) {
+        if let Ok(mut r) = self.relay_id.lock() {
+            *r = Some(relay_id);
+        }
+    }
+
+    /// Its publisher, once connected.
+    pub fn broker(&self) -> Option<Arc<dyn Publisher>> {
+        self.broker.read().ok().and_then(|b| b.clone())
+    }
+
+    pub fn set_broker(&self, broker: Arc<dyn Publisher>) {
+        if let Ok(mut b) = self.broker.write() {
+            *b = Some(broker);
         }
     }
 

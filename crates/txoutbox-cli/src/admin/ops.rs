@@ -121,6 +121,8 @@ impl Ops {
     ) {
         // In the caller's span: an outbox's gauge and purge logs name it.
         use tracing::Instrument;
+        // A restarted outbox's companions of before are done: forget them.
+        self.tasks.retain(|t| !t.is_finished());
         self.tasks.push(tokio::spawn(
             sampler::run(
                 store.clone(),

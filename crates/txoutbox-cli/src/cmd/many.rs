@@ -12,12 +12,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use txoutbox::metrics::MetricLabels;
 use txoutbox::publish::{redact_url, Ack, Message, PublishError, Publisher};
-use txoutbox::relay::{Relay, RelayConfig, RelayStats};
+use txoutbox::relay::{Relay, RelayConfig, RelayStats, Source};
 use txoutbox::retention::Purger;
 use txoutbox::retry::Backoff;
 use txoutbox::store::Operator;
@@ -68,6 +67,24 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
             .into());
         }
     }
+    // The WAL source's replication slots are the cluster's: two outboxes must not read one.
+    let mut slots: Vec<(String, &str)> = Vec::new();
+    for p in plans.iter().filter(|p| p.config.source == Source::Wal) {
+        let slot = p
+            .config
+            .slot
+            .clone()
+            .unwrap_or_else(|| crate::cmd::slot::default_slot(&p.ctx));
+        if let Some((_, other)) = slots.iter().find(|(s, _)| *s == slot) {
+            return Err(UsageError(format!(
+                "outboxes `{other}` and `{}` would read one replication slot, {slot}: give each \
+                 WAL outbox its own `slot` (a top-level or [relay] slot applies to all of them)",
+                p.name
+            ))
+            .into());
+        }
+        slots.push((slot, p.name.as_str()));
+    }
     let ops_args = first.args.ops.clone();
     let drain = first.args.drain;
     let urls: Vec<String> = plans
@@ -94,32 +111,20 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Err(e) = crate::admin::install_recorder(&labels) {
         tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
     }
-    let mut pool: HashMap<String, Arc<dyn Publisher>> = HashMap::new();
-    let mut publishers: Vec<Arc<dyn Publisher>> = Vec::with_capacity(plans.len());
-    for p in &mut plans {
-        let publisher: Arc<dyn Publisher> = match (p.routes.take(), &p.publisher_url) {
-            (Some(routes), _) => Arc::new(
-                super::routes::connect_shared(routes, p.labels.clone(), &mut pool)
-                    .await
-                    .with_context(|| format!("outbox `{}`", p.name))?,
-            ),
-            (None, Some(url)) => shared(&mut pool, url)
-                .await
-                .with_context(|| format!("outbox `{}`", p.name))?,
-            (None, None) => unreachable!("plan() requires a publisher or routes"),
-        };
-        let publisher: Arc<dyn Publisher> = if p.args.tuning.inject_faults > 0.0 {
-            tracing::warn!(outbox = %p.name, rate = p.args.tuning.inject_faults,
-                "injecting publish faults (--inject-faults)");
-            Arc::new(txoutbox::publish::FaultyPublisher::new(
-                Box::new(SharedPublisher(publisher)),
-                p.args.tuning.inject_faults,
-                u64::from(std::process::id()),
-            ))
-        } else {
-            publisher
-        };
-        publishers.push(publisher);
+    let pool: Pool = Arc::default();
+    let mut publishers: Vec<Option<Arc<dyn Publisher>>> = Vec::with_capacity(plans.len());
+    for p in &plans {
+        match p.connect_publisher(&pool).await {
+            Ok(publisher) => publishers.push(Some(publisher)),
+            // A URL that cannot work stops the start, as with one outbox.
+            Err(e) if e.downcast_ref::<UsageError>().is_some() => return Err(e),
+            // A broker that does not answer stops this outbox only: it is tried again.
+            Err(e) => {
+                tracing::error!(outbox = %p.name, error = %redact(&format!("{e:#}")),
+                    "publisher not reachable; the outbox starts once it is");
+                publishers.push(None);
+            }
+        }
     }
 
     // --- the admin listener over every outbox ------------------------------------------------
@@ -136,7 +141,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
                 Some(p.name.clone()),
                 p.ctx.table.clone(),
                 Some(p.config.relay_id.clone()),
-                Some(publisher.clone()),
+                publisher.clone(),
             ))
         })
         .collect();
@@ -162,6 +167,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
             plan,
             admin,
             publisher: publisher.clone(),
+            pool: pool.clone(),
             companions: companions.clone(),
             ops: ops.clone(),
             cancel: cancel.clone(),
@@ -192,6 +198,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Ok(ops) = Arc::try_unwrap(ops) {
         ops.into_inner().stop().await;
     }
+    let pool = pool.lock().await;
     let mut closed: Vec<&Arc<dyn Publisher>> = Vec::new();
     for p in pool.values() {
         if closed.iter().any(|c| Arc::ptr_eq(c, p)) {
@@ -258,17 +265,55 @@ fn plan(name: String, ctx: Ctx, args: RelayArgs) -> anyhow::Result<Plan> {
     })
 }
 
-/// The publisher of `url` from `pool`, connected on first use.
-async fn shared(
-    pool: &mut HashMap<String, Arc<dyn Publisher>>,
-    url: &str,
-) -> anyhow::Result<Arc<dyn Publisher>> {
-    if let Some(p) = pool.get(url) {
-        return Ok(p.clone());
+/// The publishers of the process, by URL: each connects once, for every outbox that names it.
+type Pool = Arc<tokio::sync::Mutex<HashMap<String, Arc<dyn Publisher>>>>;
+
+impl Plan {
+    /// Its publisher (a router over its routes, or its one URL), from `pool` or connected now;
+    /// with `inject_faults`, wrapped to fail that often.
+    async fn connect_publisher(&self, pool: &Pool) -> anyhow::Result<Arc<dyn Publisher>> {
+        let mut pool = pool.lock().await;
+        let publisher: Arc<dyn Publisher> = match (&self.routes, &self.publisher_url) {
+            (Some(routes), _) => Arc::new(
+                super::routes::connect_shared(routes.clone(), self.labels.clone(), &mut pool)
+                    .await
+                    .map_err(|e| named(&self.name, e))?,
+            ),
+            (None, Some(url)) => match pool.get(url) {
+                Some(p) => p.clone(),
+                None => {
+                    let p: Arc<dyn Publisher> = Arc::from(
+                        open_publisher(url)
+                            .await
+                            .map_err(|e| named(&self.name, e))?,
+                    );
+                    pool.insert(url.clone(), p.clone());
+                    p
+                }
+            },
+            (None, None) => {
+                return Err(UsageError(format!("outbox `{}`: no publisher", self.name)).into())
+            }
+        };
+        let rate = self.args.tuning.inject_faults;
+        if rate > 0.0 {
+            tracing::warn!(outbox = %self.name, rate, "injecting publish faults (--inject-faults)");
+            return Ok(Arc::new(txoutbox::publish::FaultyPublisher::new(
+                Box::new(SharedPublisher(publisher)),
+                rate,
+                u64::from(std::process::id()),
+            )));
+        }
+        Ok(publisher)
     }
-    let p: Arc<dyn Publisher> = Arc::from(open_publisher(url).await?);
-    pool.insert(url.to_string(), p.clone());
-    Ok(p)
+}
+
+/// An error of the outbox `name`, named (a usage error stays one).
+fn named(name: &str, e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<UsageError>() {
+        Ok(UsageError(text)) => UsageError(format!("outbox `{name}`: {text}")).into(),
+        Err(e) => e.context(format!("outbox `{name}`")),
+    }
 }
 
 fn redact(s: &str) -> String {
@@ -288,12 +333,25 @@ struct Companions {
 struct Supervisor {
     plan: Plan,
     admin: Arc<OutboxAdmin>,
-    publisher: Arc<dyn Publisher>,
+    /// Its publisher; `None` until the broker answers.
+    publisher: Option<Arc<dyn Publisher>>,
+    pool: Pool,
     companions: Companions,
     ops: Arc<tokio::sync::Mutex<Ops>>,
     cancel: CancellationToken,
     drain: bool,
 }
+
+/// The relay's store, the admin listener's store and probe, and the slot reader.
+type Stores = (
+    Box<dyn Operator>,
+    Arc<dyn Operator>,
+    Arc<dyn Operator>,
+    Option<SlotReader>,
+);
+
+/// A relay that ran this long before it failed starts again after the shortest wait.
+const HEALTHY: Duration = Duration::from_secs(60);
 
 /// Backoff between two starts of a failed outbox.
 const RESTART: Backoff = Backoff {
@@ -309,13 +367,19 @@ impl Supervisor {
         (name, result)
     }
 
-    async fn supervise(self) -> anyhow::Result<RelayStats> {
+    async fn supervise(mut self) -> anyhow::Result<RelayStats> {
         let mut failures = 0u32;
+        let mut config = self.plan.config.clone();
         loop {
-            let outcome = match self.start().await {
-                Ok((store, admin_store, probe, slot)) => {
+            // Shutdown is not held up by a database or broker that does not answer.
+            let cancel = self.cancel.clone();
+            let started = tokio::select! {
+                _ = cancel.cancelled() => return Ok(RelayStats::default()),
+                s = self.start() => s,
+            };
+            let outcome = match started {
+                Ok((publisher, (store, admin_store, probe, slot))) => {
                     self.admin.connected(admin_store.clone(), probe);
-                    failures = 0;
                     let stop = self.cancel.child_token();
                     self.ops.lock().await.companions(
                         &self.admin,
@@ -333,15 +397,12 @@ impl Supervisor {
                     tracing::info!(
                         table = %self.plan.ctx.table.display(),
                         database = %redact_url(self.plan.ctx.database_url().unwrap_or_default()),
-                        relay_id = %self.plan.config.relay_id,
-                        source = self.plan.config.source.as_str(),
+                        relay_id = %config.relay_id,
+                        source = config.source.as_str(),
                         "starting relay"
                     );
-                    let relay = Relay::new(
-                        store,
-                        Box::new(Lent(self.publisher.clone())),
-                        self.plan.config.clone(),
-                    );
+                    let relay = Relay::new(store, Box::new(Lent(publisher)), config.clone());
+                    let ran = std::time::Instant::now();
                     let result = relay.run(self.cancel.clone()).await;
                     stop.cancel();
                     match result {
@@ -354,7 +415,31 @@ impl Supervisor {
                             );
                             return Ok(stats);
                         }
-                        Err(e) => anyhow::Error::new(e).context("relay failed"),
+                        Err(e) => {
+                            // A relay that ran a good while before it failed starts again
+                            // from the shortest wait.
+                            if ran.elapsed() >= HEALTHY {
+                                failures = 0;
+                            }
+                            // Its relay id may still be held by the run that failed (until
+                            // its lease runs out): the next run takes a new default one.
+                            if self.plan.args.tuning.relay_id.is_none() {
+                                let old = std::mem::replace(
+                                    &mut config.relay_id,
+                                    txoutbox::relay::default_relay_id(),
+                                );
+                                let info = txoutbox::metrics::RELAY_INFO;
+                                ::metrics::gauge!(info, self.plan.labels.and("relay_id", old))
+                                    .set(0.0);
+                                ::metrics::gauge!(
+                                    info,
+                                    self.plan.labels.and("relay_id", config.relay_id.clone())
+                                )
+                                .set(1.0);
+                                self.admin.set_relay_id(config.relay_id.clone());
+                            }
+                            anyhow::Error::new(e).context("relay failed")
+                        }
                     }
                 }
                 Err(e) => e.context("cannot start"),
@@ -374,16 +459,24 @@ impl Supervisor {
         }
     }
 
-    /// Connect: the relay's store (its schema checked), and the admin listener's store and
-    /// readiness probe on pools of their own.
-    async fn start(
-        &self,
-    ) -> anyhow::Result<(
-        Box<dyn Operator>,
-        Arc<dyn Operator>,
-        Arc<dyn Operator>,
-        Option<SlotReader>,
-    )> {
+    /// Connect: the publisher (unless it is), then the relay's store (its schema checked), and
+    /// the admin listener's store and readiness probe on pools of their own.
+    async fn start(&mut self) -> anyhow::Result<(Arc<dyn Publisher>, Stores)> {
+        let publisher = match &self.publisher {
+            Some(p) => p.clone(),
+            None => {
+                let p = self.plan.connect_publisher(&self.pool).await?;
+                self.admin.set_broker(p.clone());
+                self.publisher = Some(p.clone());
+                p
+            }
+        };
+        Ok((publisher, self.stores().await?))
+    }
+
+    /// The relay's store (its schema checked), and the admin listener's store and readiness
+    /// probe on pools of their own.
+    async fn stores(&self) -> anyhow::Result<Stores> {
         let ctx = &self.plan.ctx;
         let url = ctx.require_url()?;
         let db = ctx.db(4).await?;

@@ -15,6 +15,7 @@ use crate::ctx::UsageError;
 pub const DEFAULT_ROUTE: &str = "default";
 
 /// A route as checked, before connecting: name, conditions, publisher URL.
+#[derive(Clone)]
 pub struct Checked {
     pub name: String,
     pub matcher: Matcher,

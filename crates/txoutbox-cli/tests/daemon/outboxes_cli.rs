@@ -93,6 +93,11 @@ batch_size = 1
 name = "down"
 database_url = "postgres://postgres:{PASSWORD}@127.0.0.1:1/test"
 publisher = "null:"
+
+[[outbox]]
+name = "nobroker"
+schema = "{orders_schema}_nobroker"
+publisher = "nats://127.0.0.1:2"
 "#,
             orders_schema = orders.schema,
             billing_schema = billing.schema,
@@ -138,7 +143,7 @@ publisher = "null:"
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("--outbox NAME")
-            && stderr(&out).contains("orders, billing, edge, down"),
+            && stderr(&out).contains("orders, billing, edge, down, nobroker"),
         "{}",
         stderr(&out)
     );
@@ -186,7 +191,7 @@ publisher = "null:"
         let (_, body) = http(port, "GET", "/api/v1/outboxes", None, "").await;
         let v: Value = serde_json::from_str(&body).unwrap_or_default();
         v["outboxes"].as_array().is_some_and(|l| {
-            l.len() == 4 && l[..3].iter().all(|o| o["processed"].as_i64() > Some(0))
+            l.len() == 5 && l[..3].iter().all(|o| o["processed"].as_i64() > Some(0))
         })
     })
     .await;
@@ -200,12 +205,19 @@ publisher = "null:"
         .iter()
         .map(|o| o["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["orders", "billing", "edge", "down"]);
+    assert_eq!(names, ["orders", "billing", "edge", "down", "nobroker"]);
     let down = &v["outboxes"][3];
     assert_eq!(down["running"], false, "{down}");
     assert!(
         down["error"].as_str().unwrap().contains("127.0.0.1:1"),
         "{down}"
+    );
+    // A broker that does not answer stops its outbox only, too.
+    let nobroker = &v["outboxes"][4];
+    assert_eq!(nobroker["running"], false, "{nobroker}");
+    assert!(
+        nobroker["error"].as_str().unwrap().contains("nobroker"),
+        "{nobroker}"
     );
     assert_eq!(v["outboxes"][0]["running"], true);
     assert_eq!(
@@ -282,7 +294,7 @@ publisher = "null:"
         m.contains(r#"outbox_oldest_pending_age_seconds{outbox="edge"}"#),
         "{m}"
     );
-    for name in ["orders", "billing", "edge", "down"] {
+    for name in ["orders", "billing", "edge", "down", "nobroker"] {
         assert!(
             m.contains(&format!("outbox_relay_info{{outbox=\"{name}\",relay_id=")),
             "{m}"
@@ -298,6 +310,12 @@ publisher = "null:"
         assert!(text.contains(&format!("outbox     {name}\n")), "{text}");
     }
     assert!(stderr(&out).contains("outbox `down`"), "{}", stderr(&out));
+    // (nobroker's table does not exist: `status` says so too.)
+    assert!(
+        stderr(&out).contains("outbox `nobroker`"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!stderr(&out).contains(PASSWORD), "{}", stderr(&out));
     let out = orders
         .cli(&[
@@ -426,6 +444,13 @@ async fn a_bad_outbox_entry_is_one_error_that_names_it() {
             vec![],
         ),
         (
+            "slot = \"txo_one\"\n[[outbox]]\nname = \"a\"\nsource = \"wal\"\npublisher = \"null:\"\n\
+             [[outbox]]\nname = \"b\"\ntable = \"other\"\nsource = \"wal\"\npublisher = \"null:\"\n"
+                .to_string(),
+            vec!["`a` and `b`", "txo_one", "its own `slot`"],
+            vec![],
+        ),
+        (
             ok.to_string(),
             vec!["--outbox nope", "it has: a"],
             vec!["--outbox", "nope"],
@@ -459,4 +484,100 @@ async fn a_bad_outbox_entry_is_one_error_that_names_it() {
     assert!(stderr(&out).contains("[[outbox]]"), "{}", stderr(&out));
     std::fs::remove_dir_all(&dir).unwrap();
     db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_outbox_is_started_again_and_readiness_says_so_meanwhile() {
+    let a = TestSchema::migrated().await;
+    let b = TestSchema::new().await; // not migrated yet
+    let dir = dir();
+    let out_a = dir.join("a.jsonl");
+    let out_b = dir.join("b.jsonl");
+    let config = write(
+        &dir,
+        &format!(
+            r#"
+poll_interval = "100ms"
+[[outbox]]
+name = "a"
+schema = "{}"
+publisher = "file:{}"
+[[outbox]]
+name = "b"
+schema = "{}"
+publisher = "file:{}"
+"#,
+            a.schema,
+            out_a.display(),
+            b.schema,
+            out_b.display()
+        ),
+    );
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let relay = a.spawn(&["--config", &config, "relay", "--admin-addr", &addr]);
+    let running = |name: &'static str| async move {
+        let (_, body) = http(port, "GET", "/api/v1/outboxes", None, "").await;
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        v["outboxes"]
+            .as_array()
+            .and_then(|l| l.iter().find(|o| o["name"] == name))
+            .map(|o| o["running"] == true)
+    };
+    // b cannot start (no table); a runs, and readiness names b.
+    a.insert_events(2, 1).await;
+    wait_until(30, "a delivers while b is down", || {
+        let out_a = &out_a;
+        async move { event_types(out_a).len() == 2 && running("b").await == Some(false) }
+    })
+    .await;
+    let (status, body) = http(port, "GET", "/readyz", None, "").await;
+    assert_eq!(status, 503, "{body}");
+    // Migrated, b starts by itself (the backoff is seconds) and delivers.
+    let out = b
+        .cli(&["--config", &config, "--outbox", "b", "migrate"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    b.insert_events(1, 1).await;
+    wait_until(60, "b started again and delivered", || {
+        let out_b = &out_b;
+        async move { event_types(out_b).len() == 1 && running("b").await == Some(true) }
+    })
+    .await;
+    wait_until(30, "ready", || async move {
+        http(port, "GET", "/readyz", None, "").await.0 == 200
+    })
+    .await;
+    // A relay that fails while running: not ready (although its database answers), then
+    // started again once its table is back.
+    sqlx::query(&format!("ALTER TABLE {} RENAME TO gone", a.table()))
+        .execute(&a.pool)
+        .await
+        .unwrap();
+    wait_until(60, "a reported not running", || async move {
+        running("a").await == Some(false)
+    })
+    .await;
+    let (status, body) = http(port, "GET", "/readyz", None, "").await;
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["outboxes"]["a"]["database"], "ok", "{v}");
+    assert!(v["outboxes"]["a"]["relay"].is_string(), "{v}");
+    sqlx::query(&format!(
+        "ALTER TABLE \"{}\".gone RENAME TO outbox_events",
+        a.schema
+    ))
+    .execute(&a.pool)
+    .await
+    .unwrap();
+    a.insert_events(1, 1).await;
+    wait_until(90, "a started again and delivered", || {
+        let out_a = &out_a;
+        async move { event_types(out_a).len() == 3 && running("a").await == Some(true) }
+    })
+    .await;
+    stop(relay).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    a.cleanup().await;
+    b.cleanup().await;
 }
