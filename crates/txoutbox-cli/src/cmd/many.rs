@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use txoutbox::metrics::MetricLabels;
 use txoutbox::publish::{redact_url, Ack, Message, PublishError, Publisher};
-use txoutbox::relay::{Relay, RelayConfig, RelayStats, Source};
+#[cfg(feature = "postgres")]
+use txoutbox::relay::Source;
+use txoutbox::relay::{Relay, RelayConfig, RelayStats};
 use txoutbox::retention::Purger;
 use txoutbox::retry::Backoff;
 use txoutbox::store::Operator;
@@ -67,24 +69,8 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
             .into());
         }
     }
-    // The WAL source's replication slots are the cluster's: two outboxes must not read one.
-    let mut slots: Vec<(String, &str)> = Vec::new();
-    for p in plans.iter().filter(|p| p.config.source == Source::Wal) {
-        let slot = p
-            .config
-            .slot
-            .clone()
-            .unwrap_or_else(|| crate::cmd::slot::default_slot(&p.ctx));
-        if let Some((_, other)) = slots.iter().find(|(s, _)| *s == slot) {
-            return Err(UsageError(format!(
-                "outboxes `{other}` and `{}` would read one replication slot, {slot}: give each \
-                 WAL outbox its own `slot` (a top-level or [relay] slot applies to all of them)",
-                p.name
-            ))
-            .into());
-        }
-        slots.push((slot, p.name.as_str()));
-    }
+    #[cfg(feature = "postgres")]
+    distinct_slots(&plans)?;
     let ops_args = first.args.ops.clone();
     let drain = first.args.drain;
     let urls: Vec<String> = plans
@@ -214,6 +200,28 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     } else {
         Err(anyhow::anyhow!("outbox(es) failed: {}", failed.join(", ")))
     }
+}
+
+/// The WAL source's replication slots are the cluster's: two outboxes must not read one.
+#[cfg(feature = "postgres")]
+fn distinct_slots(plans: &[Plan]) -> Result<(), UsageError> {
+    let mut slots: Vec<(String, &str)> = Vec::new();
+    for p in plans.iter().filter(|p| p.config.source == Source::Wal) {
+        let slot = p
+            .config
+            .slot
+            .clone()
+            .unwrap_or_else(|| crate::cmd::slot::default_slot(&p.ctx));
+        if let Some((_, other)) = slots.iter().find(|(s, _)| *s == slot) {
+            return Err(UsageError(format!(
+                "outboxes `{other}` and `{}` would read one replication slot, {slot}: give each \
+                 WAL outbox its own `slot` (a top-level or [relay] slot applies to all of them)",
+                p.name
+            )));
+        }
+        slots.push((slot, p.name.as_str()));
+    }
+    Ok(())
 }
 
 /// Check one outbox's settings (no connection yet).
