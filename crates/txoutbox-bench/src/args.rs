@@ -31,7 +31,9 @@ pub struct BenchArgs {
     /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
     /// and scale use the first). null: acknowledges at once: the database side alone.
     /// routes:PATH runs the relays with the `[[route]]` entries of the config file PATH
-    /// (see --event-types to spread events over routes)
+    /// (see --event-types to spread events over routes). For publish only,
+    /// async-nats:nats://HOST:PORT?stream=NAME&subject=PREFIX sends the same messages with
+    /// async-nats alone, the reference for txoutbox's NATS publisher
     #[arg(
         long = "publisher",
         value_name = "URL",

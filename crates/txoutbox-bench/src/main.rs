@@ -136,6 +136,18 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e| UsageError(format!("--publisher {p}: cannot read {path}: {e}")))?;
             continue;
         }
+        if let Some(nats) = p.strip_prefix(publish::ASYNC_NATS_PREFIX) {
+            if a.scenario != Scenario::Publish {
+                return Err(UsageError(format!(
+                    "--publisher {p}: async-nats alone is a reference for the publish scenario \
+                     only"
+                ))
+                .into());
+            }
+            publish::async_nats_target(nats)
+                .map_err(|e| UsageError(format!("--publisher {p}: {e:#}")))?;
+            continue;
+        }
         let publisher = open_publisher(p).await?;
         let _ = publisher.close().await;
     }

@@ -22,6 +22,7 @@
 //! All messages go through one client connection, which keeps them in call order.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::connection::State;
@@ -60,7 +61,8 @@ const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 pub struct NatsPublisher {
     client: async_nats::Client,
     jetstream: jetstream::Context,
-    stream: String,
+    /// Shared with every acknowledgement's future (for its error message), not copied.
+    stream: Arc<str>,
     subject: Template,
     ack_timeout: Duration,
     /// The stream to (re)create when it is missing, if `create_stream` is on.
@@ -238,7 +240,7 @@ impl NatsPublisher {
         Ok(Self {
             client,
             jetstream,
-            stream: settings.stream,
+            stream: Arc::from(settings.stream),
             subject: settings.subject,
             ack_timeout: settings.ack_timeout,
             stream_config,
@@ -318,9 +320,11 @@ impl Publisher for NatsPublisher {
         }
         let ack = self
             .jetstream
-            .publish_with_headers(subject.clone(), headers, message.body.clone().into())
+            .publish_with_headers(subject, headers, message.body.clone().into())
             .await
             .map_err(|e| {
+                // Rendered again for the message: no copy of it on the way that succeeds.
+                let subject = self.subject.render(message);
                 let what = format!("event {}: publishing to {subject:?}", message.id);
                 match e.kind() {
                     PublishErrorKind::MaxPayloadExceeded => {
