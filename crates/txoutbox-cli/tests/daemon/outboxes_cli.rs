@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::common::*;
 
 const PASSWORD: &str = "s3cr3t-pw";
+const TOKEN: &str = "outboxes-test-token";
 
 fn dir() -> PathBuf {
     let dir = std::env::temp_dir().join(unique("txoutbox-outboxes"));
@@ -160,7 +161,15 @@ publisher = "nats://127.0.0.1:2"
 
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let relay = orders.spawn(&["--config", &config, "relay", "--admin-addr", &addr]);
+    let relay = orders.spawn(&[
+        "--config",
+        &config,
+        "relay",
+        "--admin-addr",
+        &addr,
+        "--admin-token",
+        TOKEN,
+    ]);
     wait_until(60, "every working outbox delivered", || {
         let (orders, billing, stream) = (&orders, &billing, &stream);
         let (shared_file, rest_file) = (&shared_file, &rest_file);
@@ -301,6 +310,36 @@ publisher = "nats://127.0.0.1:2"
         );
     }
     assert!(!m.contains(PASSWORD));
+
+    // A dead letter is retried through its own outbox: the id is unknown to another one.
+    let dead: uuid::Uuid = sqlx::query_scalar(&format!(
+        "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, dead_at, last_error)
+         VALUES ('order', '77', 'order.poisoned', '{{}}', now(), 'test: poisoned') RETURNING id",
+        orders.table()
+    ))
+    .fetch_one(&orders.pool)
+    .await
+    .unwrap();
+    let retry = |outbox: &str| format!("/api/v1/dead-letters/{dead}/retry?outbox={outbox}");
+    let (status, body) = http(port, "POST", &retry("billing"), Some(TOKEN), "").await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = http(port, "POST", &retry("orders"), Some(TOKEN), "").await;
+    assert_eq!(
+        (status, body.contains("\"retried\":1")),
+        (200, true),
+        "{body}"
+    );
+    wait_until(30, "the retried event published by its outbox", || {
+        let orders = &orders;
+        async move {
+            orders
+                .scalar("SELECT count(*) FROM {t} WHERE event_type = 'order.poisoned' AND processed_at IS NOT NULL")
+                .await
+                == 1
+        }
+    })
+    .await;
+    assert!(event_types(&shared_file).contains(&"order.poisoned".to_string()));
 
     // `status` goes through every outbox; the one down fails alone.
     let out = orders.cli(&["--config", &config, "status"]).await;
