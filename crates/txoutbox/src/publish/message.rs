@@ -7,6 +7,17 @@ use crate::event::OutboxEvent;
 
 /// The header (field, attribute) that carries [`Message::content_type`] on brokers without a
 /// content-type field of their own: NATS, Kafka, Redis Streams, SQS and SNS.
+// Unused when no broker that needs it is compiled in.
+#[cfg_attr(
+    not(any(
+        feature = "nats",
+        feature = "kafka",
+        feature = "redis",
+        feature = "sqs",
+        feature = "sns"
+    )),
+    allow(dead_code)
+)]
 pub(crate) const CONTENT_TYPE_HEADER: &str = "content-type";
 
 /// Is `content_type` JSON: `application/json` or a `+json` type, parameters (`; charset=...`)
