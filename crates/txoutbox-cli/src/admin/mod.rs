@@ -277,39 +277,64 @@ pub async fn serve(
         .await
 }
 
-/// The relay's publisher, shared with the admin listener's readiness check.
-pub struct SharedPublisher(pub Arc<dyn Publisher>);
+/// A publisher shared with others: the admin listener's readiness check, or other outboxes'
+/// relays. The relay closes its publisher when it stops; a lent one is not closed then (its
+/// owner closes it once, after every relay that uses it has stopped).
+pub struct SharedPublisher {
+    inner: Arc<dyn Publisher>,
+    closes: bool,
+}
 
 impl SharedPublisher {
     /// A publisher for the relay, and a handle on the same one for readiness checks.
     pub fn split(p: Box<dyn Publisher>) -> (Box<dyn Publisher>, Arc<dyn Publisher>) {
         let shared: Arc<dyn Publisher> = Arc::from(p);
-        (Box::new(SharedPublisher(shared.clone())), shared)
+        (Box::new(Self::new(shared.clone())), shared)
+    }
+
+    /// `inner`, closed when this is.
+    pub fn new(inner: Arc<dyn Publisher>) -> Self {
+        Self {
+            inner,
+            closes: true,
+        }
+    }
+
+    /// `inner`, lent: closing this leaves it open.
+    pub fn lent(inner: Arc<dyn Publisher>) -> Self {
+        Self {
+            inner,
+            closes: false,
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl Publisher for SharedPublisher {
     fn kind(&self) -> &'static str {
-        self.0.kind()
+        self.inner.kind()
     }
     fn kind_for(&self, message: &Message) -> &'static str {
-        self.0.kind_for(message)
+        self.inner.kind_for(message)
     }
     fn keeps_key_order(&self) -> bool {
-        self.0.keeps_key_order()
+        self.inner.keeps_key_order()
     }
     fn destination(&self, message: &Message) -> Option<String> {
-        self.0.destination(message)
+        self.inner.destination(message)
     }
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        self.0.send(message).await
+        self.inner.send(message).await
     }
     async fn check(&self) -> Result<(), PublishError> {
-        self.0.check().await
+        self.inner.check().await
     }
     async fn close(&self) -> Result<(), PublishError> {
-        self.0.close().await
+        if self.closes {
+            self.inner.close().await
+        } else {
+            Ok(())
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use txoutbox::metrics::MetricLabels;
-use txoutbox::publish::{redact_url, Ack, Message, PublishError, Publisher};
+use txoutbox::publish::{redact_url, Publisher};
 #[cfg(feature = "postgres")]
 use txoutbox::relay::Source;
 use txoutbox::relay::{Relay, RelayConfig, RelayStats};
@@ -307,7 +307,7 @@ impl Plan {
         if rate > 0.0 {
             tracing::warn!(outbox = %self.name, rate, "injecting publish faults (--inject-faults)");
             return Ok(Arc::new(txoutbox::publish::FaultyPublisher::new(
-                Box::new(SharedPublisher(publisher)),
+                Box::new(SharedPublisher::new(publisher)),
                 rate,
                 u64::from(std::process::id()),
             )));
@@ -409,7 +409,11 @@ impl Supervisor {
                         source = config.source.as_str(),
                         "starting relay"
                     );
-                    let relay = Relay::new(store, Box::new(Lent(publisher)), config.clone());
+                    let relay = Relay::new(
+                        store,
+                        Box::new(SharedPublisher::lent(publisher)),
+                        config.clone(),
+                    );
                     let ran = std::time::Instant::now();
                     let result = relay.run(self.cancel.clone()).await;
                     stop.cancel();
@@ -504,34 +508,5 @@ impl Supervisor {
             .await?;
         let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, mark));
         Ok((store, admin_store, probe, slot))
-    }
-}
-
-/// A publisher lent to one outbox's relay: the relay closes its publisher when it stops,
-/// but a shared one is closed by the process, once, after every relay has stopped.
-struct Lent(Arc<dyn Publisher>);
-
-#[async_trait::async_trait]
-impl Publisher for Lent {
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-    fn kind_for(&self, message: &Message) -> &'static str {
-        self.0.kind_for(message)
-    }
-    fn keeps_key_order(&self) -> bool {
-        self.0.keeps_key_order()
-    }
-    fn destination(&self, message: &Message) -> Option<String> {
-        self.0.destination(message)
-    }
-    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        self.0.send(message).await
-    }
-    async fn check(&self) -> Result<(), PublishError> {
-        self.0.check().await
-    }
-    async fn close(&self) -> Result<(), PublishError> {
-        Ok(())
     }
 }

@@ -1,3 +1,17 @@
+// The brokers' publishers use these helpers; a database-only build (no broker) uses few.
+#![cfg_attr(
+    not(any(
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "mqtt",
+        feature = "http",
+        feature = "kafka",
+        feature = "sqs",
+        feature = "sns"
+    )),
+    allow(dead_code)
+)]
 use std::collections::BTreeMap;
 
 use super::ConfigError;
@@ -32,20 +46,6 @@ pub(crate) fn parse(raw: &str) -> Result<PublisherUrl, ConfigError> {
     })
 }
 
-// The brokers' publishers use these; with none compiled in (a database-only build), some are not.
-#[cfg_attr(
-    not(any(
-        feature = "nats",
-        feature = "amqp",
-        feature = "redis",
-        feature = "mqtt",
-        feature = "http",
-        feature = "kafka",
-        feature = "sqs",
-        feature = "sns"
-    )),
-    allow(dead_code)
-)]
 impl PublisherUrl {
     pub fn scheme(&self) -> &str {
         self.url.scheme()
@@ -158,19 +158,6 @@ impl PublisherUrl {
 }
 
 /// Parse `250`, `250ms`, `5s`, `1.5s`, `2m`, `1h` (a bare number is milliseconds).
-#[cfg_attr(
-    not(any(
-        feature = "nats",
-        feature = "amqp",
-        feature = "redis",
-        feature = "mqtt",
-        feature = "http",
-        feature = "kafka",
-        feature = "sqs",
-        feature = "sns"
-    )),
-    allow(dead_code)
-)]
 pub(crate) fn parse_duration(v: &str) -> Result<std::time::Duration, String> {
     let v = v.trim();
     let split = v
