@@ -239,6 +239,27 @@ fn params() -> String {
     format!("endpoint={}&region={REGION}", endpoint())
 }
 
+/// Send every message, then wait for every acknowledgement (all outstanding at once).
+async fn send_all(p: &dyn Publisher, sent: &[Message]) {
+    let mut acks = Vec::new();
+    for m in sent {
+        acks.push(p.send(m).await.unwrap());
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
+
+/// Close the publisher, stop the reader, and delete the topic (if any) and the queue.
+async fn teardown(p: Box<dyn Publisher>, reader: Reader, topic: Option<&str>, queue_url: &str) {
+    p.close().await.unwrap();
+    drop(reader);
+    if let Some(arn) = topic {
+        delete_topic(arn).await;
+    }
+    delete_queue(queue_url).await;
+}
+
 /// A FIFO queue by name: group id = aggregate id, dedup id = event id, every contract
 /// header and user header as a message attribute; a batch call's entries are judged one by
 /// one (an oversized message fails alone, for good).
@@ -257,13 +278,7 @@ async fn fifo_queue_attributes_group_and_dedup_ids() {
     // An aggregate id that is no valid group id still keeps one group.
     sent.push(message(25, "a b ä"));
     sent.push(message(26, "a b ä"));
-    let mut acks = Vec::new();
-    for m in &sent {
-        acks.push(p.send(m).await.unwrap());
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    send_all(&*p, &sent).await;
     let got = reader.wait(sent.len()).await;
     for m in &sent {
         let g = got
@@ -319,9 +334,7 @@ async fn fifo_queue_attributes_group_and_dedup_ids() {
     a1.await.unwrap();
     a2.await.unwrap();
     reader.wait(before + 2).await;
-    p.close().await.unwrap();
-    drop(reader);
-    delete_queue(&queue_url).await;
+    teardown(p, reader, None, &queue_url).await;
 }
 
 /// A standard queue by URL: no group or dedup id, and keeps no order (the relay waits for
@@ -395,9 +408,7 @@ async fn standard_queue_by_url_ten_attributes_and_cloudevents() {
         serde_json::from_str(&a[publish::aws::OVERFLOW_ATTRIBUTE]).unwrap();
     assert_eq!(rest["outbox-aggregate-id"], "o-2");
     assert_eq!(rest["traceparent"], "00-trace-2-01");
-    p.close().await.unwrap();
-    drop(reader);
-    delete_queue(&queue_url).await;
+    teardown(p, reader, None, &queue_url).await;
 }
 
 /// What cannot work is said at connect time: a missing queue or topic (unavailable: the
@@ -454,13 +465,7 @@ async fn fifo_topic_to_subscribed_queue() {
     let sent: Vec<Message> = (0..12)
         .map(|n| message(n, &format!("o-{}", n % 2)))
         .collect();
-    let mut acks = Vec::new();
-    for m in &sent {
-        acks.push(p.send(m).await.unwrap());
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    send_all(&*p, &sent).await;
     let got = reader.wait(sent.len()).await;
     for m in &sent {
         let g = got
@@ -485,10 +490,7 @@ async fn fifo_topic_to_subscribed_queue() {
             .collect();
         assert_eq!(got_ids, sent_ids, "order of {key}");
     }
-    p.close().await.unwrap();
-    drop(reader);
-    delete_topic(&arn).await;
-    delete_queue(&queue_url).await;
+    teardown(p, reader, Some(&arn), &queue_url).await;
 }
 
 /// A standard topic (no FIFO), read through a standard queue subscribed to it: every message
@@ -509,13 +511,7 @@ async fn standard_topic_to_subscribed_queue() {
     let sent: Vec<Message> = (0..13)
         .map(|n| message(n, &format!("o-{}", n % 3)))
         .collect();
-    let mut acks = Vec::new();
-    for m in &sent {
-        acks.push(p.send(m).await.unwrap());
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    send_all(&*p, &sent).await;
     let got = reader.wait(sent.len()).await;
     for m in &sent {
         let g = got
@@ -529,10 +525,7 @@ async fn standard_topic_to_subscribed_queue() {
         assert_eq!(g.attributes["outbox-aggregate-id"], m.aggregate_id);
         assert_eq!(g.attributes["traceparent"], m.headers["traceparent"]);
     }
-    p.close().await.unwrap();
-    drop(reader);
-    delete_topic(&arn).await;
-    delete_queue(&queue_url).await;
+    teardown(p, reader, Some(&arn), &queue_url).await;
 }
 
 /// What boto3 reads from a FIFO queue (`scripts/clients/sqs_cloudevents.py`) is a CloudEvent
