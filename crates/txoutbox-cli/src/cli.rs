@@ -104,8 +104,8 @@ pub struct Global {
     /// options may sit under [relay])
     #[arg(long, env = "TXOUTBOX_CONFIG", global = true, hide_env_values = true)]
     pub config: Option<std::path::PathBuf>,
-    /// With [[outbox]] entries in the config file: act on this one only (`relay` and
-    /// `status` take all of them without it; the other commands need it when there are
+    /// With [[outbox]] entries in the config file: act on this one only (`relay`, `status`
+    /// and `migrate` take all of them without it; the other commands need it when there are
     /// several)
     #[arg(long, env = "TXOUTBOX_OUTBOX", global = true, value_name = "NAME")]
     pub outbox: Option<String>,
@@ -137,7 +137,8 @@ pub enum Command {
     Migrate,
     /// Write one event into the outbox (prints its id)
     Enqueue(EnqueueArgs),
-    /// Run the relay: publish committed events to a broker until stopped (SIGTERM/SIGINT)
+    /// Run the relay: publish committed events to a broker until stopped (SIGTERM/SIGINT);
+    /// with [[outbox]] entries in the config file, one relay per outbox in this process
     Relay(RelayArgs),
     /// Show pending, leased, dead and processed counts (PostgreSQL: and the WAL source's
     /// replication slot, when it exists)
@@ -193,7 +194,8 @@ pub struct EnqueueArgs {
 pub struct RelayArgs {
     /// Where to publish: nats://, amqp://, redis://, mqtt://, kafka://, https://, sqs://QUEUE,
     /// sns://TOPIC_ARN, stdout:, file:PATH or null: (required unless the config file has
-    /// [[route]] entries, after which it is the default route; the TLS forms tls://, amqps://,
+    /// [[route]] entries, after which it is the default route, or [[outbox]] entries with
+    /// their own; the TLS forms tls://, amqps://,
     /// rediss://, mqtts://, kafkas://, https:// take tls_ca, tls_cert and tls_key parameters;
     /// sqs:// and sns:// take their credentials from the standard AWS chain)
     #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
