@@ -79,7 +79,7 @@ pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost
 /// [`Router`](crate::publish::Router) and [`Purger`](crate::retention::Purger) beside it.
 /// Empty by default: a relay alone records the plain series.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetricLabels(Vec<(String, String)>);
+pub struct MetricLabels(Vec<::metrics::Label>);
 
 static NO_LABELS: MetricLabels = MetricLabels(Vec::new());
 
@@ -97,7 +97,7 @@ impl MetricLabels {
 
     /// `outbox="name"`: the label of one of several outboxes in a process.
     pub fn outbox(name: &str) -> Self {
-        Self(vec![("outbox".to_string(), name.to_string())])
+        Self(vec![shared_label("outbox", name)])
     }
 
     /// These labels and `name="value"`, checked: the name must be a Prometheus label name
@@ -118,16 +118,16 @@ impl MetricLabels {
         if ["event_type", "route", "status", "reason", "relay_id"].contains(&name) {
             return bad("the relay sets this label itself");
         }
-        if self.0.iter().any(|(k, _)| k == name) {
+        if self.0.iter().any(|l| l.key() == name) {
             return bad("given twice");
         }
-        self.0.push((name.to_string(), value.to_string()));
+        self.0.push(shared_label(name, value));
         Ok(self)
     }
 
     /// The labels, in the order given.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.0.iter().map(|l| (l.key(), l.value()))
     }
 
     /// Whether there are none.
@@ -135,12 +135,18 @@ impl MetricLabels {
         self.0.is_empty()
     }
 
-    /// The labels, for a `metrics` macro.
+    /// The labels, for a `metrics` macro: one small vector per call (the names and values are
+    /// shared, not copied; none at all without labels), as a relay records per event.
     pub fn labels(&self) -> Vec<::metrics::Label> {
-        self.0
-            .iter()
-            .map(|(k, v)| ::metrics::Label::new(k.clone(), v.clone()))
-            .collect()
+        self.0.clone()
+    }
+
+    /// These labels and `name="value"` for one of the labels the relay sets itself (`route`),
+    /// unchecked and shared like the others.
+    pub(crate) fn plus(&self, name: &'static str, value: &str) -> Self {
+        let mut l = self.0.clone();
+        l.push(shared_label(name, value));
+        Self(l)
     }
 
     /// The labels and one more (`event_type`, `route`, ...), for a `metrics` macro.
@@ -149,6 +155,12 @@ impl MetricLabels {
         l.push(::metrics::Label::new(name, value.into()));
         l
     }
+}
+
+/// A label whose name and value are reference-counted: cloning it copies no string.
+fn shared_label(name: &str, value: &str) -> ::metrics::Label {
+    let shared = |s: &str| ::metrics::SharedString::from_shared(std::sync::Arc::<str>::from(s));
+    ::metrics::Label::new(shared(name), shared(value))
 }
 
 /// Describe every metric (units and help texts) to the installed recorder, and start every

@@ -7,7 +7,6 @@
 //! backoff, while the others run. With `--drain` a start that fails is final: that outbox
 //! fails, the others drain, and the exit code says so.
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +23,7 @@ use txoutbox::retry::Backoff;
 use txoutbox::store::Operator;
 
 use super::routes::Checked;
-use super::{open_publisher, relay_config, retention};
+use super::{relay_config, retention};
 use crate::admin::ops::{Ops, OpsConfig};
 use crate::admin::{OutboxAdmin, SharedPublisher};
 use crate::cli::RelayArgs;
@@ -97,7 +96,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Err(e) = crate::admin::install_recorder(&labels) {
         tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
     }
-    let pool: Pool = Arc::default();
+    let pool = Pool::default();
     let mut publishers: Vec<Option<Arc<dyn Publisher>>> = Vec::with_capacity(plans.len());
     for p in &plans {
         match p.connect_publisher(&pool).await {
@@ -184,13 +183,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Ok(ops) = Arc::try_unwrap(ops) {
         ops.into_inner().stop().await;
     }
-    let pool = pool.lock().await;
-    let mut closed: Vec<&Arc<dyn Publisher>> = Vec::new();
-    for p in pool.values() {
-        if closed.iter().any(|c| Arc::ptr_eq(c, p)) {
-            continue;
-        }
-        closed.push(p);
+    for p in pool.all() {
         if let Err(e) = p.close().await {
             tracing::warn!(error = %redact(&e.chain()), "closing a publisher failed");
         }
@@ -274,31 +267,19 @@ fn plan(name: String, ctx: Ctx, args: RelayArgs) -> anyhow::Result<Plan> {
 }
 
 /// The publishers of the process, by URL: each connects once, for every outbox that names it.
-type Pool = Arc<tokio::sync::Mutex<HashMap<String, Arc<dyn Publisher>>>>;
+type Pool = super::routes::Publishers;
 
 impl Plan {
     /// Its publisher (a router over its routes, or its one URL), from `pool` or connected now;
     /// with `inject_faults`, wrapped to fail that often.
     async fn connect_publisher(&self, pool: &Pool) -> anyhow::Result<Arc<dyn Publisher>> {
-        let mut pool = pool.lock().await;
         let publisher: Arc<dyn Publisher> = match (&self.routes, &self.publisher_url) {
             (Some(routes), _) => Arc::new(
-                super::routes::connect_shared(routes.clone(), self.labels.clone(), &mut pool)
+                super::routes::connect_shared(routes.clone(), self.labels.clone(), pool)
                     .await
                     .map_err(|e| named(&self.name, e))?,
             ),
-            (None, Some(url)) => match pool.get(url) {
-                Some(p) => p.clone(),
-                None => {
-                    let p: Arc<dyn Publisher> = Arc::from(
-                        open_publisher(url)
-                            .await
-                            .map_err(|e| named(&self.name, e))?,
-                    );
-                    pool.insert(url.clone(), p.clone());
-                    p
-                }
-            },
+            (None, Some(url)) => pool.get(url).await.map_err(|e| named(&self.name, e))?,
             (None, None) => {
                 return Err(UsageError(format!("outbox `{}`: no publisher", self.name)).into())
             }

@@ -94,30 +94,22 @@ fn matcher(spec: &RouteSpec) -> Result<Matcher, publish::route::RouteError> {
 /// Connect each distinct URL once, in route order, and build the router. A URL that cannot
 /// be used or reached is named by its route.
 pub async fn connect(routes: Vec<Checked>) -> anyhow::Result<Router> {
-    connect_shared(routes, Default::default(), &mut HashMap::new()).await
+    connect_shared(routes, Default::default(), &Publishers::default()).await
 }
 
-/// [`connect`], taking publishers from `connected` (and adding those it connects): one
+/// [`connect`], taking publishers from `publishers` (and adding those it connects): one
 /// connection per URL across several routers. `labels` go on the router's metrics.
 pub async fn connect_shared(
     routes: Vec<Checked>,
     labels: txoutbox::metrics::MetricLabels,
-    connected: &mut HashMap<String, Arc<dyn Publisher>>,
+    publishers: &Publishers,
 ) -> anyhow::Result<Router> {
     let mut out = Vec::with_capacity(routes.len());
     for c in routes {
-        let publisher = match connected.get(&c.url) {
-            Some(p) => p.clone(),
-            None => {
-                let p: Arc<dyn Publisher> = Arc::from(
-                    open_publisher(&c.url)
-                        .await
-                        .map_err(|e| route_error(&c.name, e))?,
-                );
-                connected.insert(c.url.clone(), p.clone());
-                p
-            }
-        };
+        let publisher = publishers
+            .get(&c.url)
+            .await
+            .map_err(|e| route_error(&c.name, e))?;
         tracing::info!(
             route = %c.name,
             matches = %c.matcher.describe(),
@@ -127,6 +119,45 @@ pub async fn connect_shared(
         out.push(Route::new(c.name, c.matcher, publisher)?);
     }
     Ok(Router::with_metric_labels(out, labels)?)
+}
+
+/// Publishers by URL, shared: each URL connects once, however many routes or outboxes name
+/// it. No lock is held while connecting (one broker that does not answer holds up no other);
+/// should two connect the same URL at once, the one that comes second is closed again.
+#[derive(Clone, Default)]
+pub struct Publishers(Arc<std::sync::Mutex<HashMap<String, Arc<dyn Publisher>>>>);
+
+impl Publishers {
+    /// The publisher of `url`, connected on first use.
+    pub async fn get(&self, url: &str) -> anyhow::Result<Arc<dyn Publisher>> {
+        if let Some(p) = self.lookup(url) {
+            return Ok(p);
+        }
+        let connected: Arc<dyn Publisher> = Arc::from(open_publisher(url).await?);
+        let first = match self.0.lock() {
+            Ok(mut map) => map
+                .entry(url.to_string())
+                .or_insert_with(|| connected.clone())
+                .clone(),
+            Err(_) => return Ok(connected),
+        };
+        if !Arc::ptr_eq(&first, &connected) {
+            let _ = connected.close().await;
+        }
+        Ok(first)
+    }
+
+    fn lookup(&self, url: &str) -> Option<Arc<dyn Publisher>> {
+        self.0.lock().ok().and_then(|m| m.get(url).cloned())
+    }
+
+    /// Every publisher connected so far (to close them once, at the end).
+    pub fn all(&self) -> Vec<Arc<dyn Publisher>> {
+        self.0
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// `open_publisher`'s error, prefixed with the route (a usage error stays one).
@@ -221,5 +252,21 @@ mod tests {
         assert!(text.starts_with("route `kaf`: "), "{text}");
         assert!(text.contains("nope"), "{text}");
         assert!(e.downcast_ref::<UsageError>().is_some());
+    }
+
+    #[tokio::test]
+    async fn each_url_connects_once_however_often_it_is_asked_for() {
+        let p = Publishers::default();
+        let (a, b) = tokio::join!(p.get("null:"), p.get("null:"));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(Arc::ptr_eq(&a, &b), "two connections to one URL");
+        let c = p.get("stdout:").await.unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(p.all().len(), 2);
+        let Err(e) = p.get("nope:").await else {
+            panic!("an unknown scheme connected")
+        };
+        assert!(e.downcast_ref::<UsageError>().is_some(), "{e:#}");
+        assert_eq!(p.all().len(), 2);
     }
 }

@@ -248,6 +248,8 @@ pub struct Router {
     publishers: Vec<(Arc<dyn Publisher>, Vec<String>)>,
     /// Labels on its metrics beside `route` (the relay's `metric_labels`).
     labels: crate::metrics::MetricLabels,
+    /// Those and `route`, for each route (in route order): made once, not per event.
+    route_labels: Vec<crate::metrics::MetricLabels>,
 }
 
 impl Router {
@@ -282,23 +284,20 @@ impl Router {
         }
         // Start every route's series at zero, so dashboards and `increase()` see the first
         // delivery (see `metrics::describe`).
-        for route in &routes {
-            ::metrics::counter!(
-                m::ROUTE_PUBLISHED_TOTAL,
-                labels.and("route", route.name.clone())
-            )
-            .increment(0);
-            ::metrics::counter!(
-                m::ROUTE_FAILED_TOTAL,
-                labels.and("route", route.name.clone())
-            )
-            .increment(0);
+        let route_labels: Vec<_> = routes
+            .iter()
+            .map(|r| labels.plus("route", &r.name))
+            .collect();
+        for l in &route_labels {
+            ::metrics::counter!(m::ROUTE_PUBLISHED_TOTAL, l.labels()).increment(0);
+            ::metrics::counter!(m::ROUTE_FAILED_TOTAL, l.labels()).increment(0);
         }
         ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL, labels.labels()).increment(0);
         Ok(Self {
             routes,
             publishers,
             labels,
+            route_labels,
         })
     }
 
@@ -309,7 +308,12 @@ impl Router {
 
     /// The first route that takes `message`, if any.
     pub fn route_for(&self, message: &Message) -> Option<&Route> {
-        self.routes.iter().find(|r| r.matcher.matches(message))
+        self.route_index(message).map(|i| &self.routes[i])
+    }
+
+    /// Where in the routes the first one that takes `message` is.
+    fn route_index(&self, message: &Message) -> Option<usize> {
+        self.routes.iter().position(|r| r.matcher.matches(message))
     }
 
     fn unmatched(&self, message: &Message) -> PublishError {
@@ -358,11 +362,12 @@ impl Publisher for Router {
     }
 
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        let Some(route) = self.route_for(message) else {
+        let Some(i) = self.route_index(message) else {
             ::metrics::counter!(m::ROUTE_UNMATCHED_TOTAL, self.labels.labels()).increment(1);
             return Err(self.unmatched(message));
         };
-        let labels = self.labels.and("route", route.name.clone());
+        let route = &self.routes[i];
+        let labels = self.route_labels[i].labels();
         match route.publisher.send(message).await {
             Ok(ack) => Ok(ack
                 .map(move |r| {
