@@ -1,7 +1,8 @@
 //! The WAL source (`--source wal`): committed events read from PostgreSQL's logical
 //! replication stream (or, without replication settings, through SQL), in commit order,
-//! published, settled in one statement per batch, and the slot confirmed past them. Beside it runs the table path (the ordinary claim -> publish
-//! -> settle loop over the events the stream handed to the table: failed ones retrying with
+//! published, settled (streamed: several batches in one statement, as a group commit) and the
+//! slot confirmed past them. Beside it runs the table path (the ordinary claim -> publish ->
+//! settle loop over the events the stream handed to the table: failed ones retrying with
 //! backoff, those held behind them, those committed before the slot existed).
 //!
 //! Guarantees, and what gives them:
@@ -277,21 +278,28 @@ impl Relay {
         stats: &mut RelayStats,
     ) -> Result<(), Error> {
         let cfg = &self.config;
-        let mut pending = PendingSettle::default();
+        let mut settler = Settler::new(cfg.batch_size.max(64) * MAX_QUEUED_BATCHES);
         loop {
             let got = tokio::select! {
                 biased;
                 _ = stop.cancelled() => {
-                    pending.finish(reader).await?;
+                    settler.finish(s.wal, reader).await?;
                     return Ok(());
                 }
-                b = reader.batch(cfg.batch_size) => Some(b),
+                done = settler.settled() => {
+                    if let Some(lsn) = done? {
+                        reader.confirm(lsn);
+                    }
+                    settler.kick(s.wal);
+                    continue;
+                }
+                b = reader.batch(cfg.batch_size), if !settler.is_full() => Some(b),
                 _ = tokio::time::sleep(DRAIN_CHECK), if s.target.is_some() => None,
             };
             let txs = match got {
                 Some(b) => b?,
                 None => {
-                    pending.finish(reader).await?;
+                    settler.finish(s.wal, reader).await?;
                     if s.target.is_some_and(|t| reader.position() >= t)
                         && reader.is_idle()
                         && !wal_unfinished(s.wal, cfg.ordering).await?
@@ -305,16 +313,17 @@ impl Relay {
             // Whether an aggregate that waits in the table has caught up is asked of the
             // table: the handoffs before must be in it.
             if s.ordered && touches(s.blocked, &txs) {
-                pending.finish(reader).await?;
+                settler.finish(s.wal, reader).await?;
             }
             let published = self
                 .publish_stream(s.wal, &txs, s.blocked, s.ordered, s.hold, stop, stats)
                 .await?;
-            pending.start(s.wal, published, reader).await?;
+            // Settled at once if no settle runs (so a caught-up stream is confirmed while
+            // idle), else with whatever else is published before that one ends.
+            settler.push(published);
+            settler.kick(s.wal);
             *s.errors = 0;
             if reader.is_idle() {
-                // Caught up: settle now, so that the slot is confirmed while idle.
-                pending.finish(reader).await?;
                 ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels()).set(0.0);
             }
             ::metrics::histogram!(m::BATCH_DURATION_SECONDS, cfg.metric_labels.labels())
@@ -645,12 +654,14 @@ impl Relay {
                 0 => None,
                 n => Some(txs[n - 1].end_lsn),
             },
+            whole: unsettled == txs.len(),
             labels: cfg.metric_labels.clone(),
         })
     }
 }
 
-/// A published stream batch, to settle: then its position may be confirmed.
+/// A published stream batch (or several, merged), to settle: then its position may be
+/// confirmed.
 struct Published {
     published: Vec<Uuid>,
     failed: Vec<Failure>,
@@ -659,11 +670,33 @@ struct Published {
     xids: Vec<u32>,
     /// The end of the longest prefix of its transactions whose every event this settles.
     confirm: Option<Lsn>,
+    /// Every one of its transactions is settled by it (`confirm` is the end of the last):
+    /// a batch merged after it may move the position on.
+    whole: bool,
     /// The relay's metric labels, for the counts of the settle.
     labels: crate::metrics::MetricLabels,
 }
 
 impl Published {
+    /// Events (and handoffs) it settles.
+    fn len(&self) -> usize {
+        self.published.len() + self.failed.len() + self.held.len()
+    }
+
+    /// Add `next`, published after it, to be settled in the same statement.
+    fn merge(&mut self, next: Published) {
+        self.published.extend(next.published);
+        self.failed.extend(next.failed);
+        self.held.extend(next.held);
+        self.xids.extend(next.xids);
+        self.xids.sort_unstable();
+        self.xids.dedup();
+        if self.whole {
+            self.confirm = next.confirm.or(self.confirm);
+            self.whole = next.whole;
+        }
+    }
+
     /// Settle in one statement, once its transactions are visible; the position to confirm
     /// after.
     async fn settle(self, wal: &WalStore) -> Result<Option<Lsn>, Error> {
@@ -681,40 +714,79 @@ impl Published {
     }
 }
 
-/// The settle of the last published batch, running while the next one is read and published
-/// (one at a time, in order: its position is confirmed once it is done).
-#[derive(Default)]
-struct PendingSettle(Option<AbortOnDrop<Result<Option<Lsn>, Error>>>);
+/// How many batches' worth of published events may wait for their settle before the stream
+/// stops publishing more (and so how far the confirmed position may trail what is published).
+const MAX_QUEUED_BATCHES: usize = 16;
 
-impl PendingSettle {
-    /// Start settling `p` (after the one before it is done and confirmed).
-    async fn start(
-        &mut self,
-        wal: &Arc<WalStore>,
-        p: Published,
-        reader: &StreamReader,
-    ) -> Result<(), Error> {
-        self.finish(reader).await?;
-        let wal = wal.clone();
-        self.0 = Some(AbortOnDrop(crate::relay::spawn_here(async move {
-            p.settle(&wal).await
-        })));
-        Ok(())
+/// The settles of published stream batches, as a group commit: one settle runs at a time,
+/// beside the publishing of the next batches; the batches published meanwhile queue up and
+/// are settled together by the next one (one visibility check and one statement for all of
+/// them). Each settle's position is confirmed once it is done, in order.
+struct Settler {
+    running: Option<AbortOnDrop<Result<Option<Lsn>, Error>>>,
+    queued: Option<Published>,
+    /// Past this many queued events the stream waits for the running settle.
+    max_queued: usize,
+}
+
+impl Settler {
+    fn new(max_queued: usize) -> Self {
+        Self {
+            running: None,
+            queued: None,
+            max_queued,
+        }
     }
 
-    /// Wait for the running settle, and confirm its position.
-    async fn finish(&mut self, reader: &StreamReader) -> Result<(), Error> {
-        let Some(task) = self.0.take() else {
-            return Ok(());
+    /// Queue `p` behind what is already queued.
+    fn push(&mut self, p: Published) {
+        match &mut self.queued {
+            Some(q) => q.merge(p),
+            None => self.queued = Some(p),
+        }
+    }
+
+    /// Start settling what is queued, unless a settle runs.
+    fn kick(&mut self, wal: &Arc<WalStore>) {
+        if self.running.is_some() {
+            return;
+        }
+        if let Some(p) = self.queued.take() {
+            let wal = wal.clone();
+            self.running = Some(AbortOnDrop(crate::relay::spawn_here(async move {
+                p.settle(&wal).await
+            })));
+        }
+    }
+
+    /// Enough is queued: publish no more until the running settle ends.
+    fn is_full(&self) -> bool {
+        self.queued
+            .as_ref()
+            .is_some_and(|q| q.len() >= self.max_queued)
+    }
+
+    /// The end of the running settle: the position to confirm. Never ends while none runs.
+    /// Cancel-safe: dropped before it ends, the settle runs on.
+    async fn settled(&mut self) -> Result<Option<Lsn>, Error> {
+        let Some(task) = self.running.as_mut() else {
+            return std::future::pending().await;
         };
-        match task.join().await {
-            Some(Ok(Some(lsn))) => {
-                reader.confirm(lsn);
-                Ok(())
+        let ended = (&mut task.0).await;
+        self.running = None;
+        ended.map_err(|_| Error::Task("a WAL batch's settle panicked".into()))?
+    }
+
+    /// Settle everything published so far, and confirm it.
+    async fn finish(&mut self, wal: &Arc<WalStore>, reader: &StreamReader) -> Result<(), Error> {
+        loop {
+            self.kick(wal);
+            if self.running.is_none() {
+                return Ok(());
             }
-            Some(Ok(None)) => Ok(()),
-            Some(Err(e)) => Err(e),
-            None => Err(Error::Task("a WAL batch's settle panicked".into())),
+            if let Some(lsn) = self.settled().await? {
+                reader.confirm(lsn);
+            }
         }
     }
 }
@@ -828,5 +900,57 @@ async fn watch_lock(mut lock: SlotLock, stop: CancellationToken, lost: Arc<Atomi
             stop.cancel();
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: u128, confirm: Option<u64>, whole: bool) -> Published {
+        Published {
+            published: vec![Uuid::from_u128(n)],
+            failed: Vec::new(),
+            held: Vec::new(),
+            xids: vec![n as u32, 1],
+            confirm: confirm.map(Lsn),
+            whole,
+            labels: crate::metrics::MetricLabels::default(),
+        }
+    }
+
+    #[test]
+    fn a_group_of_whole_batches_confirms_the_last_ones_end() {
+        let mut g = batch(1, Some(10), true);
+        g.merge(batch(2, Some(20), true));
+        g.merge(batch(3, Some(30), true));
+        assert_eq!(g.confirm, Some(Lsn(30)));
+        assert!(g.whole);
+        assert_eq!(g.len(), 3);
+        assert_eq!(
+            g.xids,
+            vec![1, 2, 3],
+            "one visibility check per transaction"
+        );
+    }
+
+    #[test]
+    fn a_group_never_confirms_past_a_batch_settled_only_in_part() {
+        // The second batch settles only its first transactions (shutdown before the rest
+        // were acknowledged): nothing after it may be confirmed, whatever it settles.
+        let mut g = batch(1, Some(10), true);
+        g.merge(batch(2, Some(15), false));
+        g.merge(batch(3, Some(30), true));
+        assert_eq!(g.confirm, Some(Lsn(15)));
+        assert!(!g.whole);
+
+        let mut g = batch(1, Some(10), true);
+        g.merge(batch(2, None, false));
+        g.merge(batch(3, Some(30), true));
+        assert_eq!(
+            g.confirm,
+            Some(Lsn(10)),
+            "a batch with nothing settled keeps the position"
+        );
     }
 }
