@@ -316,7 +316,7 @@ impl Relay {
                 settler.finish(s.wal, reader).await?;
             }
             let published = self
-                .publish_stream(s.wal, &txs, s.blocked, s.ordered, s.hold, stop, stats)
+                .publish_stream(s.wal, txs, s.blocked, s.ordered, s.hold, stop, stats)
                 .await?;
             // Settled at once if no settle runs (so a caught-up stream is confirmed while
             // idle), else with whatever else is published before that one ends.
@@ -386,7 +386,7 @@ impl Relay {
                 }
                 let started = Instant::now();
                 let done = self
-                    .stream_batch(wal, &txs, &mut blocked, ordered, hold, stop, stats)
+                    .stream_batch(wal, txs, &mut blocked, ordered, hold, stop, stats)
                     .await;
                 match done {
                     Ok(Some(lsn)) => {
@@ -499,7 +499,7 @@ impl Relay {
     async fn stream_batch(
         &self,
         wal: &WalStore,
-        txs: &[WalTx],
+        txs: Vec<WalTx>,
         blocked: &mut HashSet<AggregateKey>,
         ordered: bool,
         hold: bool,
@@ -514,12 +514,13 @@ impl Relay {
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
     /// aggregate in `blocked` whose handed-off events may have been published is looked up
-    /// in the table: every earlier batch must be settled before this runs.
+    /// in the table: every earlier batch must be settled before this runs. The events are
+    /// moved out of `txs` to be sent, not copied.
     #[allow(clippy::too_many_arguments)]
     async fn publish_stream(
         &self,
         wal: &WalStore,
-        txs: &[WalTx],
+        txs: Vec<WalTx>,
         blocked: &mut HashSet<AggregateKey>,
         ordered: bool,
         hold: bool,
@@ -546,6 +547,13 @@ impl Relay {
                 }
             }
         }
+        // What the settle and the confirmation need of the transactions, before their events
+        // are moved out.
+        let ends: Vec<Lsn> = txs.iter().map(|t| t.end_lsn).collect();
+        let last_commit = txs.last().map(|t| t.commit_time);
+        let mut xids: Vec<u32> = txs.iter().map(|t| t.xid).collect();
+        xids.sort_unstable();
+        xids.dedup();
         let mut send: Vec<OutboxEvent> = Vec::new();
         // Per send: its transaction.
         let mut tx_of: Vec<usize> = Vec::new();
@@ -553,10 +561,10 @@ impl Relay {
         let mut failed: Vec<Failure> = Vec::new();
         let mut dead = 0usize;
         let mut claimed = 0usize;
-        for (t, tx) in txs.iter().enumerate() {
-            for we in &tx.events {
+        for (t, tx) in txs.into_iter().enumerate() {
+            for we in tx.events {
                 claimed += 1;
-                let event = &we.event;
+                let event = we.event;
                 if !we.problems.is_empty() {
                     // A value the relay cannot read: a dead letter, as a claimed row would be.
                     let error = format!("undecodable row: {}", we.problems.join("; "));
@@ -569,7 +577,7 @@ impl Relay {
                     )
                     .increment(1);
                     if hold {
-                        blocked.insert(key(event));
+                        blocked.insert(key(&event));
                     }
                     dead += 1;
                     failed.push(Failure {
@@ -581,11 +589,11 @@ impl Relay {
                     });
                     continue;
                 }
-                if ordered && blocked.contains(&key(event)) {
+                if ordered && !blocked.is_empty() && blocked.contains(&key(&event)) {
                     held.push(event.id);
                     continue;
                 }
-                send.push(event.clone());
+                send.push(event);
                 tx_of.push(t);
             }
         }
@@ -599,7 +607,7 @@ impl Relay {
         };
         let stopping = stop.is_cancelled();
         // The first transaction that is not settled: it and those after are not confirmed.
-        let mut unsettled = txs.len();
+        let mut unsettled = ends.len();
         let mut published = Vec::new();
         {
             let mut rng = rand::thread_rng();
@@ -630,10 +638,8 @@ impl Relay {
                 }
             }
         }
-        if let Some(last) = txs.last() {
-            let behind = (chrono::Utc::now() - last.commit_time)
-                .to_std()
-                .unwrap_or_default();
+        if let Some(last) = last_commit {
+            let behind = (chrono::Utc::now() - last).to_std().unwrap_or_default();
             ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels())
                 .set(behind.as_secs_f64());
         }
@@ -642,9 +648,6 @@ impl Relay {
         stats.published += published.len() as u64;
         stats.failed += failed.len() as u64;
         stats.dead += dead as u64;
-        let mut xids: Vec<u32> = txs.iter().map(|t| t.xid).collect();
-        xids.sort_unstable();
-        xids.dedup();
         Ok(Published {
             published,
             failed,
@@ -652,9 +655,9 @@ impl Relay {
             xids,
             confirm: match unsettled {
                 0 => None,
-                n => Some(txs[n - 1].end_lsn),
+                n => Some(ends[n - 1]),
             },
-            whole: unsettled == txs.len(),
+            whole: unsettled == ends.len(),
             labels: cfg.metric_labels.clone(),
         })
     }
