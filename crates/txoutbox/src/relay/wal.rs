@@ -299,11 +299,7 @@ impl Relay {
             let txs = match got {
                 Some(b) => b?,
                 None => {
-                    settler.finish(s.wal, reader).await?;
-                    if s.target.is_some_and(|t| reader.position() >= t)
-                        && reader.is_idle()
-                        && !wal_unfinished(s.wal, cfg.ordering).await?
-                    {
+                    if drained(&s, &mut settler, reader, cfg.ordering).await? {
                         return Ok(());
                     }
                     continue;
@@ -328,6 +324,14 @@ impl Relay {
             }
             ::metrics::histogram!(m::BATCH_DURATION_SECONDS, cfg.metric_labels.labels())
                 .record(started.elapsed().as_secs_f64());
+            // Draining, and the stream is past the marker: done once it is all settled (asked
+            // now, not after an idle DRAIN_CHECK).
+            if s.target.is_some_and(|t| reader.position() >= t)
+                && reader.is_idle()
+                && drained(&s, &mut settler, reader, cfg.ordering).await?
+            {
+                return Ok(());
+            }
         }
     }
 
@@ -846,6 +850,21 @@ fn touches(blocked: &HashSet<AggregateKey>, txs: &[WalTx]) -> bool {
             .iter()
             .flat_map(|t| &t.events)
             .any(|e| blocked.contains(&key(&e.event)))
+}
+
+/// With `exit_when_drained`: settle and confirm what was published, then say whether
+/// everything committed before the drain began is settled: the stream is past the marker
+/// and nothing is waiting, and the table path has nothing left.
+async fn drained(
+    s: &Session<'_>,
+    settler: &mut Settler,
+    reader: &StreamReader,
+    ordering: Ordering,
+) -> Result<bool, Error> {
+    settler.finish(s.wal, reader).await?;
+    Ok(s.target.is_some_and(|t| reader.position() >= t)
+        && reader.is_idle()
+        && !wal_unfinished(s.wal, ordering).await?)
 }
 
 /// Does the table path have events left (handed-off ones not yet settled)?
