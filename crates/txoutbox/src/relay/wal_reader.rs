@@ -268,10 +268,21 @@ impl Task {
         stream: &mut ReplicationStream,
         acked: &mut Lsn,
     ) -> Result<Option<Ended>, Error> {
-        let mut heartbeat = tokio::time::interval(HEARTBEAT);
-        heartbeat.tick().await;
-        let room = self.room.clone();
         let n = permits(&t, self.capacity);
+        // Room now (the usual case): no wait, and no timer. (A timer due "now" is due at the
+        // timer's next millisecond tick: waiting for one per transaction held the stream to
+        // about a thousand transactions a second.)
+        match self.room.try_acquire_many(n) {
+            Ok(p) => {
+                p.forget();
+                return Ok(self.tx.send(Ok(t)).is_err().then_some(Ended::Dropped));
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return Ok(Some(Ended::Dropped)),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        let mut heartbeat =
+            tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+        let room = self.room.clone();
         loop {
             tokio::select! {
                 biased;
