@@ -49,6 +49,10 @@ FROM (SELECT s AS snap, pg_snapshot_xmax(s)::text::bigint AS xmax
       FROM pg_current_snapshot() AS s) AS m,
      unnest($1::bigint[]) AS t(xid)";
 
+/// How many times [`WalStore::wait_visible`] asks again at once before it sleeps between
+/// tries.
+const IMMEDIATE_TRIES: u32 = 3;
+
 /// The oldest server the WAL source runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 150_000;
 
@@ -416,7 +420,8 @@ impl WalStore {
         }
         let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
         let started = Instant::now();
-        let mut pause = Duration::from_micros(200);
+        let mut pause = Duration::from_millis(1);
+        let mut tries = 0u32;
         loop {
             let visible: bool = sqlx::query_scalar(VISIBLE)
                 .bind(&xids)
@@ -428,6 +433,13 @@ impl WalStore {
             }
             if started.elapsed() >= max {
                 return Ok(false);
+            }
+            tries += 1;
+            if tries <= IMMEDIATE_TRIES {
+                // The moment is usually shorter than a round trip: ask again at once (a timer
+                // would wait for its next millisecond tick).
+                tokio::task::yield_now().await;
+                continue;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(20));
