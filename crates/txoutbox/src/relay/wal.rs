@@ -290,6 +290,9 @@ impl Relay {
                     if let Some(lsn) = done? {
                         reader.confirm(lsn);
                     }
+                    // Published and settled: the stream works (a settle that keeps failing
+                    // backs off further each time).
+                    *s.errors = 0;
                     settler.kick(s.wal);
                     continue;
                 }
@@ -318,7 +321,6 @@ impl Relay {
             // idle), else with whatever else is published before that one ends.
             settler.push(published);
             settler.kick(s.wal);
-            *s.errors = 0;
             if reader.is_idle() {
                 ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels()).set(0.0);
             }
@@ -518,7 +520,8 @@ impl Relay {
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
     /// aggregate in `blocked` whose handed-off events may have been published is looked up
-    /// in the table: every earlier batch must be settled before this runs. The events are
+    /// in the table: every earlier batch that touched it must be settled before this runs
+    /// (the stream settles everything queued first when a batch touches `blocked`). The events are
     /// moved out of `txs` to be sent, not copied.
     #[allow(clippy::too_many_arguments)]
     async fn publish_stream(
@@ -734,6 +737,9 @@ struct Settler {
     queued: Option<Published>,
     /// Past this many queued events the stream waits for the running settle.
     max_queued: usize,
+    /// A group that settles only part of its transactions was started: nothing after it may
+    /// be confirmed (its unsettled transactions come again on the next stream).
+    stalled: bool,
 }
 
 impl Settler {
@@ -742,11 +748,16 @@ impl Settler {
             running: None,
             queued: None,
             max_queued,
+            stalled: false,
         }
     }
 
     /// Queue `p` behind what is already queued.
-    fn push(&mut self, p: Published) {
+    fn push(&mut self, mut p: Published) {
+        if self.stalled {
+            p.confirm = None;
+            p.whole = false;
+        }
         match &mut self.queued {
             Some(q) => q.merge(p),
             None => self.queued = Some(p),
@@ -758,12 +769,19 @@ impl Settler {
         if self.running.is_some() {
             return;
         }
-        if let Some(p) = self.queued.take() {
+        if let Some(p) = self.next_group() {
             let wal = wal.clone();
             self.running = Some(AbortOnDrop(crate::relay::spawn_here(async move {
                 p.settle(&wal).await
             })));
         }
+    }
+
+    /// What is queued, as the next group to settle.
+    fn next_group(&mut self) -> Option<Published> {
+        let p = self.queued.take()?;
+        self.stalled |= !p.whole;
+        Some(p)
     }
 
     /// Enough is queued: publish no more until the running settle ends.
@@ -974,5 +992,29 @@ mod tests {
             Some(Lsn(10)),
             "a batch with nothing settled keeps the position"
         );
+    }
+
+    #[test]
+    fn nothing_after_a_group_settled_only_in_part_is_confirmed() {
+        let mut s = Settler::new(100);
+        s.push(batch(1, Some(15), false));
+        let first = s.next_group().expect("queued");
+        assert_eq!(first.confirm, Some(Lsn(15)));
+        // Pushed while that group settles: it would start a whole group of its own.
+        s.push(batch(2, Some(30), true));
+        let second = s.next_group().expect("queued");
+        assert_eq!(second.confirm, None);
+        assert!(!second.whole);
+    }
+
+    #[test]
+    fn the_stream_waits_once_enough_is_queued() {
+        let mut s = Settler::new(2);
+        s.push(batch(1, Some(10), true));
+        assert!(!s.is_full());
+        s.push(batch(2, Some(20), true));
+        assert!(s.is_full());
+        assert!(s.next_group().is_some());
+        assert!(!s.is_full());
     }
 }
