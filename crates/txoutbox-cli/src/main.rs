@@ -70,10 +70,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // A relay is I/O-bound: one worker thread per outbox (at most one per core) keeps up, and
+    // each thread more costs memory (its allocator arena). TOKIO_WORKER_THREADS overrides.
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        runtime.worker_threads(outboxes.len().clamp(1, cores));
+    }
+    let runtime = match runtime.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -98,11 +98,12 @@ impl Ops {
             )
             .set(1.0);
         }
-        let ops = Self {
-            cancel: CancellationToken::new(),
-            tasks: Vec::new(),
-        };
-        (ops, metrics)
+        let cancel = CancellationToken::new();
+        let tasks = metrics
+            .iter()
+            .map(|h| tokio::spawn(upkeep(h.clone(), cancel.clone())))
+            .collect();
+        (Self { cancel, tasks }, metrics)
     }
 
     /// The gauge refresher (and `slot`'s reading) and the retention purge of one outbox, on
@@ -265,4 +266,21 @@ pub async fn start_for_relay(
     let probe = db.probe(url, &ctx.table, super::api::PROBE_TIMEOUT).await?;
     let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, retention));
     Ops::start(cfg, store, probe, ctx.table.clone(), broker, slot).await
+}
+
+/// How often the recorder's histogram samples are folded into their buckets. Until then each
+/// sample is kept (a relay publishing 100,000 events a second records as many a second).
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Fold the histograms' samples into their buckets every [`UPKEEP_EVERY`] until `cancel`
+/// (a scrape does it too), so what they hold does not grow with the time between scrapes.
+async fn upkeep(handle: PrometheusHandle, cancel: CancellationToken) {
+    let mut every = tokio::time::interval(UPKEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = every.tick() => handle.run_upkeep(),
+        }
+    }
 }

@@ -179,9 +179,6 @@ pub async fn refresh(
             tracing::warn!(error = %e, "could not refresh the outbox gauges")
         }
     }
-    if let Some(h) = metrics {
-        h.run_upkeep();
-    }
 }
 
 /// Read the replication slot; a failure keeps the last reading.
