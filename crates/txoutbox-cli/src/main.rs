@@ -16,6 +16,27 @@ use clap::{CommandFactory, FromArgMatches};
 use crate::cli::{Cli, Command, LogFormat};
 use crate::ctx::{Ctx, UsageError};
 
+/// The async runtime's worker threads: `TOKIO_WORKER_THREADS` when set, else one per outbox the
+/// process relays (`outboxes`, 0 without `[[outbox]]` entries), at most one per core. A relay is
+/// I/O-bound, and each thread more costs memory (its allocator arena).
+fn worker_threads(outboxes: usize) -> Result<usize, String> {
+    match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "TOKIO_WORKER_THREADS is {v:?}: it must be a whole number of threads, 1 or more"
+            )),
+        },
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err("TOKIO_WORKER_THREADS is not valid UTF-8: it must be a whole number of threads, 1 or more".into())
+        }
+        Err(std::env::VarError::NotPresent) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Ok(outboxes.clamp(1, cores))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let mut command = Cli::command();
@@ -70,14 +91,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    // A relay is I/O-bound: one worker thread per outbox (at most one per core) keeps up, and
-    // each thread more costs memory (its allocator arena). TOKIO_WORKER_THREADS overrides.
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        runtime.worker_threads(outboxes.len().clamp(1, cores));
-    }
-    let runtime = match runtime.enable_all().build() {
+    let workers = match worker_threads(outboxes.len()) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -21,6 +21,35 @@ async fn migrate_twice_is_a_noop() {
     db.cleanup().await;
 }
 
+/// A runtime size that is not a number of threads is a usage error that names the variable,
+/// not a panic of the runtime's builder; a good one is taken.
+#[tokio::test]
+async fn bad_worker_threads_are_refused_with_exit_2() {
+    let db = TestSchema::new().await;
+    for bad in ["0", "", "two", "-1"] {
+        let out = db
+            .command(&["migrate"])
+            .env("TOKIO_WORKER_THREADS", bad)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("TOKIO_WORKER_THREADS"),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+    }
+    let out = db
+        .command(&["migrate"])
+        .env("TOKIO_WORKER_THREADS", "3")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn bad_identifiers_are_refused_with_exit_2() {
     let db = TestSchema::new().await;

@@ -60,11 +60,18 @@ impl Publisher for StdoutPublisher {
     }
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
         let line = json_line(message);
-        let mut out = std::io::stdout().lock();
-        let res = out
-            .write_all(&line)
-            .and_then(|_| out.flush())
-            .map_err(|e| PublishError::unavailable("writing to stdout").with_source(e));
+        let write = || {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&line).and_then(|_| out.flush())
+        };
+        // A reader of the pipe that stops reading blocks the write: on a multi-thread runtime
+        // the worker's other tasks (signals, the admin listener) move to another thread
+        // meanwhile, so one blocked line cannot freeze a process that has a single worker.
+        let res = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(write),
+            _ => write(),
+        }
+        .map_err(|e| PublishError::unavailable("writing to stdout").with_source(e));
         Ok(ready_ack(res))
     }
 }
