@@ -43,6 +43,11 @@ async fn publication(ctx: &Ctx, db: &Db) {
                 ctx.table.display()
             ),
             Ok(false) => {}
+            // Set-up errors say what to do themselves (the name is another table's).
+            Err(e @ wal::WalError::Setup(_)) => tracing::warn!(
+                publication = %name,
+                "the publication that `relay --source wal` needs (the table path needs none): {e}"
+            ),
             Err(e) => {
                 let e = txoutbox::publish::redact_secrets(&e.to_string());
                 tracing::warn!(

@@ -123,6 +123,38 @@ async fn the_publication_carries_inserts_only_and_other_tables_are_skipped() {
     h.cleanup().await;
 }
 
+/// Two tables whose names give the same publication name (`<s>.outbox_events` and
+/// `<s>_outbox.events`): the second is refused with a line that names both, not handed a
+/// stream that never carries its events.
+#[tokio::test]
+async fn a_publication_name_taken_by_another_table_is_refused() {
+    let (h, _slot) = prepared().await;
+    let other_schema = format!("{}_outbox", h.schema);
+    h.exec(&format!(
+        "CREATE SCHEMA \"{other_schema}\"; CREATE TABLE \"{other_schema}\".events (x int)"
+    ))
+    .await;
+    let other = txoutbox::OutboxTable::new(&other_schema, "events").unwrap();
+    assert_eq!(
+        wal::publication_name(&other),
+        wal::publication_name(&h.table)
+    );
+    let err = wal::ensure_publication(&h.pool, &other).await.unwrap_err();
+    assert!(matches!(err, WalError::Setup(_)), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&other.qualified()), "{msg}");
+    assert!(
+        msg.contains(&format!("{}.outbox_events", h.schema)),
+        "{msg}"
+    );
+    assert!(msg.contains("rename"), "{msg}");
+    // Its own table is still accepted.
+    assert!(!wal::ensure_publication(&h.pool, &h.table).await.unwrap());
+    h.exec(&format!("DROP SCHEMA \"{other_schema}\" CASCADE"))
+        .await;
+    h.cleanup().await;
+}
+
 #[tokio::test]
 async fn set_up_is_idempotent_and_bad_names_are_refused() {
     let (h, slot) = prepared().await;

@@ -166,15 +166,37 @@ pub async fn check_wal_level(pool: &PgPool) -> Result<(), WalError> {
 
 /// Create the outbox table's publication (inserts only) unless it exists. True if it created
 /// it.
+///
+/// The name is made of the schema's and the table's names, lower-cased, so two tables can
+/// come to the same one (`a_b.c` and `a.b_c`, `"A".t` and `a.t`): a publication of that name
+/// that does not publish this table is refused, since its stream would never carry this
+/// table's events.
 pub async fn ensure_publication(pool: &PgPool, table: &OutboxTable) -> Result<bool, WalError> {
     let name = publication_name(table);
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
-            .bind(&name)
-            .fetch_one(pool)
-            .await?;
-    if exists {
-        return Ok(false);
+    let found: Option<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+                        WHERE pubname = p.pubname AND schemaname = $2 AND tablename = $3),
+                (SELECT string_agg(format('%I.%I', schemaname, tablename), ', ')
+                 FROM pg_publication_tables WHERE pubname = p.pubname)
+         FROM pg_publication p WHERE p.pubname = $1",
+    )
+    .bind(&name)
+    .bind(table.schema().as_str())
+    .bind(table.table().as_str())
+    .fetch_optional(pool)
+    .await?;
+    match found {
+        Some((true, _)) => return Ok(false),
+        Some((false, others)) => {
+            return Err(WalError::Setup(format!(
+                "publication {name} exists but does not publish {} (it publishes {}): another \
+                 table's schema and name give the same publication name (txoutbox_<schema>_<table>, \
+                 lower-cased, as is the slot's); rename this outbox's schema or table",
+                table.qualified(),
+                others.as_deref().unwrap_or("no table")
+            )))
+        }
+        None => {}
     }
     // `name` is made of validated identifiers only; the table is quoted.
     let sql = format!(
