@@ -135,11 +135,16 @@ async fn a_publication_name_taken_by_another_table_is_refused() {
     ))
     .await;
     let other = txoutbox::OutboxTable::new(&other_schema, "events").unwrap();
+    let refused = wal::ensure_publication(&h.pool, &other).await;
+    // Its own table is still accepted.
+    let own = wal::ensure_publication(&h.pool, &h.table).await;
+    h.exec(&format!("DROP SCHEMA \"{other_schema}\" CASCADE"))
+        .await;
     assert_eq!(
         wal::publication_name(&other),
         wal::publication_name(&h.table)
     );
-    let err = wal::ensure_publication(&h.pool, &other).await.unwrap_err();
+    let err = refused.unwrap_err();
     assert!(matches!(err, WalError::Setup(_)), "{err}");
     let msg = err.to_string();
     assert!(msg.contains(&other.qualified()), "{msg}");
@@ -148,10 +153,56 @@ async fn a_publication_name_taken_by_another_table_is_refused() {
         "{msg}"
     );
     assert!(msg.contains("rename"), "{msg}");
-    // Its own table is still accepted.
-    assert!(!wal::ensure_publication(&h.pool, &h.table).await.unwrap());
-    h.exec(&format!("DROP SCHEMA \"{other_schema}\" CASCADE"))
+    assert!(!own.unwrap());
+    h.cleanup().await;
+}
+
+/// A table dropped and made again (the publication outlives it, publishing nothing): the
+/// table is added back to its publication, which then carries its inserts again.
+#[tokio::test]
+async fn a_table_made_again_is_added_back_to_its_publication() {
+    let (h, slot) = prepared().await;
+    h.exec(&format!("DROP TABLE {} CASCADE", h.table.qualified()))
         .await;
+    let publication = wal::publication_name(&h.table);
+    let listed = |pool: sqlx::PgPool| {
+        let publication = publication.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1",
+            )
+            .bind(publication)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(listed(h.pool.clone()).await, 0, "the drop empties it");
+    // Made again by hand (migrate would make the whole schema).
+    h.exec(&format!(
+        "CREATE TABLE {} (id uuid PRIMARY KEY, x int)",
+        h.table.qualified()
+    ))
+    .await;
+    assert!(wal::ensure_publication(&h.pool, &h.table).await.unwrap());
+    assert_eq!(listed(h.pool.clone()).await, 1);
+    assert!(!wal::ensure_publication(&h.pool, &h.table).await.unwrap());
+    // Its inserts are in the slot's stream again (decoded or not, a change of the table).
+    h.exec(&format!(
+        "INSERT INTO {} VALUES (gen_random_uuid(), 1)",
+        h.table.qualified()
+    ))
+    .await;
+    let changes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
+         'proto_version', '1', 'publication_names', $2)",
+    )
+    .bind(&slot)
+    .bind(&publication)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(changes >= 3, "begin, relation/insert, commit: {changes}");
     h.cleanup().await;
 }
 

@@ -165,36 +165,31 @@ pub async fn check_wal_level(pool: &PgPool) -> Result<(), WalError> {
 }
 
 /// Create the outbox table's publication (inserts only) unless it exists. True if it created
-/// it.
+/// it (or gave its table back to it, below).
 ///
 /// The name is made of the schema's and the table's names, lower-cased, so two tables can
 /// come to the same one (`a_b.c` and `a.b_c`, `"A".t` and `a.t`): a publication of that name
-/// that does not publish this table is refused, since its stream would never carry this
-/// table's events.
+/// that publishes another table is refused, since its stream would never carry this table's
+/// events. One that publishes no table at all is this outbox's own whose table was dropped
+/// (and made again since, e.g. `DROP SCHEMA ... CASCADE` then `migrate`): the table is added
+/// back to it.
 pub async fn ensure_publication(pool: &PgPool, table: &OutboxTable) -> Result<bool, WalError> {
     let name = publication_name(table);
-    let found: Option<(bool, Option<String>)> = sqlx::query_as(
-        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables
-                        WHERE pubname = p.pubname AND schemaname = $2 AND tablename = $3),
-                (SELECT string_agg(format('%I.%I', schemaname, tablename), ', ')
-                 FROM pg_publication_tables WHERE pubname = p.pubname)
-         FROM pg_publication p WHERE p.pubname = $1",
-    )
-    .bind(&name)
-    .bind(table.schema().as_str())
-    .bind(table.table().as_str())
-    .fetch_optional(pool)
-    .await?;
-    match found {
-        Some((true, _)) => return Ok(false),
-        Some((false, others)) => {
-            return Err(WalError::Setup(format!(
-                "publication {name} exists but does not publish {} (it publishes {}): another \
-                 table's schema and name give the same publication name (txoutbox_<schema>_<table>, \
-                 lower-cased, as is the slot's); rename this outbox's schema or table",
-                table.qualified(),
-                others.as_deref().unwrap_or("no table")
-            )))
+    match publishes(pool, &name, table).await? {
+        Some(Publishes::This) => return Ok(false),
+        Some(Publishes::Other(others)) => return Err(collision(&name, table, &others)),
+        Some(Publishes::Nothing) => {
+            // `name` is made of validated identifiers only; the table is quoted.
+            let sql = format!(
+                "ALTER PUBLICATION \"{name}\" ADD TABLE {}",
+                table.qualified()
+            );
+            return match sqlx::query(&sql).execute(pool).await {
+                Ok(_) => Ok(true),
+                // Another process added it first.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => Ok(false),
+                Err(e) => Err(e.into()),
+            };
         }
         None => {}
     }
@@ -205,10 +200,60 @@ pub async fn ensure_publication(pool: &PgPool, table: &OutboxTable) -> Result<bo
     );
     match sqlx::query(&sql).execute(pool).await {
         Ok(_) => Ok(true),
-        // Another process created it between the check and the statement.
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => Ok(false),
+        // Another process created it between the check and the statement: for this table?
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => {
+            match publishes(pool, &name, table).await? {
+                Some(Publishes::Other(others)) => Err(collision(&name, table, &others)),
+                _ => Ok(false),
+            }
+        }
         Err(e) => Err(e.into()),
     }
+}
+
+/// What an existing publication publishes, as far as an outbox table is concerned.
+enum Publishes {
+    /// The table (among others, or as one of all tables).
+    This,
+    /// Other tables only: these.
+    Other(String),
+    /// No table.
+    Nothing,
+}
+
+/// What the publication `name` publishes (`None`: there is none).
+async fn publishes(
+    pool: &PgPool,
+    name: &str,
+    table: &OutboxTable,
+) -> Result<Option<Publishes>, WalError> {
+    let found: Option<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+                        WHERE pubname = p.pubname AND schemaname = $2 AND tablename = $3),
+                (SELECT string_agg(format('%I.%I', schemaname, tablename), ', ')
+                 FROM pg_publication_tables WHERE pubname = p.pubname)
+         FROM pg_publication p WHERE p.pubname = $1",
+    )
+    .bind(name)
+    .bind(table.schema().as_str())
+    .bind(table.table().as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.map(|(this, others)| match (this, others) {
+        (true, _) => Publishes::This,
+        (false, Some(others)) => Publishes::Other(others),
+        (false, None) => Publishes::Nothing,
+    }))
+}
+
+/// The publication `name` publishes `others`, not `table`.
+fn collision(name: &str, table: &OutboxTable, others: &str) -> WalError {
+    WalError::Setup(format!(
+        "publication {name} exists but does not publish {} (it publishes {others}): another \
+         table's schema and name give the same publication name (txoutbox_<schema>_<table>, \
+         lower-cased, as is the slot's); rename this outbox's schema or table",
+        table.qualified()
+    ))
 }
 
 /// Create a logical replication slot for `pgoutput` unless one of that name exists. True if
