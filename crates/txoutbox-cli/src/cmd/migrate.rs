@@ -43,7 +43,8 @@ async fn publication(ctx: &Ctx, db: &Db) {
                 ctx.table.display()
             ),
             Ok(false) => {}
-            // Set-up errors say what to do themselves (the name is another table's).
+            // Set-up errors say what to do themselves (the name is another table's, or the
+            // publication must be given its table back by its owner).
             Err(e @ wal::WalError::Setup(_)) => tracing::warn!(
                 publication = %name,
                 "the publication that `relay --source wal` needs (the table path needs none): {e}"

@@ -206,6 +206,37 @@ async fn a_table_made_again_is_added_back_to_its_publication() {
     h.cleanup().await;
 }
 
+/// The same, by a role that may not alter the publication: one line that gives the statement
+/// to run as the owner (not the CREATE PUBLICATION of a missing one).
+#[tokio::test]
+async fn a_table_made_again_without_the_right_to_add_it_back_names_the_statement() {
+    let (h, _slot) = prepared().await;
+    h.exec(&format!("DROP TABLE {} CASCADE", h.table.qualified()))
+        .await;
+    h.exec(&format!(
+        "CREATE TABLE {} (id uuid PRIMARY KEY)",
+        h.table.qualified()
+    ))
+    .await;
+    let role = format!("{}_np", h.schema);
+    h.exec(&format!("CREATE ROLE \"{role}\" LOGIN")).await;
+    let opts: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts.username(&role))
+        .await
+        .unwrap();
+    let got = wal::ensure_publication(&pool, &h.table).await;
+    pool.close().await;
+    h.exec(&format!("DROP ROLE \"{role}\"")).await;
+    let err = got.unwrap_err();
+    assert!(matches!(err, WalError::Setup(_)), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("ALTER PUBLICATION"), "{msg}");
+    assert!(msg.contains(&h.table.qualified()), "{msg}");
+    h.cleanup().await;
+}
+
 #[tokio::test]
 async fn set_up_is_idempotent_and_bad_names_are_refused() {
     let (h, slot) = prepared().await;

@@ -188,6 +188,15 @@ pub async fn ensure_publication(pool: &PgPool, table: &OutboxTable) -> Result<bo
                 Ok(_) => Ok(true),
                 // Another process added it first.
                 Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42710") => Ok(false),
+                // insufficient_privilege: the fix is this statement, not a CREATE.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {
+                    Err(WalError::Setup(format!(
+                        "publication {name} publishes no table (its table was dropped and made \
+                         again) and this role may not add it back: run {sql} as the owner of \
+                         both ({})",
+                        e.message()
+                    )))
+                }
                 Err(e) => Err(e.into()),
             };
         }
