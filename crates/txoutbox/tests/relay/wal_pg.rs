@@ -123,6 +123,45 @@ async fn reading_the_slot_through_sql_delivers_in_commit_order_too() {
     commit_order(h, &p, relay).await;
 }
 
+/// The same over the server's Unix-domain socket (the URL's host is the socket's directory,
+/// percent-encoded, as sqlx and libpq read it): the walsender's client has no address.
+#[tokio::test]
+async fn over_a_unix_domain_socket_delivers_in_commit_order_too() {
+    let h = PgHarness::new().await;
+    let (dirs, port, user, db): (String, String, String, String) = sqlx::query_as(
+        "SELECT current_setting('unix_socket_directories'), current_setting('port'), \
+         current_user::text, current_database()::text",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    let dir = dirs.split(',').next().unwrap().trim().to_owned();
+    assert!(dir.starts_with('/'), "unix_socket_directories = {dirs:?}");
+    let host: String = url::form_urlencoded::byte_serialize(dir.as_bytes()).collect();
+    let url = format!("postgres://{user}@{host}/{db}?port={port}");
+    let cfg = wal::stream::ReplicationConfig::from_url(&url).unwrap();
+    assert!(cfg.socket_path().is_some(), "{url}");
+    let p = RecordingPublisher::new();
+    let store = h
+        .pool_store_sql(txoutbox::store::Retention::Mark)
+        .with_replication(cfg);
+    let relay = Relay::new(store, p.boxed(), config("wal-order-unix")).spawn();
+    streaming(&h).await;
+    let over_unix: bool = sqlx::query_scalar(
+        "SELECT r.client_addr IS NULL AND r.client_port = -1 FROM pg_replication_slots s \
+         JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+    )
+    .bind(wal::slot_name(&h.table))
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(
+        over_unix,
+        "the walsender's client is not on the Unix-domain socket"
+    );
+    commit_order(h, &p, relay).await;
+}
+
 async fn commit_order(h: PgHarness, p: &RecordingPublisher, relay: RelayHandle) {
     slot_ready(&h).await;
     let outbox = h.outbox();

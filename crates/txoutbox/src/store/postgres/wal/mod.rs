@@ -100,8 +100,9 @@ fn server_error_text(code: &str, message: &str) -> String {
         }
         "28000" => {
             "check the user name, and that pg_hba.conf has a line for this user, database and \
-             address (a logical replication connection is matched by its database name, like any \
-             other connection)"
+             address (a host line; a local line for a Unix-domain socket): a logical \
+             replication connection is matched by its database name, like any other \
+             connection"
         }
         "28P01" => "the password is wrong: check the database URL's password (or PGPASSWORD)",
         "53300" => {

@@ -33,6 +33,8 @@ use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+#[cfg(unix)]
+use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
@@ -137,7 +139,10 @@ impl ReplicationConfig {
     /// `application_name`; other parameters are ignored. What the URL leaves out comes from
     /// `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`,
     /// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`, then the defaults (localhost,
-    /// 5432, the user's name for the database). Unix-domain sockets are not supported.
+    /// 5432, the user's name for the database). A host that starts with `/` is the directory
+    /// of the server's Unix-domain socket (`host=/var/run/postgresql`, or the same
+    /// percent-encoded as the URL's host), as in libpq and sqlx; `sslmode` is ignored there,
+    /// as libpq ignores it.
     pub fn from_url(url: &str) -> Result<Self, WalError> {
         Self::parse(url, |name| std::env::var(name).ok())
     }
@@ -180,10 +185,10 @@ impl ReplicationConfig {
             .or(url_host)
             .or_else(|| env("PGHOST"))
             .unwrap_or_else(|| "localhost".to_owned());
-        if host.starts_with('/') || host.contains(',') {
+        if host.contains(',') {
             return Err(WalError::Config(format!(
-                "host {host:?}: the replication client connects to one host over TCP (no \
-                 Unix-domain socket, no host list); give a host name or address"
+                "host {host:?}: the replication client connects to one host (no host list); \
+                 give a host name, an address or a Unix-domain socket's directory"
             )));
         }
         let port = match query
@@ -274,9 +279,25 @@ impl ReplicationConfig {
         self
     }
 
-    /// The host connected to.
+    /// The host connected to (a directory for a Unix-domain socket).
     pub fn host(&self) -> &str {
         &self.host
+    }
+
+    /// The server's Unix-domain socket, when the host is a directory (starts with `/`):
+    /// `<host>/.s.PGSQL.<port>`, as libpq names it.
+    pub fn socket_path(&self) -> Option<PathBuf> {
+        self.host
+            .starts_with('/')
+            .then(|| Path::new(&self.host).join(format!(".s.PGSQL.{}", self.port)))
+    }
+
+    /// Where the connection goes, for messages: `host:port`, or the socket's path.
+    fn peer(&self) -> String {
+        match self.socket_path() {
+            Some(path) => path.display().to_string(),
+            None => format!("{}:{}", self.host, self.port),
+        }
     }
 
     /// Its port.
@@ -325,6 +346,13 @@ impl fmt::Debug for ReplicationConfig {
 /// `postgres://user@host:port/database?sslmode=...`, for messages: never the password.
 impl fmt::Display for ReplicationConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.starts_with('/') {
+            return write!(
+                f,
+                "postgres://{}@/{}?host={}&port={}",
+                self.user, self.database, self.host, self.port
+            );
+        }
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
@@ -398,7 +426,7 @@ impl ReplicationStream {
     ) -> Result<ReplicationStream, WalError> {
         check_slot_name(slot)?;
         check_publication_name(publication)?;
-        let peer = format!("{}:{}", cfg.host, cfg.port);
+        let peer = cfg.peer();
         let started = tokio::time::timeout(START_TIMEOUT, async {
             let mut wire = connect(cfg, peer.clone()).await?;
             startup(&mut wire, cfg).await?;
@@ -628,6 +656,8 @@ fn check_publication_name(name: &str) -> Result<(), WalError> {
 
 enum Conn {
     Plain(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
@@ -639,6 +669,8 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -652,6 +684,8 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -659,6 +693,8 @@ impl AsyncWrite for Conn {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(unix)]
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
@@ -666,6 +702,8 @@ impl AsyncWrite for Conn {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(unix)]
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
@@ -850,6 +888,25 @@ async fn connect(cfg: &ReplicationConfig, peer: String) -> Result<Wire, WalError
         what: what.to_owned(),
         source: Some(e),
     };
+    #[cfg(not(unix))]
+    if let Some(path) = cfg.socket_path() {
+        return Err(WalError::Config(format!(
+            "{}: Unix-domain sockets need a Unix system; give a host name or address",
+            path.display()
+        )));
+    }
+    #[cfg(unix)]
+    if let Some(path) = cfg.socket_path() {
+        // No TLS over a Unix-domain socket: libpq ignores sslmode there too.
+        let unix = UnixStream::connect(&path).await.map_err(|e| {
+            io_err(
+                "cannot connect to the Unix-domain socket (is the server up, and this its \
+                 unix_socket_directories and port?)",
+                e,
+            )
+        })?;
+        return Ok(Wire::new(Conn::Unix(unix), peer));
+    }
     let mut tcp = TcpStream::connect((cfg.host.as_str(), cfg.port))
         .await
         .map_err(|e| {
@@ -1399,6 +1456,26 @@ mod tests {
         let v6 = parse("postgres://u@[::1]:5432/db").unwrap();
         assert_eq!(v6.host(), "::1");
         assert_eq!(v6.to_string(), "postgres://u@[::1]:5432/db?sslmode=prefer");
+        assert_eq!(v6.socket_path(), None);
+    }
+
+    #[test]
+    fn a_host_that_is_a_directory_is_a_unix_domain_socket() {
+        // As sqlx and libpq read it: percent-encoded as the URL's host, or as `host=`.
+        let c = parse("postgres://u:pw@%2Fvar%2Frun%2Fpostgresql/db").unwrap();
+        assert_eq!(c.host(), "/var/run/postgresql");
+        assert_eq!(
+            c.socket_path().as_deref(),
+            Some(Path::new("/var/run/postgresql/.s.PGSQL.5432"))
+        );
+        let q = parse("postgres:///db?host=/run/pg/&port=5433&user=u&sslmode=require").unwrap();
+        assert_eq!(
+            q.socket_path().as_deref(),
+            Some(Path::new("/run/pg/.s.PGSQL.5433"))
+        );
+        assert_eq!(q.peer(), "/run/pg/.s.PGSQL.5433");
+        assert_eq!(q.to_string(), "postgres://u@/db?host=/run/pg/&port=5433");
+        assert!(!c.to_string().contains("pw"), "{c}");
     }
 
     #[test]
@@ -1435,10 +1512,7 @@ mod tests {
             (format!("postgres://u:{secret}@h:99999/db"), "port"),
             (format!("postgres://u:{secret}@h/db?port=x"), "port"),
             (format!("mysql://u:{secret}@h/db"), "scheme"),
-            (
-                format!("postgres://u:{secret}@h/db?host=/run/postgresql"),
-                "host",
-            ),
+            (format!("postgres://u:{secret}@h/db?host=a,b"), "host"),
             (
                 format!("postgres://u:{secret}@h/db?sslcert=/c.pem"),
                 "sslkey",
