@@ -41,6 +41,10 @@ pub const SPANS_DROPPED_TOTAL: &str = "outbox_trace_spans_dropped_total";
 /// Gauge: WAL the WAL source's replication slot keeps that the relay has not confirmed, in
 /// bytes (`pg_current_wal_lsn() - confirmed_flush_lsn`; sampled every few seconds).
 pub const WAL_SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
+/// Gauge: WAL the server keeps for the WAL source's slot, in bytes (`pg_current_wal_lsn() -
+/// restart_lsn`; sampled every few seconds): the slot's cost in disk, which a stream decodes
+/// again from its start.
+pub const WAL_SLOT_RETAINED_BYTES: &str = "outbox_wal_slot_retained_bytes";
 /// Gauge: seconds from the commit of the last transaction the WAL source read to its reading
 /// (0 once it has caught up): how far behind the stream the relay is.
 pub const WAL_LAG_SECONDS: &str = "outbox_wal_lag_seconds";
@@ -248,6 +252,11 @@ fn describe_only() {
         WAL_SLOT_LAG_BYTES,
         Unit::Bytes,
         "WAL the WAL source's slot keeps that the relay has not confirmed."
+    );
+    describe_gauge!(
+        WAL_SLOT_RETAINED_BYTES,
+        Unit::Bytes,
+        "WAL the server keeps for the WAL source's slot (from its restart_lsn)."
     );
     describe_gauge!(
         WAL_LAG_SECONDS,

@@ -27,8 +27,13 @@ pub struct SlotStatus {
     pub wal_status: Option<String>,
     /// The position up to which the relay confirmed delivery.
     pub confirmed_flush_lsn: Option<String>,
-    /// WAL written since that position, in bytes: what the slot keeps on the server's disk.
+    /// WAL written since that position, in bytes: what the relay has not confirmed.
     pub lag_bytes: Option<i64>,
+    /// Where a stream of the slot starts decoding (`restart_lsn`).
+    pub restart_lsn: Option<String>,
+    /// WAL written since `restart_lsn`, in bytes: what the slot keeps on the server's disk
+    /// (at least `lag_bytes`).
+    pub retained_bytes: Option<i64>,
     /// How much more WAL may be written before the slot is invalidated
     /// (`max_slot_wal_keep_size`); `None`: unlimited.
     pub safe_wal_size: Option<i64>,
@@ -101,6 +106,8 @@ async fn read(pool: &PgPool, slot: &str) -> anyhow::Result<Option<SlotStatus>> {
         wal_status: info.wal_status,
         confirmed_flush_lsn: info.confirmed_flush_lsn.map(|l| l.to_string()),
         lag_bytes: info.lag_bytes,
+        restart_lsn: info.restart_lsn.map(|l| l.to_string()),
+        retained_bytes: info.retained_bytes,
         safe_wal_size: info.safe_wal_size,
     }))
 }
@@ -147,6 +154,15 @@ pub fn describe(s: &SlotStatus) -> Vec<(&'static str, String)> {
         ),
         ("confirmed", opt(&s.confirmed_flush_lsn)),
         ("lag", s.lag_bytes.map_or_else(|| "-".into(), bytes)),
+        (
+            "retained",
+            match (s.retained_bytes, &s.restart_lsn) {
+                (Some(n), Some(lsn)) => {
+                    format!("{} kept on disk, from restart_lsn {lsn}", bytes(n))
+                }
+                _ => "-".into(),
+            },
+        ),
         (
             "safe_wal_size",
             s.safe_wal_size

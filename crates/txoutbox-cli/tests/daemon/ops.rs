@@ -397,6 +397,7 @@ fn alert_rules_and_grafana_name_real_metrics() {
         m::PURGED_TOTAL,
         m::PARTITIONS_OWNED,
         m::WAL_SLOT_LAG_BYTES,
+        m::WAL_SLOT_RETAINED_BYTES,
         m::WAL_LAG_SECONDS,
         m::WAL_CONFIRMED_LSN,
         m::WAL_SAFE_WAL_SIZE_BYTES,

@@ -241,6 +241,8 @@ async fn slot_list_create_drop_round_trip_and_status_shows_it() {
         "reserved",
         "no relay reads it",
         "lag",
+        "retained",
+        "restart_lsn",
     ] {
         assert!(text.contains(want), "{want} missing: {text}");
     }
@@ -252,6 +254,11 @@ async fn slot_list_create_drop_round_trip_and_status_shows_it() {
     assert!(v["reader_pid"].is_null(), "{v}");
     assert!(v["confirmed_flush_lsn"].as_str().unwrap().contains('/'));
     assert!(v["lag_bytes"].as_i64().unwrap() >= 0);
+    assert!(v["restart_lsn"].as_str().unwrap().contains('/'), "{v}");
+    assert!(
+        v["retained_bytes"].as_i64().unwrap() >= v["lag_bytes"].as_i64().unwrap(),
+        "{v}"
+    );
 
     let out = db.cli(&["status"]).await;
     let text = stdout(&out);
@@ -349,6 +356,25 @@ async fn slot_drop_is_refused_while_a_relay_reads() {
     }
     assert_eq!(body["wal_slot"]["slot"], slot, "{body}");
     assert!(body["wal_slot"]["reader_pid"].is_i64(), "{body}");
+    assert!(body["wal_slot"]["retained_bytes"].is_i64(), "{body}");
+
+    // The slot's gauges, the WAL kept for it among them.
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        let (_, b) = http(port, "GET", "/metrics", None, "").await;
+        metrics = b;
+        if metrics.contains("outbox_wal_slot_retained_bytes ") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for gauge in [
+        "outbox_wal_slot_retained_bytes ",
+        "outbox_wal_slot_lag_bytes ",
+        "outbox_wal_slot_active 1",
+    ] {
+        assert!(metrics.contains(gauge), "{gauge} missing: {metrics}");
+    }
 
     stop(relay).await;
     let out = db.cli(&["slot", "drop"]).await;

@@ -902,6 +902,9 @@ async fn sample_slot(wal: Arc<WalStore>, labels: crate::metrics::MetricLabels) {
                 if let Some(lag) = info.lag_bytes {
                     ::metrics::gauge!(m::WAL_SLOT_LAG_BYTES, labels.labels()).set(lag as f64);
                 }
+                if let Some(kept) = info.retained_bytes {
+                    ::metrics::gauge!(m::WAL_SLOT_RETAINED_BYTES, labels.labels()).set(kept as f64);
+                }
                 if let Some(lsn) = info.confirmed_flush_lsn {
                     ::metrics::gauge!(m::WAL_CONFIRMED_LSN, labels.labels()).set(lsn.0 as f64);
                 }

@@ -282,6 +282,7 @@ function renderSlot(s) {
     "wal_status " + (w.wal_status || "–"),
     "confirmed " + (w.confirmed_flush_lsn || "–"),
     "lag " + (w.lag_bytes !== null ? bytes(w.lag_bytes) : "–"),
+    "retained " + (w.retained_bytes != null ? bytes(w.retained_bytes) : "–"),
     "safe_wal_size " + (w.safe_wal_size !== null ? bytes(w.safe_wal_size) : "unlimited"),
   ].join(" · ");
 }

@@ -367,6 +367,11 @@ pub struct SlotInfo {
     pub confirmed_flush_lsn: Option<Lsn>,
     /// WAL the slot keeps that its consumer has not confirmed, in bytes.
     pub lag_bytes: Option<i64>,
+    /// Where a stream of the slot starts decoding: the server keeps the WAL from here on.
+    pub restart_lsn: Option<Lsn>,
+    /// WAL the server keeps for the slot, in bytes (`pg_current_wal_lsn() - restart_lsn`):
+    /// more than [`SlotInfo::lag_bytes`], by what a stream decodes again at its start.
+    pub retained_bytes: Option<i64>,
     /// How much more WAL may be written before the slot is invalidated
     /// (`max_slot_wal_keep_size`); `None` when unlimited.
     pub safe_wal_size: Option<i64>,
@@ -378,7 +383,8 @@ pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, Wa
         "SELECT slot_name::text, plugin::text, active, wal_status, \
                 confirmed_flush_lsn::text, \
                 (pg_current_wal_lsn() - coalesce(confirmed_flush_lsn, restart_lsn))::bigint, \
-                safe_wal_size \
+                safe_wal_size, restart_lsn::text, \
+                (pg_current_wal_lsn() - restart_lsn)::bigint \
          FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
@@ -386,6 +392,7 @@ pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, Wa
     .await?;
     let Some(r) = row else { return Ok(None) };
     let confirmed: Option<String> = r.try_get(4)?;
+    let restart: Option<String> = r.try_get(7)?;
     Ok(Some(SlotInfo {
         name: r.try_get(0)?,
         plugin: r.try_get(1)?,
@@ -394,6 +401,8 @@ pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, Wa
         confirmed_flush_lsn: confirmed.map(|s| s.parse()).transpose()?,
         lag_bytes: r.try_get(5)?,
         safe_wal_size: r.try_get(6)?,
+        restart_lsn: restart.map(|s| s.parse()).transpose()?,
+        retained_bytes: r.try_get(8)?,
     }))
 }
 
