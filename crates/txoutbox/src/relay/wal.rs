@@ -707,16 +707,24 @@ impl Published {
         }
     }
 
-    /// Settle in one statement, once its transactions are visible; the position to confirm
+    /// Settle in one statement, once its transactions are visible (normally at once: the
+    /// statement checks, and changes nothing if one is not yet); the position to confirm
     /// after.
     async fn settle(self, wal: &WalStore) -> Result<Option<Lsn>, Error> {
-        if !wal.wait_visible(&self.xids, VISIBLE_WAIT).await? {
-            tracing::warn!(xids = ?self.xids, "a streamed transaction is still not visible \
-                after {VISIBLE_WAIT:?}; settling what is");
-        }
-        let settled = wal
-            .settle_stream(&self.published, &self.failed, &self.held, HELD)
-            .await?;
+        let mut xids: &[u32] = &self.xids;
+        let settled = loop {
+            if let Some(s) = wal
+                .settle_stream(&self.published, &self.failed, &self.held, HELD, xids)
+                .await?
+            {
+                break s;
+            }
+            if !wal.wait_visible(xids, VISIBLE_WAIT).await? {
+                tracing::warn!(xids = ?self.xids, "a streamed transaction is still not \
+                    visible after {VISIBLE_WAIT:?}; settling what is");
+                xids = &[];
+            }
+        };
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
         ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);

@@ -282,3 +282,38 @@ async fn a_transaction_is_visible_only_once_it_has_ended() {
     assert!(w.wait_visible(&[], Duration::ZERO).await.unwrap());
     h.cleanup().await;
 }
+
+/// The stream's settle checks visibility in its own statement: while a transaction of the
+/// batch is open it writes nothing and says so; once it committed, it settles.
+#[tokio::test]
+async fn a_settle_writes_nothing_while_a_transaction_of_its_batch_is_open() {
+    use txoutbox::store::Store;
+    let h = PgHarness::new().await;
+    let w = h.pool_store().wal().unwrap();
+    let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let id = h.outbox().enqueue(&mut *tx, &event("a", 1)).await.unwrap();
+    let full: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let xid = (full.parse::<u64>().unwrap() & 0xFFFF_FFFF) as u32;
+    let other = h.outbox().enqueue(&h.pool, &event("b", 1)).await.unwrap();
+
+    let open = w
+        .settle_stream(&[id, other], &[], &[], "held", &[xid])
+        .await
+        .unwrap();
+    assert!(open.is_none(), "settled with a transaction open: {open:?}");
+    assert_eq!(h.processed().await, 0, "a settle that saw an open transaction wrote");
+
+    tx.commit().await.unwrap();
+    let done = w
+        .settle_stream(&[id, other], &[], &[], "held", &[xid])
+        .await
+        .unwrap()
+        .expect("visible once committed");
+    assert_eq!(done.published, 2);
+    assert_eq!(h.processed().await, 2);
+    h.cleanup().await;
+}

@@ -38,17 +38,6 @@ use crate::store::{
 };
 use crate::OutboxTable;
 
-/// Are all of these 32-bit transaction ids ($1) visible in a new snapshot? Each is widened to
-/// its 64-bit id by the snapshot's epoch (the one before, if it is above the snapshot's xmax:
-/// it came before a wraparound).
-const VISIBLE: &str = "\
-SELECT coalesce(bool_and(pg_visible_in_snapshot(
-         ((((m.xmax >> 32) - CASE WHEN t.xid > (m.xmax & 4294967295) THEN 1 ELSE 0 END) << 32)
-          | t.xid)::text::xid8, m.snap)), true)
-FROM (SELECT s AS snap, pg_snapshot_xmax(s)::text::bigint AS xmax
-      FROM pg_current_snapshot() AS s) AS m,
-     unnest($1::bigint[]) AS t(xid)";
-
 /// How many times [`WalStore::wait_visible`] asks again at once before it sleeps between
 /// tries.
 const IMMEDIATE_TRIES: u32 = 3;
@@ -63,6 +52,7 @@ pub type AggregateKey = (String, String);
 #[derive(Debug)]
 struct WalQueries {
     settle: String,
+    visible: String,
     claim: String,
     due: String,
     unfinished: String,
@@ -84,7 +74,11 @@ impl WalQueries {
             .fragment("{{failures}}", sql_file!("postgres", "failures"))
             .fragment("{{blocking}}", sql_file!("postgres", "blocking"));
         Self {
-            settle: f.fill(sql_file!("postgres", "wal_settle")),
+            settle: f.fill_with(
+                sql_file!("postgres", "wal_settle"),
+                &[("{{visible}}", sql_file!("postgres", "wal_visible")), ("{{xids}}", "$9")],
+            ),
+            visible: f.fill_with(sql_file!("postgres", "wal_visible"), &[("{{xids}}", "$1")]),
             claim: f.fill(sql_file!("postgres", "wal_claim")),
             due: f.fill(sql_file!("postgres", "wal_due")),
             unfinished: f.fill(sql_file!("postgres", "wal_unfinished")),
@@ -423,7 +417,7 @@ impl WalStore {
         let mut pause = Duration::from_millis(1);
         let mut tries = 0u32;
         loop {
-            let visible: bool = sqlx::query_scalar(VISIBLE)
+            let visible: bool = sqlx::query_scalar(&self.q.visible)
                 .bind(&xids)
                 .fetch_one(self.pool())
                 .await
@@ -448,17 +442,22 @@ impl WalStore {
 
     /// Settle a batch read from the stream, in one statement: `published` marked published
     /// (or deleted), `failed` recorded and handed to the table path, `held` handed over
-    /// unattempted with `why` as their last error.
+    /// unattempted with `why` as their last error; if every one of the batch's transactions
+    /// (`xids`, as the stream gives them) is visible to the statement. `None` if one is not
+    /// yet: nothing was written ([`WalStore::wait_visible`], then again). Empty `xids`
+    /// settle without the check.
     pub async fn settle_stream(
         &self,
         published: &[Uuid],
         failed: &[Failure],
         held: &[Uuid],
         why: &str,
-    ) -> Result<StreamSettled, Error> {
+        xids: &[u32],
+    ) -> Result<Option<StreamSettled>, Error> {
         if published.is_empty() && failed.is_empty() && held.is_empty() {
-            return Ok(StreamSettled::default());
+            return Ok(Some(StreamSettled::default()));
         }
+        let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
         let ids: Vec<Uuid> = failed.iter().map(|f| f.id).collect();
         let errs: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
         let delays: Vec<i64> = failed.iter().map(|f| millis(f.retry_in)).collect();
@@ -473,9 +472,13 @@ impl WalStore {
             .bind(&dead)
             .bind(&unavailable)
             .bind(why)
+            .bind(&xids)
             .fetch_one(self.pool())
             .await
             .map_err(Error::Database)?;
+        if !row.try_get::<bool, _>(3).map_err(Error::Database)? {
+            return Ok(None);
+        }
         let get = |i: usize| row.try_get::<i64, _>(i).map(|n| n as u64);
         let settled = StreamSettled {
             published: get(0).map_err(Error::Database)?,
@@ -485,7 +488,7 @@ impl WalStore {
         if settled.failed + settled.held > 0 {
             self.handed_off.notify_one();
         }
-        Ok(settled)
+        Ok(Some(settled))
     }
 
     /// Ask writers to notify this relay's channel on their next commit (for `ttl`), then
