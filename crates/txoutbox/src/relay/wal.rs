@@ -20,6 +20,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -515,7 +516,8 @@ impl Relay {
         let done = self
             .publish_stream(wal, txs, blocked, ordered, hold, stop, stats)
             .await?;
-        done.settle(wal).await
+        // Read through SQL, a transaction is seldom this fresh: settle in one statement.
+        done.settle(wal, &AtomicBool::new(false)).await
     }
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
@@ -707,11 +709,23 @@ impl Published {
         }
     }
 
-    /// Settle in one statement, once its transactions are visible (normally at once: the
-    /// statement checks, and changes nothing if one is not yet); the position to confirm
-    /// after.
-    async fn settle(self, wal: &WalStore) -> Result<Option<Lsn>, Error> {
+    /// Settle in one statement, once its transactions are visible (the statement checks, and
+    /// changes nothing if one is not yet); the position to confirm after. `ask_first`: the
+    /// last group found a transaction not yet visible, so ask with a cheap query before the
+    /// settle, and keep asking first while that happens (a stream that has caught up hands a
+    /// transaction over within a moment of its commit, often before other sessions see it;
+    /// one that catches up finds everything visible, and settles in one statement).
+    async fn settle(self, wal: &WalStore, ask_first: &AtomicBool) -> Result<Option<Lsn>, Error> {
         let mut xids: &[u32] = &self.xids;
+        let mut invisible = false;
+        if ask_first.load(SeqCst) && !wal.visible(xids).await? {
+            invisible = true;
+            if !wal.wait_visible(xids, VISIBLE_WAIT).await? {
+                tracing::warn!(xids = ?self.xids, "a streamed transaction is still not \
+                    visible after {VISIBLE_WAIT:?}; settling what is");
+                xids = &[];
+            }
+        }
         let settled = loop {
             if let Some(s) = wal
                 .settle_stream(&self.published, &self.failed, &self.held, HELD, xids)
@@ -719,6 +733,7 @@ impl Published {
             {
                 break s;
             }
+            invisible = true;
             if !wal.wait_visible(xids, VISIBLE_WAIT).await? {
                 tracing::warn!(xids = ?self.xids, "a streamed transaction is still not \
                     visible after {VISIBLE_WAIT:?}; settling what is");
@@ -728,6 +743,7 @@ impl Published {
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
         ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);
+        ask_first.store(invisible, SeqCst);
         Ok(self.confirm)
     }
 }
@@ -748,6 +764,8 @@ struct Settler {
     /// A group that settles only part of its transactions was started: nothing after it may
     /// be confirmed (its unsettled transactions come again on the next stream).
     stalled: bool,
+    /// The last settle found a transaction not yet visible ([`Published::settle`]).
+    ask_first: Arc<AtomicBool>,
 }
 
 impl Settler {
@@ -757,6 +775,7 @@ impl Settler {
             queued: None,
             max_queued,
             stalled: false,
+            ask_first: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -779,8 +798,9 @@ impl Settler {
         }
         if let Some(p) = self.next_group() {
             let wal = wal.clone();
+            let ask_first = self.ask_first.clone();
             self.running = Some(AbortOnDrop(crate::relay::spawn_here(async move {
-                p.settle(&wal).await
+                p.settle(&wal, &ask_first).await
             })));
         }
     }

@@ -305,7 +305,11 @@ async fn a_settle_writes_nothing_while_a_transaction_of_its_batch_is_open() {
         .await
         .unwrap();
     assert!(open.is_none(), "settled with a transaction open: {open:?}");
-    assert_eq!(h.processed().await, 0, "a settle that saw an open transaction wrote");
+    assert_eq!(
+        h.processed().await,
+        0,
+        "a settle that saw an open transaction wrote"
+    );
 
     tx.commit().await.unwrap();
     let done = w

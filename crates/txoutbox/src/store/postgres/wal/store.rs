@@ -76,7 +76,10 @@ impl WalQueries {
         Self {
             settle: f.fill_with(
                 sql_file!("postgres", "wal_settle"),
-                &[("{{visible}}", sql_file!("postgres", "wal_visible")), ("{{xids}}", "$9")],
+                &[
+                    ("{{visible}}", sql_file!("postgres", "wal_visible")),
+                    ("{{xids}}", "$9"),
+                ],
             ),
             visible: f.fill_with(sql_file!("postgres", "wal_visible"), &[("{{xids}}", "$1")]),
             claim: f.fill(sql_file!("postgres", "wal_claim")),
@@ -402,6 +405,20 @@ impl WalStore {
             .map_err(Error::Database)
     }
 
+    /// Are these transactions (32-bit ids, as the stream gives them) visible to a new
+    /// snapshot now? One statement.
+    pub async fn visible(&self, xids: &[u32]) -> Result<bool, Error> {
+        if xids.is_empty() {
+            return Ok(true);
+        }
+        let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
+        sqlx::query_scalar(&self.q.visible)
+            .bind(&xids)
+            .fetch_one(self.pool())
+            .await
+            .map_err(Error::Database)
+    }
+
     /// Wait until the transactions `xids` (top-level ids, as the stream gives them) are
     /// visible to new snapshots. The server writes a commit to the WAL, where the stream can
     /// read it, a moment before other sessions see its rows: a settle that ran in that moment
@@ -412,17 +429,11 @@ impl WalStore {
         if xids.is_empty() {
             return Ok(true);
         }
-        let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
         let started = Instant::now();
         let mut pause = Duration::from_millis(1);
         let mut tries = 0u32;
         loop {
-            let visible: bool = sqlx::query_scalar(&self.q.visible)
-                .bind(&xids)
-                .fetch_one(self.pool())
-                .await
-                .map_err(Error::Database)?;
-            if visible {
+            if self.visible(xids).await? {
                 return Ok(true);
             }
             if started.elapsed() >= max {
