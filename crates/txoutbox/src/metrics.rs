@@ -38,8 +38,9 @@ pub const PURGED_TOTAL: &str = "outbox_events_purged_total";
 /// export dropped rather than hold up the relay.
 pub const SPANS_DROPPED_TOTAL: &str = "outbox_trace_spans_dropped_total";
 
-/// Gauge: WAL the WAL source's replication slot keeps that the relay has not confirmed, in
-/// bytes (`pg_current_wal_lsn() - confirmed_flush_lsn`; sampled every few seconds).
+/// Gauge: WAL written since the WAL source's slot was last confirmed, in bytes
+/// (`pg_current_wal_lsn() - confirmed_flush_lsn`; sampled every few seconds): what the relay
+/// has not confirmed ([`WAL_SLOT_RETAINED_BYTES`] is what the server keeps).
 pub const WAL_SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
 /// Gauge: WAL the server keeps for the WAL source's slot, in bytes (`pg_current_wal_lsn() -
 /// restart_lsn`; sampled every few seconds): the slot's cost in disk, which a stream decodes
@@ -251,7 +252,7 @@ fn describe_only() {
     describe_gauge!(
         WAL_SLOT_LAG_BYTES,
         Unit::Bytes,
-        "WAL the WAL source's slot keeps that the relay has not confirmed."
+        "WAL written since the WAL source's slot was last confirmed."
     );
     describe_gauge!(
         WAL_SLOT_RETAINED_BYTES,

@@ -49,8 +49,9 @@ const IDLE_CONFIRM: Duration = Duration::from_secs(1);
 /// How often the slot's lag, status and safe size are sampled into the metrics.
 const SLOT_SAMPLE: Duration = Duration::from_secs(5);
 
-/// How long a settle waits for its transactions to become visible (a few milliseconds at
-/// most, normally: the commit is in the WAL before the server has let go of it).
+/// How long a settle waits for its transactions to become visible before it warns, and warns
+/// again (a few milliseconds at most, normally: the commit is in the WAL before the server
+/// has let go of it).
 const VISIBLE_WAIT: Duration = Duration::from_secs(5);
 
 /// With `exit_when_drained`, how often an idle stream looks whether it is done.
@@ -716,35 +717,41 @@ impl Published {
     /// transaction over within a moment of its commit, often before other sessions see it;
     /// one that catches up finds everything visible, and settles in one statement).
     async fn settle(self, wal: &WalStore, ask_first: &AtomicBool) -> Result<Option<Lsn>, Error> {
-        let mut xids: &[u32] = &self.xids;
         let mut invisible = false;
-        if ask_first.load(SeqCst) && !wal.visible(xids).await? {
+        if ask_first.load(SeqCst) && !wal.visible(&self.xids).await? {
             invisible = true;
-            if !wal.wait_visible(xids, VISIBLE_WAIT).await? {
-                tracing::warn!(xids = ?self.xids, "a streamed transaction is still not \
-                    visible after {VISIBLE_WAIT:?}; settling what is");
-                xids = &[];
-            }
+            self.until_visible(wal).await?;
         }
         let settled = loop {
             if let Some(s) = wal
-                .settle_stream(&self.published, &self.failed, &self.held, HELD, xids)
+                .settle_stream(&self.published, &self.failed, &self.held, HELD, &self.xids)
                 .await?
             {
                 break s;
             }
             invisible = true;
-            if !wal.wait_visible(xids, VISIBLE_WAIT).await? {
-                tracing::warn!(xids = ?self.xids, "a streamed transaction is still not \
-                    visible after {VISIBLE_WAIT:?}; settling what is");
-                xids = &[];
-            }
+            self.until_visible(wal).await?;
         };
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
         ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);
         ask_first.store(invisible, SeqCst);
         Ok(self.confirm)
+    }
+
+    /// Wait until new snapshots see every transaction of the group, however long that takes:
+    /// a committed transaction becomes visible (with synchronous replication, only once the
+    /// standby has answered), and settling before would leave its rows pending for ever
+    /// while the slot is confirmed past them. Warns every [`VISIBLE_WAIT`] meanwhile; the
+    /// stream stops publishing once enough waits to be settled.
+    async fn until_visible(&self, wal: &WalStore) -> Result<(), Error> {
+        let started = Instant::now();
+        while !wal.wait_visible(&self.xids, VISIBLE_WAIT).await? {
+            tracing::warn!(xids = ?self.xids, waited = ?started.elapsed(),
+                "streamed transactions are committed in the WAL but not yet visible to other \
+                 sessions (a synchronous standby not answering?); their settle waits");
+        }
+        Ok(())
     }
 }
 
@@ -754,8 +761,9 @@ const MAX_QUEUED_BATCHES: usize = 16;
 
 /// The settles of published stream batches, as a group commit: one settle runs at a time,
 /// beside the publishing of the next batches; the batches published meanwhile queue up and
-/// are settled together by the next one (one visibility check and one statement for all of
-/// them). Each settle's position is confirmed once it is done, in order.
+/// are settled together by the next one (one statement for all of them, which checks that
+/// their transactions are visible; after a group that found one not yet visible, a cheap
+/// query asks first). Each settle's position is confirmed once it is done, in order.
 struct Settler {
     running: Option<AbortOnDrop<Result<Option<Lsn>, Error>>>,
     queued: Option<Published>,
@@ -930,9 +938,9 @@ async fn sample_slot(wal: Arc<WalStore>, labels: crate::metrics::MetricLabels) {
                 if let Some(lag) = info.lag_bytes {
                     ::metrics::gauge!(m::WAL_SLOT_LAG_BYTES, labels.labels()).set(lag as f64);
                 }
-                if let Some(kept) = info.retained_bytes {
-                    ::metrics::gauge!(m::WAL_SLOT_RETAINED_BYTES, labels.labels()).set(kept as f64);
-                }
+                // A lost slot has no restart_lsn: its WAL is gone.
+                ::metrics::gauge!(m::WAL_SLOT_RETAINED_BYTES, labels.labels())
+                    .set(info.retained_bytes.unwrap_or(0) as f64);
                 if let Some(lsn) = info.confirmed_flush_lsn {
                     ::metrics::gauge!(m::WAL_CONFIRMED_LSN, labels.labels()).set(lsn.0 as f64);
                 }

@@ -135,10 +135,22 @@ async fn over_a_unix_domain_socket_delivers_in_commit_order_too() {
     .fetch_one(&h.pool)
     .await
     .unwrap();
-    let dir = dirs.split(',').next().unwrap().trim().to_owned();
-    assert!(dir.starts_with('/'), "unix_socket_directories = {dirs:?}");
+    // The server's socket, if it is on this machine (not so when it runs elsewhere).
+    let dir = dirs.split(',').next().unwrap_or_default().trim().to_owned();
+    let socket = std::path::Path::new(&dir).join(format!(".s.PGSQL.{port}"));
+    if !dir.starts_with('/') || !socket.exists() {
+        eprintln!("skipped: no Unix-domain socket of the server here ({dirs:?}, port {port})");
+        h.cleanup().await;
+        return;
+    }
     let host: String = url::form_urlencoded::byte_serialize(dir.as_bytes()).collect();
-    let url = format!("postgres://{user}@{host}/{db}?port={port}");
+    let user: String = url::form_urlencoded::byte_serialize(user.as_bytes()).collect();
+    // The test URL's password, if it has one.
+    let password = url::Url::parse(&database_url())
+        .ok()
+        .and_then(|u| u.password().map(|p| format!(":{p}")))
+        .unwrap_or_default();
+    let url = format!("postgres://{user}{password}@{host}/{db}?port={port}");
     let cfg = wal::stream::ReplicationConfig::from_url(&url).unwrap();
     assert!(cfg.socket_path().is_some(), "{url}");
     let p = RecordingPublisher::new();

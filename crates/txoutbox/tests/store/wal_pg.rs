@@ -284,40 +284,73 @@ async fn a_transaction_is_visible_only_once_it_has_ended() {
 }
 
 /// The stream's settle checks visibility in its own statement: while a transaction of the
-/// batch is open it writes nothing and says so; once it committed, it settles.
+/// batch is open it writes nothing (no mark or delete, no failure recorded, nothing handed
+/// over, also for rows of other, committed transactions) and says so; once it committed, it
+/// settles. With both retentions.
 #[tokio::test]
 async fn a_settle_writes_nothing_while_a_transaction_of_its_batch_is_open() {
-    use txoutbox::store::Store;
-    let h = PgHarness::new().await;
-    let w = h.pool_store().wal().unwrap();
-    let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
-    let mut tx = conn.begin().await.unwrap();
-    let id = h.outbox().enqueue(&mut *tx, &event("a", 1)).await.unwrap();
-    let full: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    let xid = (full.parse::<u64>().unwrap() & 0xFFFF_FFFF) as u32;
-    let other = h.outbox().enqueue(&h.pool, &event("b", 1)).await.unwrap();
+    use std::time::Duration;
+    use txoutbox::store::{Failure, Retention, Store};
+    for retention in [Retention::Mark, Retention::Delete] {
+        let h = PgHarness::new().await;
+        let w = h.pool_store_with(retention).wal().unwrap();
+        let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        let id = h.outbox().enqueue(&mut *tx, &event("a", 1)).await.unwrap();
+        let full: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let xid = (full.parse::<u64>().unwrap() & 0xFFFF_FFFF) as u32;
+        // Committed already: only the open transaction holds the batch back.
+        let other = h.outbox().enqueue(&h.pool, &event("b", 1)).await.unwrap();
+        let failing = h.outbox().enqueue(&h.pool, &event("c", 1)).await.unwrap();
+        let held = h.outbox().enqueue(&h.pool, &event("c", 2)).await.unwrap();
+        let failed = [Failure {
+            id: failing,
+            error: "broker said no".into(),
+            retry_in: Duration::from_secs(1),
+            dead: false,
+            unavailable: false,
+        }];
 
-    let open = w
-        .settle_stream(&[id, other], &[], &[], "held", &[xid])
-        .await
-        .unwrap();
-    assert!(open.is_none(), "settled with a transaction open: {open:?}");
-    assert_eq!(
-        h.processed().await,
-        0,
-        "a settle that saw an open transaction wrote"
-    );
+        let open = w
+            .settle_stream(&[id, other], &failed, &[held], "held", &[xid])
+            .await
+            .unwrap();
+        assert!(
+            open.is_none(),
+            "{retention:?}: settled with a transaction open: {open:?}"
+        );
+        // The open transaction's row is not visible here yet: three.
+        assert_eq!(h.total().await, 3, "{retention:?}: a row was deleted");
+        assert_eq!(
+            h.count_where("processed_at IS NOT NULL OR handed_off_at IS NOT NULL OR attempts > 0")
+                .await,
+            0,
+            "{retention:?}: a settle that saw an open transaction wrote"
+        );
 
-    tx.commit().await.unwrap();
-    let done = w
-        .settle_stream(&[id, other], &[], &[], "held", &[xid])
-        .await
-        .unwrap()
-        .expect("visible once committed");
-    assert_eq!(done.published, 2);
-    assert_eq!(h.processed().await, 2);
-    h.cleanup().await;
+        tx.commit().await.unwrap();
+        let done = w
+            .settle_stream(&[id, other], &failed, &[held], "held", &[xid])
+            .await
+            .unwrap()
+            .expect("visible once committed");
+        assert_eq!(
+            (done.published, done.failed, done.held),
+            (2, 1, 1),
+            "{retention:?}"
+        );
+        assert_eq!(
+            h.count_where("handed_off_at IS NOT NULL").await,
+            2,
+            "{retention:?}"
+        );
+        match retention {
+            Retention::Mark => assert_eq!(h.processed().await, 2),
+            Retention::Delete => assert_eq!(h.total().await, 2),
+        }
+        h.cleanup().await;
+    }
 }

@@ -101,6 +101,16 @@ impl std::str::FromStr for SslMode {
     }
 }
 
+/// Where a URL without a host connects: the first of sqlx's socket directories that holds
+/// the server's socket for `port`, else `localhost`.
+fn default_host(port: u16, exists: impl Fn(&Path) -> bool) -> String {
+    ["/var/run/postgresql", "/private/tmp", "/tmp"]
+        .into_iter()
+        .find(|dir| exists(&Path::new(dir).join(format!(".s.PGSQL.{port}"))))
+        .unwrap_or("localhost")
+        .to_owned()
+}
+
 impl SslMode {
     fn as_str(self) -> &'static str {
         match self {
@@ -138,8 +148,9 @@ impl ReplicationConfig {
     /// client certificate), `host`, `port`, `user`, `password`, `dbname` and
     /// `application_name`; other parameters are ignored. What the URL leaves out comes from
     /// `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`,
-    /// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`, then the defaults (localhost,
-    /// 5432, the user's name for the database). A host that starts with `/` is the directory
+    /// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`, then the defaults (as sqlx:
+    /// the server's socket in `/var/run/postgresql`, `/private/tmp` or `/tmp` if there, else
+    /// localhost; 5432; the user's name for the database). A host that starts with `/` is the directory
     /// of the server's Unix-domain socket (`host=/var/run/postgresql`, or the same
     /// percent-encoded as the URL's host), as in libpq and sqlx; `sslmode` is ignored there,
     /// as libpq ignores it.
@@ -183,12 +194,12 @@ impl ReplicationConfig {
             .get("host")
             .cloned()
             .or(url_host)
-            .or_else(|| env("PGHOST"))
-            .unwrap_or_else(|| "localhost".to_owned());
-        if host.contains(',') {
+            .or_else(|| env("PGHOST"));
+        if host.as_deref().is_some_and(|h| h.contains(',')) {
             return Err(WalError::Config(format!(
-                "host {host:?}: the replication client connects to one host (no host list); \
-                 give a host name, an address or a Unix-domain socket's directory"
+                "host {:?}: the replication client connects to one host (no host list); \
+                 give a host name, an address or a Unix-domain socket's directory",
+                host.unwrap_or_default()
             )));
         }
         let port = match query
@@ -201,6 +212,9 @@ impl ReplicationConfig {
             })?,
             None => 5432,
         };
+        // No host anywhere: the server's socket in the usual directories, else localhost
+        // (as sqlx chooses for the pool).
+        let host = host.unwrap_or_else(|| default_host(port, |p| p.exists()));
         let url_user = (!url.username().is_empty())
             .then(|| decode("user name", url.username()))
             .transpose()?;
@@ -347,10 +361,15 @@ impl fmt::Debug for ReplicationConfig {
 impl fmt::Display for ReplicationConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.host.starts_with('/') {
+            // As sqlx writes it: the directory percent-encoded as the URL's host.
+            let dir = percent_encoding::utf8_percent_encode(
+                &self.host,
+                percent_encoding::NON_ALPHANUMERIC,
+            );
             return write!(
                 f,
-                "postgres://{}@/{}?host={}&port={}",
-                self.user, self.database, self.host, self.port
+                "postgres://{}@{dir}:{}/{}",
+                self.user, self.port, self.database
             );
         }
         let host = if self.host.contains(':') {
@@ -1460,6 +1479,23 @@ mod tests {
     }
 
     #[test]
+    fn without_a_host_the_usual_socket_directories_come_first() {
+        let only = |dir: &'static str| move |p: &Path| p == Path::new(dir);
+        assert_eq!(
+            default_host(5432, only("/tmp/.s.PGSQL.5432")),
+            "/tmp".to_owned()
+        );
+        assert_eq!(
+            default_host(5433, only("/var/run/postgresql/.s.PGSQL.5433")),
+            "/var/run/postgresql".to_owned()
+        );
+        assert_eq!(
+            default_host(5432, only("/tmp/.s.PGSQL.5433")),
+            "localhost".to_owned()
+        );
+    }
+
+    #[test]
     fn a_host_that_is_a_directory_is_a_unix_domain_socket() {
         // As sqlx and libpq read it: percent-encoded as the URL's host, or as `host=`.
         let c = parse("postgres://u:pw@%2Fvar%2Frun%2Fpostgresql/db").unwrap();
@@ -1474,7 +1510,11 @@ mod tests {
             Some(Path::new("/run/pg/.s.PGSQL.5433"))
         );
         assert_eq!(q.peer(), "/run/pg/.s.PGSQL.5433");
-        assert_eq!(q.to_string(), "postgres://u@/db?host=/run/pg/&port=5433");
+        assert_eq!(q.to_string(), "postgres://u@%2Frun%2Fpg%2F:5433/db");
+        // What it shows reads back as the same connection.
+        let back = parse(&q.to_string()).unwrap();
+        assert_eq!(back.socket_path(), q.socket_path());
+        assert_eq!((back.user(), back.database()), ("u", "db"));
         assert!(!c.to_string().contains("pw"), "{c}");
     }
 
