@@ -280,7 +280,7 @@ impl Relay {
         stats: &mut RelayStats,
     ) -> Result<(), Error> {
         let cfg = &self.config;
-        let mut settler = Settler::new(cfg.batch_size.max(64) * MAX_QUEUED_BATCHES);
+        let mut settler = Settler::new(cfg.batch_size.max(64) * MAX_QUEUED_BATCHES, stop.clone());
         loop {
             let got = tokio::select! {
                 biased;
@@ -518,7 +518,8 @@ impl Relay {
             .publish_stream(wal, txs, blocked, ordered, hold, stop, stats)
             .await?;
         // Read through SQL, a transaction is seldom this fresh: settle in one statement.
-        done.settle(wal, &AtomicBool::new(false)).await
+        done.settle(wal, &AtomicBool::new(false), stop, &AtomicBool::new(false))
+            .await
     }
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
@@ -716,11 +717,22 @@ impl Published {
     /// settle, and keep asking first while that happens (a stream that has caught up hands a
     /// transaction over within a moment of its commit, often before other sessions see it;
     /// one that catches up finds everything visible, and settles in one statement).
-    async fn settle(self, wal: &WalStore, ask_first: &AtomicBool) -> Result<Option<Lsn>, Error> {
+    /// While stopping, a group whose transactions do not become visible is left unsettled
+    /// and unconfirmed (the next stream delivers it again), and `gave_up` is set.
+    async fn settle(
+        self,
+        wal: &WalStore,
+        ask_first: &AtomicBool,
+        stop: &CancellationToken,
+        gave_up: &AtomicBool,
+    ) -> Result<Option<Lsn>, Error> {
         let mut invisible = false;
         if ask_first.load(SeqCst) && !wal.visible(&self.xids).await? {
             invisible = true;
-            self.until_visible(wal).await?;
+            if !self.until_visible(wal, stop).await? {
+                gave_up.store(true, SeqCst);
+                return Ok(None);
+            }
         }
         let settled = loop {
             if let Some(s) = wal
@@ -730,7 +742,10 @@ impl Published {
                 break s;
             }
             invisible = true;
-            self.until_visible(wal).await?;
+            if !self.until_visible(wal, stop).await? {
+                gave_up.store(true, SeqCst);
+                return Ok(None);
+            }
         };
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
@@ -743,15 +758,22 @@ impl Published {
     /// a committed transaction becomes visible (with synchronous replication, only once the
     /// standby has answered), and settling before would leave its rows pending for ever
     /// while the slot is confirmed past them. Warns every [`VISIBLE_WAIT`] meanwhile; the
-    /// stream stops publishing once enough waits to be settled.
-    async fn until_visible(&self, wal: &WalStore) -> Result<(), Error> {
+    /// stream stops publishing once enough waits to be settled. False: `stop` fired and they
+    /// are still not visible.
+    async fn until_visible(&self, wal: &WalStore, stop: &CancellationToken) -> Result<bool, Error> {
         let started = Instant::now();
         while !wal.wait_visible(&self.xids, VISIBLE_WAIT).await? {
+            if stop.is_cancelled() {
+                tracing::warn!(xids = ?self.xids, "stopping while streamed transactions are \
+                    still not visible: left unsettled and unconfirmed (the next stream \
+                    delivers them again)");
+                return Ok(false);
+            }
             tracing::warn!(xids = ?self.xids, waited = ?started.elapsed(),
                 "streamed transactions are committed in the WAL but not yet visible to other \
                  sessions (a synchronous standby not answering?); their settle waits");
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -774,16 +796,22 @@ struct Settler {
     stalled: bool,
     /// The last settle found a transaction not yet visible ([`Published::settle`]).
     ask_first: Arc<AtomicBool>,
+    /// The relay is stopping: a settle may give up waiting for visibility.
+    stop: CancellationToken,
+    /// A settle gave up (stopping): nothing after it may be confirmed.
+    gave_up: Arc<AtomicBool>,
 }
 
 impl Settler {
-    fn new(max_queued: usize) -> Self {
+    fn new(max_queued: usize, stop: CancellationToken) -> Self {
         Self {
             running: None,
             queued: None,
             max_queued,
             stalled: false,
             ask_first: Arc::new(AtomicBool::new(false)),
+            stop,
+            gave_up: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -806,16 +834,25 @@ impl Settler {
         }
         if let Some(p) = self.next_group() {
             let wal = wal.clone();
-            let ask_first = self.ask_first.clone();
+            let (ask_first, stop, gave_up) = (
+                self.ask_first.clone(),
+                self.stop.clone(),
+                self.gave_up.clone(),
+            );
             self.running = Some(AbortOnDrop(crate::relay::spawn_here(async move {
-                p.settle(&wal, &ask_first).await
+                p.settle(&wal, &ask_first, &stop, &gave_up).await
             })));
         }
     }
 
     /// What is queued, as the next group to settle.
     fn next_group(&mut self) -> Option<Published> {
-        let p = self.queued.take()?;
+        let mut p = self.queued.take()?;
+        if self.gave_up.load(SeqCst) {
+            self.stalled = true;
+            p.confirm = None;
+            p.whole = false;
+        }
         self.stalled |= !p.whole;
         Some(p)
     }
@@ -1035,7 +1072,7 @@ mod tests {
 
     #[test]
     fn nothing_after_a_group_settled_only_in_part_is_confirmed() {
-        let mut s = Settler::new(100);
+        let mut s = Settler::new(100, CancellationToken::new());
         s.push(batch(1, Some(15), false));
         let first = s.next_group().expect("queued");
         assert_eq!(first.confirm, Some(Lsn(15)));
@@ -1047,8 +1084,20 @@ mod tests {
     }
 
     #[test]
+    fn nothing_is_confirmed_after_a_settle_that_gave_up_waiting() {
+        let mut s = Settler::new(100, CancellationToken::new());
+        s.push(batch(1, Some(15), true));
+        // Queued while a settle gives up on its transactions' visibility (stopping).
+        s.gave_up.store(true, SeqCst);
+        let next = s.next_group().expect("queued");
+        assert_eq!(next.confirm, None);
+        s.push(batch(2, Some(30), true));
+        assert_eq!(s.next_group().expect("queued").confirm, None);
+    }
+
+    #[test]
     fn the_stream_waits_once_enough_is_queued() {
-        let mut s = Settler::new(2);
+        let mut s = Settler::new(2, CancellationToken::new());
         s.push(batch(1, Some(10), true));
         assert!(!s.is_full());
         s.push(batch(2, Some(20), true));
