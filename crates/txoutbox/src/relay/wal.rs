@@ -54,6 +54,10 @@ const SLOT_SAMPLE: Duration = Duration::from_secs(5);
 /// has let go of it).
 const VISIBLE_WAIT: Duration = Duration::from_secs(5);
 
+/// While the relay stops, how long a settle still waits for its transactions to become
+/// visible before it leaves them to the next stream.
+const STOPPING_VISIBLE_WAIT: Duration = Duration::from_secs(1);
+
 /// With `exit_when_drained`, how often an idle stream looks whether it is done.
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
@@ -285,7 +289,21 @@ impl Relay {
             let got = tokio::select! {
                 biased;
                 _ = stop.cancelled() => {
-                    settler.finish(s.wal, reader).await?;
+                    // Bounded: a settle statement can wait for ever (its commit waiting for
+                    // a synchronous standby that does not answer). What is not settled by
+                    // then is not confirmed; dropping the settler aborts its settle, and the
+                    // next stream delivers those transactions again.
+                    let finished = tokio::time::timeout(
+                        cfg.shutdown_timeout,
+                        settler.finish(s.wal, reader),
+                    )
+                    .await;
+                    match finished {
+                        Ok(done) => done?,
+                        Err(_) => tracing::warn!(timeout = ?cfg.shutdown_timeout,
+                            "stopping: the last settles did not end in time; what they held \
+                             is not confirmed, and the next stream delivers it again"),
+                    }
                     return Ok(());
                 }
                 done = settler.settled() => {
@@ -762,7 +780,23 @@ impl Published {
     /// are still not visible.
     async fn until_visible(&self, wal: &WalStore, stop: &CancellationToken) -> Result<bool, Error> {
         let started = Instant::now();
-        while !wal.wait_visible(&self.xids, VISIBLE_WAIT).await? {
+        loop {
+            let stopping = stop.is_cancelled();
+            let wait = if stopping {
+                STOPPING_VISIBLE_WAIT
+            } else {
+                VISIBLE_WAIT
+            };
+            let visible = tokio::select! {
+                v = wal.wait_visible(&self.xids, wait) => v?,
+                // Told to stop meanwhile: a last, short wait.
+                _ = stop.cancelled(), if !stopping => {
+                    wal.wait_visible(&self.xids, STOPPING_VISIBLE_WAIT).await?
+                }
+            };
+            if visible {
+                return Ok(true);
+            }
             if stop.is_cancelled() {
                 tracing::warn!(xids = ?self.xids, "stopping while streamed transactions are \
                     still not visible: left unsettled and unconfirmed (the next stream \
@@ -773,7 +807,6 @@ impl Published {
                 "streamed transactions are committed in the WAL but not yet visible to other \
                  sessions (a synchronous standby not answering?); their settle waits");
         }
-        Ok(true)
     }
 }
 
