@@ -744,15 +744,13 @@ impl Published {
         stop: &CancellationToken,
         gave_up: &AtomicBool,
     ) -> Result<Option<Lsn>, Error> {
-        let mut invisible = false;
-        if ask_first.load(SeqCst) && !wal.visible(&self.xids).await? {
-            invisible = true;
-            if !self.until_visible(wal, stop).await? {
+        // Set once a transaction of the group was found not yet visible: wait, then settle.
+        let mut invisible = ask_first.load(SeqCst) && !wal.visible(&self.xids).await?;
+        let settled = loop {
+            if invisible && !self.until_visible(wal, stop).await? {
                 gave_up.store(true, SeqCst);
                 return Ok(None);
             }
-        }
-        let settled = loop {
             if let Some(s) = wal
                 .settle_stream(&self.published, &self.failed, &self.held, HELD, &self.xids)
                 .await?
@@ -760,10 +758,6 @@ impl Published {
                 break s;
             }
             invisible = true;
-            if !self.until_visible(wal, stop).await? {
-                gave_up.store(true, SeqCst);
-                return Ok(None);
-            }
         };
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
