@@ -22,6 +22,8 @@ pub const COLUMNS: &[Column] = &[
     col("p90_ms", "p90", "ms"),
     col("p99_ms", "p99", "ms"),
     col("max_ms", "max", "ms"),
+    col("broker_p50_ms", "at broker p50", "ms"),
+    col("broker_p99_ms", "at broker p99", "ms"),
     col("achieved_per_s", "achieved", "events/s"),
     col("catch_up_s", "caught up after", "s"),
 ];
@@ -35,8 +37,11 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
          wall-clock right after COMMIT returned, corrected by the measured database clock \
          offset. kept_up: the writers achieved >= 95% of the target rate and \
          every event was published within {}s after they stopped. A run fails if any event is \
-         never published. wal rows: `relay --source wal`, its publication and slot created \
-         before the first write.",
+         never published. With a nats:// publisher, \"at broker\" is commit to the message's \
+         arrival at a plain subscriber of every subject on that server (JetStream hands a \
+         stored message to its subject's subscribers as well), on this process's monotonic \
+         clock: the commit-to-broker latency without the settle's delay. wal rows: `relay \
+         --source wal`, its publication and slot created before the first write.",
         duration.as_secs_f64(),
         grace.as_secs_f64()
     )
@@ -116,6 +121,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
         .context("writing the warm-up event")?;
     wait_published(db, Duration::from_secs(60), "the warm-up event").await?;
     let offset = clock_offset(env).await?;
+    let watch = BrokerWatch::start(env, &cfg.publisher).await;
     super::checkpoint(env).await;
 
     env.status(&format!("{}: writing for {:?}", cfg.name(), env.duration));
@@ -146,6 +152,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
         });
     }
     let mut committed: Vec<(Uuid, DateTime<Utc>)> = Vec::with_capacity(total as usize);
+    let mut committed_at: Vec<(Uuid, Instant)> = Vec::with_capacity(total as usize);
     let mut last = t0;
     while let Some(r) = tasks.join_next().await {
         for (id, at, instant) in r
@@ -153,6 +160,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
             .context("a writer failed")?
         {
             committed.push((id, at));
+            committed_at.push((id, instant));
             last = last.max(instant);
         }
     }
@@ -201,12 +209,27 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
     }
     lat.sort_by(f64::total_cmp);
     let kept_up = caught_up && achieved >= 0.95 * f64::from(cfg.rate);
-    Ok(RunResult::default()
+    let mut r = RunResult::default()
         .value("p50_ms", quantile(&lat, 0.50))
         .value("p90_ms", quantile(&lat, 0.90))
         .value("p99_ms", quantile(&lat, 0.99))
-        .value("max_ms", quantile(&lat, 1.0))
-        .value("achieved_per_s", achieved)
+        .value("max_ms", quantile(&lat, 1.0));
+    if let Some(watch) = watch {
+        let (broker, missing) = watch.latencies(&committed_at).await;
+        if missing > 0 {
+            env.status(&format!(
+                "{}: {missing} of {} events were not seen at the broker by the subscriber \
+                 (left out of \"at broker\")",
+                cfg.name(),
+                committed_at.len()
+            ));
+        }
+        r = r
+            .value("broker_p50_ms", quantile(&broker, 0.50))
+            .value("broker_p99_ms", quantile(&broker, 0.99))
+            .value("broker_missing", missing as f64);
+    }
+    Ok(r.value("achieved_per_s", achieved)
         .value("catch_up_s", catch_up_s)
         .value("events", lat.len() as f64)
         .value("clock_offset_ms", offset * 1000.0)
@@ -245,4 +268,91 @@ async fn clock_offset(env: &Env) -> anyhow::Result<f64> {
         }
     }
     Ok(best.map_or(0.0, |(_, o)| o))
+}
+
+/// With a `nats://` publisher: when each event's message reached the broker, as a plain
+/// subscriber of every subject on that server sees it (JetStream hands a stored message to
+/// the subscribers of its subject too). Messages are told apart by `Nats-Msg-Id` (the event
+/// id); others (acknowledgements, API traffic) are ignored.
+struct BrokerWatch {
+    seen: std::sync::Arc<std::sync::Mutex<HashMap<Uuid, Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BrokerWatch {
+    /// `None` (said on stderr) for another publisher, or when the server cannot be reached
+    /// without the publisher URL's options (e.g. TLS): the run goes on without the column.
+    async fn start(env: &Env, publisher: &str) -> Option<Self> {
+        use futures::StreamExt;
+        let server = publisher.strip_prefix("nats://")?;
+        let server = format!(
+            "nats://{}",
+            server.split(['?', '#']).next().unwrap_or(server)
+        );
+        let client = match async_nats::connect(&server).await {
+            Ok(c) => c,
+            Err(e) => {
+                env.status(&format!(
+                    "latency: no \"at broker\" column: cannot subscribe at {}: {e}",
+                    txoutbox::publish::redact_url(&server)
+                ));
+                return None;
+            }
+        };
+        let mut sub = match client.subscribe(">").await {
+            Ok(s) => s,
+            Err(e) => {
+                env.status(&format!("latency: no \"at broker\" column: subscribe: {e}"));
+                return None;
+            }
+        };
+        // The subscription is registered once the server has answered a round trip.
+        if let Err(e) = client.flush().await {
+            env.status(&format!("latency: no \"at broker\" column: flush: {e}"));
+            return None;
+        }
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let into = seen.clone();
+        let task = tokio::spawn(async move {
+            let _client = client;
+            while let Some(m) = sub.next().await {
+                let at = Instant::now();
+                let id = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Msg-Id"))
+                    .and_then(|v| Uuid::parse_str(v.as_str()).ok());
+                if let Some(id) = id {
+                    if let Ok(mut seen) = into.lock() {
+                        // The first arrival counts (a re-sent duplicate comes later).
+                        seen.entry(id).or_insert(at);
+                    }
+                }
+            }
+        });
+        Some(Self { seen, task })
+    }
+
+    /// Milliseconds from each commit to its message's first arrival, sorted, and how many
+    /// events never arrived. Waits a moment for messages still in flight.
+    async fn latencies(self, committed: &[(Uuid, Instant)]) -> (Vec<f64>, usize) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.task.abort();
+        let seen = match self.seen.lock() {
+            Ok(s) => s.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let mut lat = Vec::with_capacity(committed.len());
+        let mut missing = 0;
+        for (id, at) in committed {
+            match seen.get(id) {
+                Some(arrived) => {
+                    lat.push(arrived.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+                }
+                None => missing += 1,
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        (lat, missing)
+    }
 }

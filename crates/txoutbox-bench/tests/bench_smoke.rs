@@ -440,6 +440,45 @@ async fn publish_measures_each_broker_alone() {
     js.delete_stream(&stream).await.unwrap();
 }
 
+/// With a NATS publisher the latency is also taken at the broker: every committed event is
+/// seen arriving there, from both sources.
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_to_nats_is_also_measured_at_the_broker() {
+    let stream = unique("TXO_BENCH_LAT").to_uppercase();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let report = ok_json(&[
+        "latency",
+        "--rate",
+        "200",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--source",
+        "table,wal",
+        "--publisher",
+        &nats,
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "latency");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in rows {
+        assert_eq!(median(r, "events"), 200.0, "{r}");
+        assert_eq!(median(r, "broker_missing"), 0.0, "every event arrived: {r}");
+        let (p50, p99) = (median(r, "broker_p50_ms"), median(r, "broker_p99_ms"));
+        assert!(p50 <= p99, "{r}");
+    }
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.delete_stream(&stream).await.unwrap();
+}
+
 /// A --txoutbox-bin that is not there is named before anything is created.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_txoutbox_binary_is_named() {
