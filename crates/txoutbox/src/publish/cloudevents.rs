@@ -11,6 +11,10 @@ use super::url::PublisherUrl;
 use super::{ConfigError, Message};
 
 /// The URL parameters read here; every publisher that supports CloudEvents accepts them.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "kafka", feature = "sqs", feature = "sns")),
+    allow(dead_code)
+)]
 pub(crate) const PARAMS: &[&str] = &["cloudevents", "ce_source"];
 /// `source` when `ce_source` is not given.
 pub const DEFAULT_SOURCE: &str = "txoutbox";

@@ -13,6 +13,19 @@
 //! (except on `nats://`, where it implies `tls=true`). The files are read once, at start-up;
 //! errors name the parameter and the path, never the content.
 
+// Each broker uses a part of this (files or their bytes, the system bundle): a build with
+// only some brokers leaves the rest unused.
+#![cfg_attr(
+    not(all(
+        feature = "nats",
+        feature = "amqp",
+        feature = "redis",
+        feature = "mqtt",
+        feature = "kafka"
+    )),
+    allow(dead_code)
+)]
+
 use std::path::{Path, PathBuf};
 
 use super::url::PublisherUrl;
