@@ -160,6 +160,62 @@ fn redacted(url: &PublisherUrl) -> String {
     url.redacted()
 }
 
+/// A client of `settings`' server, connected as the publisher connects (credentials, TLS,
+/// time-outs).
+async fn connect_client(
+    settings: &Settings,
+    redacted_url: &str,
+) -> Result<async_nats::Client, PublishError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("txoutbox")
+        .connection_timeout(settings.connect_timeout)
+        .request_timeout(Some(settings.ack_timeout))
+        // Reconnect forever after the first connection; the relay waits out outages.
+        .max_reconnects(None);
+    match (&settings.user, &settings.password) {
+        (Some(user), Some(password)) => {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        (Some(token), None) => options = options.token(token.clone()),
+        _ => {}
+    }
+    if let Some(tls) = &settings.tls {
+        options = options.require_tls(true);
+        if let Some(ca) = &tls.ca_path {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &tls.client_paths {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+    }
+    let cannot = |e: &dyn std::fmt::Display| {
+        PublishError::unavailable(format!("NATS at {redacted_url}: cannot connect: {e}"))
+    };
+    // The address handed to the client holds no credentials, so no error text can leak them.
+    let connect = options.connect(settings.server.as_str());
+    match tokio::time::timeout(settings.connect_timeout * 2, connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(cannot(&e)),
+        Err(_) => Err(cannot(&format!(
+            "timed out after {:?}",
+            settings.connect_timeout * 2
+        ))),
+    }
+}
+
+/// For a watcher of what a publisher sends (the benchmark's latency at the broker): a plain
+/// client of the server of the `nats://` or `tls://` publisher URL `url`, connected as that
+/// publisher connects (credentials, TLS), and the subjects its messages go to (those of the
+/// stream it would create; `>` if its subject template has no literal first token).
+pub async fn watch(url: &str) -> Result<(async_nats::Client, Vec<String>), ConnectError> {
+    let url = super::url::parse(url)?;
+    let settings = Settings::from_url(&url)?;
+    let client = connect_client(&settings, &redacted(&url)).await?;
+    let subjects =
+        stream_subjects(settings.subject.as_str()).unwrap_or_else(|_| vec![">".to_string()]);
+    Ok((client, subjects))
+}
+
 impl NatsPublisher {
     /// Connect, and create the stream if asked to and missing.
     pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
@@ -168,42 +224,7 @@ impl NatsPublisher {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| {
             PublishError::unavailable(format!("NATS at {redacted_url}: {what}: {e}"))
         };
-
-        let mut options = async_nats::ConnectOptions::new()
-            .name("txoutbox")
-            .connection_timeout(settings.connect_timeout)
-            .request_timeout(Some(settings.ack_timeout))
-            // Reconnect forever after the first connection; the relay waits out outages.
-            .max_reconnects(None);
-        match (&settings.user, &settings.password) {
-            (Some(user), Some(password)) => {
-                options = options.user_and_password(user.clone(), password.clone());
-            }
-            (Some(token), None) => options = options.token(token.clone()),
-            _ => {}
-        }
-        if let Some(tls) = &settings.tls {
-            options = options.require_tls(true);
-            if let Some(ca) = &tls.ca_path {
-                options = options.add_root_certificates(ca.clone());
-            }
-            if let Some((cert, key)) = &tls.client_paths {
-                options = options.add_client_certificate(cert.clone(), key.clone());
-            }
-        }
-        // The address handed to the client holds no credentials, so no error text can leak them.
-        let connect = options.connect(settings.server.as_str());
-        let client = match tokio::time::timeout(settings.connect_timeout * 2, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(unavailable("cannot connect", &e).into()),
-            Err(_) => {
-                return Err(unavailable(
-                    "cannot connect",
-                    &format!("timed out after {:?}", settings.connect_timeout * 2),
-                )
-                .into())
-            }
-        };
+        let client = connect_client(&settings, &redacted_url).await?;
 
         let jetstream = jetstream::ContextBuilder::new()
             .timeout(settings.ack_timeout)
