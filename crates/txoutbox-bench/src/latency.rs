@@ -41,7 +41,8 @@ pub fn measures(duration: Duration, writers: u32, grace: Duration) -> String {
          of the message seen by a plain subscriber of the publisher's subjects on that server \
          (NATS hands it to subscribers as it routes it, apart from JetStream's store and ack), \
          on this process's monotonic clock: a lower bound of commit to the broker's ack, \
-         without the settle's delay; an event never seen counts as infinite. wal rows: `relay \
+         without the settle's delay; an event never seen counts as infinite. With rows deleted on \
+         settle (--relay-arg=--retention-period=0) only that is measured. wal rows: `relay \
          --source wal`, its publication and slot created before the first write.",
         duration.as_secs_f64(),
         grace.as_secs_f64()
@@ -195,6 +196,9 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
     .context("reading processed_at")?;
     let processed: HashMap<Uuid, Option<DateTime<Utc>>> = rows.into_iter().collect();
     let mut lat = Vec::with_capacity(committed.len());
+    // Rows deleted on settle (`--retention-period=0`) have no processed_at to measure to:
+    // then only the broker's side is measured, which needs a nats:// publisher.
+    let mut gone = 0usize;
     for (id, at) in &committed {
         match processed.get(id) {
             Some(Some(p)) => {
@@ -202,19 +206,30 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
                 lat.push(ms - offset * 1000.0);
             }
             Some(None) => anyhow::bail!("event {id} was committed but not published"),
+            None if watch.is_some() => gone += 1,
             None => anyhow::bail!(
-                "event {id} is gone from the table: latency needs processed_at, so run it \
-                 without delete-on-settle retention (--retention-period 0)"
+                "event {id} is gone from the table: latency to the settle needs processed_at, \
+                 so run it without delete-on-settle retention (--retention-period 0), or \
+                 publish to nats:// to measure at the broker"
             ),
         }
     }
     lat.sort_by(f64::total_cmp);
     let kept_up = caught_up && achieved >= 0.95 * f64::from(cfg.rate);
-    let mut r = RunResult::default()
-        .value("p50_ms", quantile(&lat, 0.50))
-        .value("p90_ms", quantile(&lat, 0.90))
-        .value("p99_ms", quantile(&lat, 0.99))
-        .value("max_ms", quantile(&lat, 1.0));
+    let mut r = RunResult::default();
+    if gone == 0 {
+        r = r
+            .value("p50_ms", quantile(&lat, 0.50))
+            .value("p90_ms", quantile(&lat, 0.90))
+            .value("p99_ms", quantile(&lat, 0.99))
+            .value("max_ms", quantile(&lat, 1.0));
+    } else {
+        env.status(&format!(
+            "{}: {gone} of {} events were deleted on settle: measured at the broker only",
+            cfg.name(),
+            committed.len()
+        ));
+    }
     if let Some(watch) = watch {
         let (broker, missing) = watch.latencies(&committed_at).await;
         if missing > 0 {
@@ -233,7 +248,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
     }
     Ok(r.value("achieved_per_s", achieved)
         .value("catch_up_s", catch_up_s)
-        .value("events", lat.len() as f64)
+        .value("events", committed.len() as f64)
         .value("clock_offset_ms", offset * 1000.0)
         .flag("kept_up", kept_up))
 }

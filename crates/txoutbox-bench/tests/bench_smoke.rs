@@ -484,6 +484,48 @@ async fn latency_to_nats_is_also_measured_at_the_broker() {
     js.delete_stream(&stream).await.unwrap();
 }
 
+/// With rows deleted on settle there is no processed_at: only the broker's side is measured,
+/// and every event is still accounted for.
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_with_delete_on_settle_is_measured_at_the_broker_only() {
+    let stream = unique("TXO_BENCH_LATD").to_uppercase();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let report = ok_json(&[
+        "latency",
+        "--rate",
+        "200",
+        "--duration",
+        "1s",
+        "--writers",
+        "4",
+        "--source",
+        "wal",
+        "--publisher",
+        &nats,
+        "--relay-arg=--retention-period=0",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "latency");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert!(
+        r["metrics"].get("p99_ms").is_none(),
+        "no settle latency: {r}"
+    );
+    assert_eq!(median(r, "events"), 200.0, "{r}");
+    assert_eq!(median(r, "broker_missing"), 0.0, "{r}");
+    assert!(median(r, "broker_p99_ms").is_finite(), "{r}");
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.delete_stream(&stream).await.unwrap();
+}
+
 /// A --txoutbox-bin that is not there is named before anything is created.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_txoutbox_binary_is_named() {
