@@ -440,16 +440,15 @@ async fn publish_measures_each_broker_alone() {
     js.delete_stream(&stream).await.unwrap();
 }
 
-/// With a NATS publisher the latency is also taken at the broker: every committed event is
-/// seen arriving there, from both sources.
-#[tokio::test(flavor = "multi_thread")]
-async fn latency_to_nats_is_also_measured_at_the_broker() {
+/// `latency` at 200 events/s for a second to a NATS stream of its own (`extra` after the
+/// sources): its rows, the stream deleted after.
+async fn latency_to_nats(sources: &str, extra: &[&str]) -> Vec<Value> {
     let stream = unique("TXO_BENCH_LAT").to_uppercase();
     let nats = format!(
         "{}?stream={stream}&subject={stream}.{{event_type}}",
         nats_url()
     );
-    let report = ok_json(&[
+    let mut args = vec![
         "latency",
         "--rate",
         "200",
@@ -458,17 +457,29 @@ async fn latency_to_nats_is_also_measured_at_the_broker() {
         "--writers",
         "4",
         "--source",
-        "table,wal",
+        sources,
         "--publisher",
         &nats,
         "--repeats",
         "1",
         "--json",
-    ])
-    .await;
-    let rows = section(&report, "latency");
+    ];
+    args.extend_from_slice(extra);
+    let report = ok_json(&args).await;
+    let rows = section(&report, "latency").to_vec();
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.delete_stream(&stream).await.unwrap();
+    rows
+}
+
+/// With a NATS publisher the latency is also taken at the broker: every committed event is
+/// seen arriving there, from both sources.
+#[tokio::test(flavor = "multi_thread")]
+async fn latency_to_nats_is_also_measured_at_the_broker() {
+    let rows = latency_to_nats("table,wal", &[]).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
-    for r in rows {
+    for r in &rows {
         assert_eq!(median(r, "events"), 200.0, "{r}");
         assert_eq!(median(r, "broker_missing"), 0.0, "every event arrived: {r}");
         let (p50, p99) = (median(r, "broker_p50_ms"), median(r, "broker_p99_ms"));
@@ -479,39 +490,13 @@ async fn latency_to_nats_is_also_measured_at_the_broker() {
         assert!(p99 <= median(r, "max_ms") + 50.0, "{r}");
         assert!(median(r, "broker_min_ms") >= -50.0, "{r}");
     }
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    js.delete_stream(&stream).await.unwrap();
 }
 
 /// With rows deleted on settle there is no processed_at: only the broker's side is measured,
 /// and every event is still accounted for.
 #[tokio::test(flavor = "multi_thread")]
 async fn latency_with_delete_on_settle_is_measured_at_the_broker_only() {
-    let stream = unique("TXO_BENCH_LATD").to_uppercase();
-    let nats = format!(
-        "{}?stream={stream}&subject={stream}.{{event_type}}",
-        nats_url()
-    );
-    let report = ok_json(&[
-        "latency",
-        "--rate",
-        "200",
-        "--duration",
-        "1s",
-        "--writers",
-        "4",
-        "--source",
-        "wal",
-        "--publisher",
-        &nats,
-        "--relay-arg=--retention-period=0",
-        "--repeats",
-        "1",
-        "--json",
-    ])
-    .await;
-    let rows = section(&report, "latency");
+    let rows = latency_to_nats("wal", &["--relay-arg=--retention-period=0"]).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     let r = &rows[0];
     assert!(
@@ -521,9 +506,6 @@ async fn latency_with_delete_on_settle_is_measured_at_the_broker_only() {
     assert_eq!(median(r, "events"), 200.0, "{r}");
     assert_eq!(median(r, "broker_missing"), 0.0, "{r}");
     assert!(median(r, "broker_p99_ms").is_finite(), "{r}");
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    js.delete_stream(&stream).await.unwrap();
 }
 
 /// A --txoutbox-bin that is not there is named before anything is created.
