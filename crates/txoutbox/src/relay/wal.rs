@@ -20,7 +20,6 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -536,8 +535,7 @@ impl Relay {
             .publish_stream(wal, txs, blocked, ordered, hold, stop, stats)
             .await?;
         // Read through SQL, a transaction is seldom this fresh: settle in one statement.
-        done.settle(wal, &AtomicBool::new(false), stop, &AtomicBool::new(false))
-            .await
+        Ok(done.settle(wal, false, stop).await?.confirm)
     }
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
@@ -736,20 +734,22 @@ impl Published {
     /// transaction over within a moment of its commit, often before other sessions see it;
     /// one that catches up finds everything visible, and settles in one statement).
     /// While stopping, a group whose transactions do not become visible is left unsettled
-    /// and unconfirmed (the next stream delivers it again), and `gave_up` is set.
+    /// and unconfirmed (the next stream delivers it again), and says it gave up.
     async fn settle(
         self,
         wal: &WalStore,
-        ask_first: &AtomicBool,
+        ask_first: bool,
         stop: &CancellationToken,
-        gave_up: &AtomicBool,
-    ) -> Result<Option<Lsn>, Error> {
+    ) -> Result<SettleDone, Error> {
         // Set once a transaction of the group was found not yet visible: wait, then settle.
-        let mut invisible = ask_first.load(SeqCst) && !wal.visible(&self.xids).await?;
+        let mut invisible = ask_first && !wal.visible(&self.xids).await?;
         let settled = loop {
             if invisible && !self.until_visible(wal, stop).await? {
-                gave_up.store(true, SeqCst);
-                return Ok(None);
+                return Ok(SettleDone {
+                    confirm: None,
+                    ask_first: true,
+                    gave_up: true,
+                });
             }
             if let Some(s) = wal
                 .settle_stream(&self.published, &self.failed, &self.held, HELD, &self.xids)
@@ -762,8 +762,11 @@ impl Published {
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
             .increment(settled.failed + settled.held);
         ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);
-        ask_first.store(invisible, SeqCst);
-        Ok(self.confirm)
+        Ok(SettleDone {
+            confirm: self.confirm,
+            ask_first: invisible,
+            gave_up: false,
+        })
     }
 
     /// Wait until new snapshots see every transaction of the group, however long that takes:
@@ -804,6 +807,18 @@ impl Published {
     }
 }
 
+/// What a settle of a group reports.
+#[derive(Debug)]
+struct SettleDone {
+    /// The position to confirm after it.
+    confirm: Option<Lsn>,
+    /// It found a transaction not yet visible: the next group asks first.
+    ask_first: bool,
+    /// It gave up waiting for its transactions' visibility (stopping): nothing after it may be
+    /// confirmed.
+    gave_up: bool,
+}
+
 /// How many batches' worth of published events may wait for their settle before the stream
 /// stops publishing more (and so how far the confirmed position may trail what is published).
 const MAX_QUEUED_BATCHES: usize = 16;
@@ -814,7 +829,7 @@ const MAX_QUEUED_BATCHES: usize = 16;
 /// their transactions are visible; after a group that found one not yet visible, a cheap
 /// query asks first). Each settle's position is confirmed once it is done, in order.
 struct Settler {
-    running: Option<AbortOnDrop<Result<Option<Lsn>, Error>>>,
+    running: Option<AbortOnDrop<Result<SettleDone, Error>>>,
     queued: Option<Published>,
     /// Past this many queued events the stream waits for the running settle.
     max_queued: usize,
@@ -822,11 +837,11 @@ struct Settler {
     /// be confirmed (its unsettled transactions come again on the next stream).
     stalled: bool,
     /// The last settle found a transaction not yet visible ([`Published::settle`]).
-    ask_first: Arc<AtomicBool>,
+    ask_first: bool,
     /// The relay is stopping: a settle may give up waiting for visibility.
     stop: CancellationToken,
     /// A settle gave up (stopping): nothing after it may be confirmed.
-    gave_up: Arc<AtomicBool>,
+    gave_up: bool,
 }
 
 impl Settler {
@@ -836,9 +851,9 @@ impl Settler {
             queued: None,
             max_queued,
             stalled: false,
-            ask_first: Arc::new(AtomicBool::new(false)),
+            ask_first: false,
             stop,
-            gave_up: Arc::new(AtomicBool::new(false)),
+            gave_up: false,
         }
     }
 
@@ -861,13 +876,9 @@ impl Settler {
         }
         if let Some(p) = self.next_group() {
             let wal = wal.clone();
-            let (ask_first, stop, gave_up) = (
-                self.ask_first.clone(),
-                self.stop.clone(),
-                self.gave_up.clone(),
-            );
+            let (ask_first, stop) = (self.ask_first, self.stop.clone());
             self.running = Some(AbortOnDrop(crate::relay::spawn_here(async move {
-                p.settle(&wal, &ask_first, &stop, &gave_up).await
+                p.settle(&wal, ask_first, &stop).await
             })));
         }
     }
@@ -875,7 +886,7 @@ impl Settler {
     /// What is queued, as the next group to settle.
     fn next_group(&mut self) -> Option<Published> {
         let mut p = self.queued.take()?;
-        if self.gave_up.load(SeqCst) {
+        if self.gave_up {
             self.stalled = true;
             p.confirm = None;
             p.whole = false;
@@ -899,7 +910,10 @@ impl Settler {
         };
         let ended = (&mut task.0).await;
         self.running = None;
-        ended.map_err(|_| Error::Task("a WAL batch's settle panicked".into()))?
+        let done = ended.map_err(|_| Error::Task("a WAL batch's settle panicked".into()))??;
+        self.ask_first = done.ask_first;
+        self.gave_up |= done.gave_up;
+        Ok(done.confirm)
     }
 
     /// Settle everything published so far, and confirm it.
@@ -1115,7 +1129,7 @@ mod tests {
         let mut s = Settler::new(100, CancellationToken::new());
         s.push(batch(1, Some(15), true));
         // Queued while a settle gives up on its transactions' visibility (stopping).
-        s.gave_up.store(true, SeqCst);
+        s.gave_up = true;
         let next = s.next_group().expect("queued");
         assert_eq!(next.confirm, None);
         s.push(batch(2, Some(30), true));
