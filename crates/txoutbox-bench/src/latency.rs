@@ -153,16 +153,16 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
             anyhow::Ok(out)
         });
     }
-    let mut committed: Vec<(Uuid, DateTime<Utc>)> = Vec::with_capacity(total as usize);
-    let mut committed_at: Vec<(Uuid, Instant)> = Vec::with_capacity(total as usize);
+    // Each event: its id, the wall clock (against processed_at) and the monotonic clock
+    // (against its arrival at the broker) right after its COMMIT returned.
+    let mut committed: Vec<(Uuid, DateTime<Utc>, Instant)> = Vec::with_capacity(total as usize);
     let mut last = t0;
     while let Some(r) = tasks.join_next().await {
         for (id, at, instant) in r
             .context("a writer task panicked")?
             .context("a writer failed")?
         {
-            committed.push((id, at));
-            committed_at.push((id, instant));
+            committed.push((id, at, instant));
             last = last.max(instant);
         }
     }
@@ -185,7 +185,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
     }
     let catch_up_s = stopped.elapsed().as_secs_f64();
 
-    let ids: Vec<Uuid> = committed.iter().map(|(id, _)| *id).collect();
+    let ids: Vec<Uuid> = committed.iter().map(|(id, _, _)| *id).collect();
     let rows: Vec<(Uuid, Option<DateTime<Utc>>)> = sqlx::query_as(&format!(
         "SELECT id, processed_at FROM {} WHERE id = ANY($1)",
         db.qualified()
@@ -199,7 +199,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
     // Rows deleted on settle (`--retention-period=0`) have no processed_at to measure to:
     // then only the broker's side is measured, which needs a nats:// publisher.
     let mut gone = 0usize;
-    for (id, at) in &committed {
+    for (id, at, _) in &committed {
         match processed.get(id) {
             Some(Some(p)) => {
                 let ms = (*p - *at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
@@ -231,13 +231,13 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &LatencyConfig) -> anyhow::Result
         ));
     }
     if let Some(watch) = watch {
-        let (broker, missing) = watch.latencies(&committed_at).await;
+        let (broker, missing) = watch.latencies(&committed).await;
         if missing > 0 {
             env.status(&format!(
                 "{}: {missing} of {} events were not seen at the broker by the subscriber \
                  (counted as infinite in \"at broker\")",
                 cfg.name(),
-                committed_at.len()
+                committed.len()
             ));
         }
         r = r
@@ -357,22 +357,28 @@ impl BrokerWatch {
     /// copy came before the writer took its time (the writer's task was scheduled late), and
     /// infinite for an event not seen within 2 s after the relay caught up. With the number
     /// of those not seen.
-    async fn latencies(self, committed: &[(Uuid, Instant)]) -> (Vec<f64>, usize) {
+    async fn latencies(self, committed: &[(Uuid, DateTime<Utc>, Instant)]) -> (Vec<f64>, usize) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        let seen = loop {
-            let seen = match self.seen.lock() {
-                Ok(s) => s.clone(),
-                Err(p) => p.into_inner().clone(),
+        let lock = || {
+            self.seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        while Instant::now() < deadline {
+            let all_seen = {
+                let seen = lock();
+                committed.iter().all(|(id, _, _)| seen.contains_key(id))
             };
-            if Instant::now() >= deadline || committed.iter().all(|(id, _)| seen.contains_key(id)) {
-                break seen;
+            if all_seen {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        }
         self.task.abort();
+        let seen = std::mem::take(&mut *lock());
         let mut lat = Vec::with_capacity(committed.len());
         let mut missing = 0;
-        for (id, at) in committed {
+        for (id, _, at) in committed {
             match seen.get(id) {
                 Some(arrived) => lat.push(signed_ms(*at, *arrived)),
                 None => {
