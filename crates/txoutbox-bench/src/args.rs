@@ -96,8 +96,9 @@ pub struct BenchArgs {
     /// median, min and max are reported
     #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: u32,
-    /// Extra option for every relay child, e.g. --relay-arg=--retention-period=0 or
-    /// --relay-arg=--batch-size=1000 (repeatable)
+    /// Extra option for every relay child, e.g. --relay-arg=--retention-period=0 (the
+    /// children of both sources keep published rows 7 days unless told otherwise, though
+    /// the WAL source's own default deletes them) or --relay-arg=--batch-size=1000 (repeatable)
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
     /// Print one JSON document on stdout instead of the table (no progress bar)

@@ -20,6 +20,10 @@ const RSS_POLL: Duration = Duration::from_millis(20);
 /// A `--publisher` value that names a config file with `[[route]]` entries instead of a URL.
 pub const ROUTES_PREFIX: &str = "routes:";
 
+/// How long the relay children keep published rows, for either source, unless the bench's
+/// environment or a `--relay-arg=--retention-period=...` says otherwise.
+pub const KEEP: &str = "7d";
+
 pub struct RelaySpec<'a> {
     /// The `txoutbox` binary.
     pub txoutbox: &'a Path,
@@ -64,6 +68,13 @@ impl RelayChild {
             .env_remove("TXOUTBOX_DRAIN")
             // The slot is the one named for the bench's table, which the bench drops.
             .env_remove("TXOUTBOX_SLOT")
+            // Both sources keep published rows unless told otherwise, so that they do the
+            // same work: the WAL source's own default deletes them on settle.
+            // --relay-arg=--retention-period=0 (a flag wins over this) compares deletes.
+            .env(
+                "TXOUTBOX_RETENTION_PERIOD",
+                std::env::var("TXOUTBOX_RETENTION_PERIOD").unwrap_or_else(|_| KEEP.into()),
+            )
             .env(
                 "TXOUTBOX_LOG",
                 std::env::var("TXOUTBOX_LOG").unwrap_or_else(|_| "warn".into()),

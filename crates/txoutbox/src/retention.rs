@@ -49,6 +49,19 @@ impl Default for Purger {
 }
 
 impl Purger {
+    /// How long a relay of `source` keeps published rows unless told otherwise (the daemon's
+    /// `--retention-period` default). The table relay keeps them ([`Purger::default`]'s
+    /// `keep`, 7 days: the seed's `processed_at` history). The WAL source deletes each event
+    /// as it settles it (zero, [`Retention::Delete`](crate::store::Retention::Delete)): the
+    /// UPDATE that marks a row costs its drain about 40% of its rate (docs/performance.md,
+    /// "The hot path's write"), and a delete costs next to nothing; set a period to keep them.
+    pub fn default_keep(source: crate::relay::Source) -> Duration {
+        match source {
+            crate::relay::Source::Table => Self::default().keep,
+            crate::relay::Source::Wal => Duration::ZERO,
+        }
+    }
+
     /// Purge every `every` until `cancel` fires. Database errors are logged and retried on
     /// the next round; they never stop the task.
     pub async fn run<S: Operator + ?Sized>(&self, store: &S, cancel: CancellationToken) {

@@ -16,7 +16,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use txoutbox::metrics::MetricLabels;
 
 use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth, OutboxAdmin};
-use crate::cli::{OpsArgs, RelayTuning};
+use crate::cli::OpsArgs;
 use crate::cmd::slot::SlotReader;
 use crate::ctx::{Ctx, Db, UsageError};
 
@@ -197,7 +197,7 @@ impl OpsConfig {
     /// From the relay's flags; a bad address or a missing token is a usage error.
     pub fn from_args(
         ops: &OpsArgs,
-        tuning: &RelayTuning,
+        keep: Duration,
         relay_id: &str,
         urls: &[&str],
     ) -> anyhow::Result<Self> {
@@ -213,7 +213,7 @@ impl OpsConfig {
             token: ops.admin_token.clone(),
             metrics_interval: ops.metrics_interval,
             purger: Some(Purger {
-                keep: tuning.retention_period,
+                keep,
                 batch: ops.retention_batch,
                 every: ops.retention_interval,
                 ..Purger::default()

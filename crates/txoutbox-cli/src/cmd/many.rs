@@ -85,7 +85,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
         .collect();
     let ops_config = OpsConfig::from_args(
         &ops_args,
-        &first.args.tuning,
+        first.args.tuning.retention_period(first.config.source),
         &first.config.relay_id,
         &urls.iter().map(String::as_str).collect::<Vec<_>>(),
     )?;
@@ -377,7 +377,11 @@ impl Supervisor {
                         slot,
                         self.companions.every,
                         self.companions.purger.clone().map(|p| Purger {
-                            keep: self.plan.args.tuning.retention_period,
+                            keep: self
+                                .plan
+                                .args
+                                .tuning
+                                .retention_period(self.plan.config.source),
                             ..p
                         }),
                         self.plan.labels.clone(),
@@ -475,7 +479,7 @@ impl Supervisor {
         let db = ctx.db(4).await?;
         let store = db.relay_store(
             &ctx.table,
-            retention(&self.plan.args.tuning),
+            retention(&self.plan.args.tuning, self.plan.config.source),
             url,
             self.plan.config.source,
         )?;

@@ -13,7 +13,7 @@ pub mod status;
 
 use clap::{Args, Command};
 use txoutbox::publish::{self, ConnectError, Publisher};
-use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig};
+use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig, Source};
 use txoutbox::retry::Backoff;
 use txoutbox::store::Retention;
 
@@ -65,9 +65,10 @@ fn in_flags(e: &InvalidSetting) -> UsageError {
     UsageError(format!("{field} {}", rule.join(" ")))
 }
 
-/// `--retention-period 0`: delete on settle; otherwise mark, and the purge task deletes later.
-pub fn retention(t: &RelayTuning) -> Retention {
-    if t.retention_period.is_zero() {
+/// `--retention-period 0` (the WAL source's default): delete on settle; otherwise mark, and
+/// the purge task deletes later.
+pub fn retention(t: &RelayTuning, source: Source) -> Retention {
+    if t.retention_period(source).is_zero() {
         Retention::Delete
     } else {
         Retention::Mark

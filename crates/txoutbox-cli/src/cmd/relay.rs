@@ -55,7 +55,12 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     }
     // Claim + settle, the LISTEN connection, and one spare.
     let db = ctx.db(4).await?;
-    let store = db.relay_store(&ctx.table, retention(&a.tuning), db_url, config.source)?;
+    let store = db.relay_store(
+        &ctx.table,
+        retention(&a.tuning, a.source),
+        db_url,
+        config.source,
+    )?;
     store.check_schema().await?;
     tracing::info!(
         table = %ctx.table.display(),
@@ -63,12 +68,13 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         publisher = %shown,
         relay_id = %config.relay_id,
         source = config.source.as_str(),
+        retention_period = %txoutbox::relay::format_duration(a.tuning.retention_period(a.source)),
         "starting relay"
     );
     // --- operations: admin listener, metrics gauges, retention purge (crate::admin) -----------
     let mut ops_config = crate::admin::ops::OpsConfig::from_args(
         &a.ops,
-        &a.tuning,
+        a.tuning.retention_period(a.source),
         &config.relay_id,
         &std::iter::once(db_url)
             .chain(urls.iter().map(String::as_str))

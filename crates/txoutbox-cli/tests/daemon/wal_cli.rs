@@ -91,6 +91,9 @@ async fn relay_source_wal_drains_what_was_committed_before_and_after_the_slot() 
             "--drain",
             "--poll-interval",
             "200ms",
+            // Kept, to tell below which path delivered each (the WAL default deletes them).
+            "--retention-period",
+            "1d",
         ])
         .await;
     assert!(out.status.success(), "relay failed: {}", stderr(&out));
@@ -128,6 +131,66 @@ async fn relay_source_wal_drains_what_was_committed_before_and_after_the_slot() 
         "the table path delivered what preceded the slot"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+    db.cleanup().await;
+}
+
+/// The WAL source's default retention deletes each published event as it settles it (its
+/// start-up line says so), and keeps dead letters; a given --retention-period keeps the
+/// published rows too.
+#[tokio::test]
+async fn relay_source_wal_deletes_published_events_by_default_and_keeps_dead_letters() {
+    let db = TestSchema::migrated().await;
+    let out = db.cli(&["slot", "create"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let drain = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "relay",
+            "--source",
+            "wal",
+            "--publisher",
+            "null:",
+            "--drain",
+            "--poll-interval",
+            "200ms",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let count = "SELECT count(*) FROM {t}";
+    let dead = "SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL AND processed_at IS NULL";
+
+    db.insert_events(40, 5).await;
+    let out = db.cli(&drain(&[])).await;
+    assert!(out.status.success(), "relay failed: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("retention_period=0s"),
+        "the start-up line names the retention: {}",
+        stderr(&out)
+    );
+    assert_eq!(
+        db.scalar(count).await,
+        0,
+        "published rows deleted on settle"
+    );
+
+    // Every publish fails and one attempt is allowed: dead letters, which stay.
+    db.insert_events(6, 3).await;
+    let out = db
+        .cli(&drain(&["--inject-faults", "1", "--max-attempts", "1"]))
+        .await;
+    assert!(out.status.success(), "relay failed: {}", stderr(&out));
+    assert_eq!(db.scalar(dead).await, 6, "dead letters kept");
+    assert_eq!(db.scalar(count).await, 6, "and nothing else");
+
+    db.insert_events(10, 5).await;
+    let out = db.cli(&drain(&["--retention-period", "1h"])).await;
+    assert!(out.status.success(), "relay failed: {}", stderr(&out));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL")
+            .await,
+        10,
+        "a given period keeps them, marked"
+    );
     db.cleanup().await;
 }
 
