@@ -1,5 +1,5 @@
 # Sourced by the measuring scripts (drain.sh, drain-db.sh, wake-db.sh, drain-otel.sh,
-# claim-bench/run.sh, pg-limits.sh): with BENCH_OUT=FILE set, the script's output also goes to
+# claim-bench/run.sh, pg-limits.sh, write-cost.sh): with BENCH_OUT=FILE set, the script's output also goes to
 # FILE (docs/bench/*.txt), after a header saying how, when and where it was measured: the exact
 # command, the date (UTC), nproc, the PostgreSQL and MySQL/MariaDB server versions and the git
 # commit. Without BENCH_OUT nothing changes: the script prints its figures and writes no file.
