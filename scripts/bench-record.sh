@@ -14,7 +14,7 @@ bench_record() {
   root=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel 2>/dev/null || echo .)
   cmd=$(printf '%q ' "$@"); cmd=${cmd% }
   # The settings the scripts read from the environment, as a prefix of the command.
-  for var in ROUNDS RELAYS TXOUTBOX_BIN DATABASE_URL MYSQL_URL SKIP_A SKIP_B N; do
+  for var in ROUNDS RELAYS CLIENTS TXOUTBOX_BIN DATABASE_URL MYSQL_URL SKIP_A SKIP_B N; do
     [ -z "${!var:-}" ] || cmd="$var=$(printf '%q' "${!var}") $cmd"
   done
   local pgurl=postgres://postgres@127.0.0.1:5432/test

@@ -7,25 +7,36 @@
 # round prints commits/s and the ratio to `biz` of the same round, the end the medians.
 #   scripts/write-cost.sh                 # 3 rounds, 8 s per point
 #   scripts/write-cost.sh 5 10            # ROUNDS SECONDS
-# Env: DATABASE_URL (its host, port and user; the database is write_cost, made and dropped
-# here), TXOUTBOX_BIN (default: target/release/txoutbox, built if missing), CLIENTS (16).
+# Env: DATABASE_URL (its host, port, user and parameters; the database is write_cost, made and
+# dropped here; the role needs CREATEDB and CHECKPOINT), TXOUTBOX_BIN (default:
+# target/release/txoutbox, built if missing), CLIENTS (16).
 # BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
 set -euo pipefail
+export LC_ALL=C
 . "$(dirname "$0")/bench-record.sh"
 rounds=${1:-3}; secs=${2:-8}; clients=${CLIENTS:-16}
+case "$rounds$secs$clients" in *[!0-9]* | '') echo "write-cost: ROUNDS, SECONDS and CLIENTS are whole numbers" >&2; exit 2 ;; esac
+[ "$rounds" -ge 1 ] || { echo "write-cost: ROUNDS must be at least 1" >&2; exit 2; }
 bench_record "$0" "$rounds" "$secs"
 cd "$(dirname "$0")/.."
 url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
-base=${url%%\?*}; base=${base%/*}
+# postgres://user@host:port/db?params -> base (without the database) and ?params (kept).
+query=${url#"${url%%\?*}"}
+base=${url%%\?*}
+case $base in
+  postgres://*/* | postgresql://*/*) base=${base%/*} ;;
+  postgres://* | postgresql://*) ;;
+  *) echo "write-cost: DATABASE_URL must be a postgres:// URL" >&2; exit 2 ;;
+esac
 db=write_cost
 bin=${TXOUTBOX_BIN:-${CARGO_TARGET_DIR:-target}/release/txoutbox}
 if [ ! -x "$bin" ]; then
   cargo build -q --release -p txoutbox-cli --bin txoutbox
 fi
 export PGDATABASE=$db
-psql_admin() { psql -qX -v ON_ERROR_STOP=1 "$base/postgres" "$@"; }
-psql_db() { PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 "$base/$db" "$@"; }
-psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" 2>/dev/null
+psql_admin() { PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 "$base/postgres$query" "$@"; }
+psql_db() { PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 "$base/$db$query" "$@"; }
+psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 tmp=$(mktemp -d -t write-cost.XXXXXX)
 trap 'rm -rf "$tmp"; psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true' EXIT
 
@@ -34,7 +45,8 @@ psql_db -c "CREATE SCHEMA wc; CREATE TABLE wc.orders (
   total numeric(12,2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
 variants=(full no_trigger no_trigger_no_partition_index seed_row)
 for v in "${variants[@]}"; do
-  DATABASE_URL="$base/$db" TXOUTBOX_SCHEMA="wc_$v" TXOUTBOX_LOG=warn "$bin" migrate >/dev/null
+  env -u TXOUTBOX_CONFIG DATABASE_URL="$base/$db$query" TXOUTBOX_SCHEMA="wc_$v" \
+    TXOUTBOX_TABLE=outbox_events TXOUTBOX_LOG=warn "$bin" migrate >/dev/null
 done
 psql_db <<'SQL'
 ALTER TABLE wc_no_trigger.outbox_events DISABLE TRIGGER USER;
@@ -74,9 +86,10 @@ for r in $(seq "$rounds"); do
   biz=
   for v in biz "${variants[@]}"; do
     psql_db -c "$truncate_all" -c "CHECKPOINT"
-    tps=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$tmp/$v.sql" "$base/$db" 2>&1 |
-      grep -oE 'tps = [0-9.]+' | grep -oE '[0-9.]+')
-    [ -n "$tps" ] || { echo "write-cost: pgbench gave no figure for $v" >&2; exit 1; }
+    out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$tmp/$v.sql" "$base/$db$query" 2>&1) ||
+      { printf 'write-cost: pgbench failed for %s:\n%s\n' "$v" "$out" >&2; exit 1; }
+    tps=$(printf '%s\n' "$out" | awk '/^tps = / { print $3; exit }')
+    [ -n "$tps" ] || { printf 'write-cost: no tps from pgbench for %s:\n%s\n' "$v" "$out" >&2; exit 1; }
     [ "$v" = biz ] && biz=$tps
     ratio=$(awk -v a="$tps" -v b="$biz" 'BEGIN { printf "%.2f", a / b }')
     printf '%s\t%s\t%s\n' "$v" "$tps" "$ratio" >> "$tmp/all.tsv"

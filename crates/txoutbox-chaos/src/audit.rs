@@ -14,7 +14,8 @@ use crate::relays::RelaySlot;
 /// Record every claim (who, from when, until when) with triggers, so the checker can tell
 /// from the outside whether a relay ever sent an event it did not hold: row leases
 /// (unordered claims) on the outbox table, and partition leases (ordered claims hold their
-/// events by partition) on the partitions table.
+/// events by partition) on the partitions table. Also every committed event
+/// (`chaos_commits`), which outlives its row.
 pub(crate) async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
     for sql in [
         "CREATE TABLE chaos_partition_leases (partition int NOT NULL, owner text, at timestamptz NOT NULL, lease_until timestamptz)",
@@ -33,6 +34,20 @@ pub(crate) async fn install_claim_audit(pool: &PgPool) -> anyhow::Result<()> {
            RETURN NULL;
          END $$",
         "CREATE TRIGGER chaos_claim_audit AFTER UPDATE ON public.outbox_events FOR EACH ROW EXECUTE FUNCTION chaos_claim_audit()",
+        // Every event whose transaction committed, and its failed attempts, whatever the
+        // relay does with its row afterwards: the WAL source deletes published rows by
+        // default, so the table itself cannot say what committed.
+        "CREATE TABLE chaos_commits (id uuid PRIMARY KEY, attempts int NOT NULL DEFAULT 0)",
+        "CREATE FUNCTION chaos_commit_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF TG_OP = 'INSERT' THEN
+             INSERT INTO chaos_commits (id) VALUES (NEW.id);
+           ELSIF NEW.attempts IS DISTINCT FROM OLD.attempts THEN
+             UPDATE chaos_commits SET attempts = NEW.attempts WHERE id = NEW.id;
+           END IF;
+           RETURN NULL;
+         END $$",
+        "CREATE TRIGGER chaos_commit_audit AFTER INSERT OR UPDATE ON public.outbox_events FOR EACH ROW EXECUTE FUNCTION chaos_commit_audit()",
     ] {
         sqlx::query(sql).execute(pool).await.context("install the claim audit")?;
     }

@@ -107,6 +107,8 @@ impl RelaySlot {
             .env_remove("TXOUTBOX_CONFIG")
             .env_remove("TXOUTBOX_SCHEMA")
             .env_remove("TXOUTBOX_TABLE")
+            // Each source's own default retention (the WAL source deletes on settle).
+            .env_remove("TXOUTBOX_RETENTION_PERIOD")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))

@@ -213,12 +213,11 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         .filter_map(|s| s.broker.tap())
         .map(|t| t.lock().map(|l| l.len()).unwrap_or(0))
         .sum();
-    let attempts_failed: i64 = sqlx::query_scalar(&format!(
-        "SELECT coalesce(sum(attempts), 0)::int8 FROM {TABLE}"
-    ))
-    .fetch_one(&pool)
-    .await
-    .context("sum attempts")?;
+    let attempts_failed: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(attempts), 0)::int8 FROM chaos_commits")
+            .fetch_one(&pool)
+            .await
+            .context("sum attempts")?;
     let unexpected_exits: u32 = slots.iter().map(|s| s.unexpected_exits).sum();
     let lock_lost_exits: u32 = slots.iter().map(|s| s.lock_lost_exits).sum();
     let db_lost_exits: u32 = slots.iter().map(|s| s.db_lost_exits).sum();
@@ -293,7 +292,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         println!("{note}");
     }
     if missing_commits > 0 {
-        println!("committed by the writers but missing from the table: {missing_commits}");
+        println!("committed by the writers but missing from the database: {missing_commits}");
     }
     if !drained {
         println!("{}", unfinished(&pool, &deliveries).await?);
@@ -587,16 +586,17 @@ async fn unfinished(pool: &PgPool, deliveries: &[Uuid]) -> anyhow::Result<String
     ))
 }
 
-/// The writers' truth, with uncertain commits looked up in the table.
-/// Returns (truth, uncertain that committed, committed but missing from the table).
+/// The writers' truth, with uncertain commits looked up in the commit audit.
+/// Returns (truth, uncertain that committed, committed but missing from the audit).
 async fn resolve(
     pool: &PgPool,
     truth: workload::Truth,
 ) -> anyhow::Result<(FinalTruth, usize, usize)> {
-    let in_table: HashSet<Uuid> = sqlx::query_scalar(&format!("SELECT id FROM {TABLE}"))
+    // Committed events, also those whose row the relay deleted on settle.
+    let in_table: HashSet<Uuid> = sqlx::query_scalar("SELECT id FROM chaos_commits")
         .fetch_all(pool)
         .await
-        .context("read the table's ids")?
+        .context("read the committed ids")?
         .into_iter()
         .collect();
     let mut t = FinalTruth {

@@ -290,7 +290,7 @@ pub struct RelayTuning {
     pub shutdown_timeout: Duration,
     /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
     /// 0 deletes each event as soon as it is published. Dead letters are always kept
-    /// [default: 7d; 0 with --source wal, whose drain a kept row slows by about 40%]
+    /// [default: 7d; 0 with --source wal, whose drain an UPDATE per kept row slows: docs/wal.md]
     #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = parse_duration)]
     pub retention_period: Option<Duration>,
     /// This relay's name in locked_by (default host:pid:random)

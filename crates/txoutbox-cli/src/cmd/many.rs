@@ -392,6 +392,9 @@ impl Supervisor {
                         database = %redact_url(self.plan.ctx.database_url().unwrap_or_default()),
                         relay_id = %config.relay_id,
                         source = config.source.as_str(),
+                        retention_period = %txoutbox::relay::format_duration(
+                            self.plan.args.tuning.retention_period(config.source)
+                        ),
                         "starting relay"
                     );
                     let relay = Relay::new(

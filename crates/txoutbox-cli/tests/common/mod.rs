@@ -63,6 +63,7 @@ impl TestSchema {
             .env_remove("TXOUTBOX_TABLE")
             .env_remove("TXOUTBOX_PUBLISHER")
             .env_remove("TXOUTBOX_CONFIG")
+            .env_remove("TXOUTBOX_RETENTION_PERIOD")
             // Tests that want the admin listener pass --admin-addr with a free port.
             .env("TXOUTBOX_ADMIN_ADDR", "off")
             .env_remove("TXOUTBOX_ADMIN_TOKEN")
