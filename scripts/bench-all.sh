@@ -4,14 +4,15 @@
 #   pg-limits.txt              PostgreSQL's own ceilings (scripts/pg-limits.sh; skipped if the
 #                              shared reference script is absent)
 #   claim-bench.txt            the claim and settle statements alone (scripts/claim-bench/run.sh)
+#   write-cost.txt             what each part of the outbox row costs 16 writers (scripts/write-cost.sh)
 #   drain-{postgres,mysql,sqlite}-{null,nats}.txt   one relay draining EVENTS events
 #                              (scripts/drain.sh, scripts/drain-db.sh)
 #   wake-{sqlite,mysql}-*.txt  wake-up latency for a writer in another process (scripts/wake-db.sh)
 #   drain-otel-{null,nats}.txt what tracing costs the drain (scripts/drain-otel.sh)
 # docs/bench.txt, .json and .svg are scripts/bench.sh's; --with-bench runs it too (about 10
 # minutes more). EVENTS (default 50000), WAKES (20) and ROUNDS (3) set the sizes; the defaults
-# take about 10 minutes on 2 cores. ONLY="drain wake" runs only the named groups (pg-limits,
-# claim, drain, wake, otel). Builds the release binaries first (CARGO_TARGET_DIR is honoured).
+# take about 12 minutes on 2 cores. ONLY="drain wake" runs only the named groups (pg-limits,
+# claim, write-cost, drain, wake, otel). Builds the release binaries first (CARGO_TARGET_DIR is honoured).
 #   scripts/bench-all.sh
 #   EVENTS=100000 scripts/bench-all.sh --with-bench
 # Needs the services of scripts/services.sh (PostgreSQL, MySQL/MariaDB, NATS), psql, the
@@ -29,7 +30,7 @@ done
 events=${EVENTS:-50000}
 wakes=${WAKES:-20}
 rounds=${ROUNDS:-3}
-only=${ONLY:-pg-limits claim drain wake otel}
+only=${ONLY:-pg-limits claim write-cost drain wake otel}
 nats=${NATS_URL:-nats://127.0.0.1:4222}
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 cargo build --release -p txoutbox-cli --bin txoutbox
@@ -44,6 +45,9 @@ if want pg-limits; then
 fi
 if want claim; then
   step claim-bench; ROUNDS=2 BENCH_OUT=$out/claim-bench.txt scripts/claim-bench/run.sh
+fi
+if want write-cost; then
+  step write-cost; BENCH_OUT=$out/write-cost.txt scripts/write-cost.sh 3 8
 fi
 if want drain; then
   for p in "null|null:" "nats|$nats?stream=DRAIN&subject=drain.{aggregate_type}.{event_type}"; do
