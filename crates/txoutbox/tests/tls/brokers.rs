@@ -38,6 +38,27 @@ pub async fn deliver(url: &str) -> uuid::Uuid {
     m.id
 }
 
+/// `publish::nats::watch` (the latency bench's subscriber) connects with the publisher URL's
+/// credentials and TLS settings, names the subjects the publisher sends to, and sees a
+/// message sent through that URL, with its id in `Nats-Msg-Id`.
+pub async fn watched(url: &str, subjects: &[&str]) {
+    use futures::StreamExt;
+    let (client, got) = match publish::nats::watch(url).await {
+        Ok(w) => w,
+        Err(e) => panic!("watch {url}: {e}"),
+    };
+    assert_eq!(got, subjects);
+    let mut sub = client.subscribe(got[0].clone()).await.unwrap();
+    client.flush().await.unwrap();
+    let id = deliver(url).await;
+    let m = tokio::time::timeout(std::time::Duration::from_secs(10), sub.next())
+        .await
+        .expect("the watcher saw nothing")
+        .expect("the subscription ended");
+    let msg_id = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id"));
+    assert_eq!(msg_id.map(|v| v.as_str()), Some(id.to_string().as_str()));
+}
+
 /// The error of a connection that must fail (or of its first message).
 pub async fn refused(url: &str) -> String {
     match publish::connect(url).await {
@@ -102,6 +123,12 @@ async fn nats_over_tls_with_a_client_certificate() {
     // Both TLS spellings deliver (JetStream's PubAck).
     deliver(&format!("tls://{base}&{}", tls_params(&pki))).await;
     deliver(&format!("nats://{base}&tls=true&{}", tls_params(&pki))).await;
+    // The bench's watcher connects as the publisher does, and sees what it sends.
+    watched(
+        &format!("tls://{base}&{}", tls_params(&pki)),
+        &["tlstest.>"],
+    )
+    .await;
 
     let e = refused(&format!("tls://{base}&{}", wrong_ca_params(&pki))).await;
     assert!(
@@ -121,6 +148,44 @@ async fn nats_over_tls_with_a_client_certificate() {
     // Without the CA (system roots only) the server's certificate is not trusted.
     let e = refused(&format!("nats://{base}&connect_timeout=2s")).await;
     assert!(e.contains("cannot connect"), "{e}");
+}
+
+/// A NATS server that wants a user and password (no TLS): the publisher and the bench's
+/// watcher log in with the URL's credentials, and without them are refused.
+#[tokio::test]
+async fn nats_with_a_password() {
+    let pki = Pki::new("txoutbox-client");
+    let port = pki::free_port();
+    let conf = pki.dir.join("nats-auth.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: 127.0.0.1:{port}\n\
+             jetstream {{ store_dir: \"{js}\" }}\n\
+             authorization {{ user: relay, password: \"s3cret pass\" }}\n",
+            js = pki.dir.join("js-auth").display(),
+        ),
+    )
+    .unwrap();
+    let _server = Daemon::spawn(
+        "nats-server",
+        Command::new("nats-server").arg("-c").arg(&conf),
+        &pki.dir.join("nats-auth.log"),
+    );
+    pki::wait_port(port, "nats-server", 30).await;
+    let query = "stream=AUTHTEST&subject=authtest.{event_type}";
+    let url = format!("nats://relay:s3cret%20pass@127.0.0.1:{port}?{query}");
+    watched(&url, &["authtest.>"]).await;
+
+    let wrong = format!("nats://relay:nope@127.0.0.1:{port}?{query}&connect_timeout=2s");
+    let e = refused(&wrong).await;
+    assert!(e.contains("cannot connect"), "{e}");
+    assert!(!e.contains("nope"), "the password is not echoed: {e}");
+    let e = match publish::nats::watch(&wrong).await {
+        Ok(_) => panic!("watch logged in with a wrong password"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("cannot connect") && !e.contains("nope"), "{e}");
 }
 
 #[tokio::test]
