@@ -94,30 +94,38 @@ fn wrong_ca_params(pki: &Pki) -> String {
     )
 }
 
-#[tokio::test]
-async fn nats_over_tls_with_a_client_certificate() {
-    let pki = Pki::new("txoutbox-client");
+/// A private nats-server with JetStream on a free port, `settings` added to its config
+/// (`name` tells its files apart); it stops when the returned daemon drops.
+async fn nats_server(pki: &Pki, name: &str, settings: &str) -> (Daemon, u16) {
     let port = pki::free_port();
-    let conf = pki.dir.join("nats.conf");
+    let conf = pki.dir.join(format!("nats-{name}.conf"));
     std::fs::write(
         &conf,
         format!(
-            "listen: 127.0.0.1:{port}\n\
-             jetstream {{ store_dir: \"{js}\" }}\n\
-             tls {{ cert_file: \"{cert}\", key_file: \"{key}\", ca_file: \"{ca}\", verify: true, timeout: 5 }}\n",
-            js = pki.dir.join("js").display(),
-            cert = pki.server_cert.display(),
-            key = pki.server_key.display(),
-            ca = pki.ca.display(),
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{js}\" }}\n{settings}\n",
+            js = pki.dir.join(format!("js-{name}")).display(),
         ),
     )
     .unwrap();
-    let _server = Daemon::spawn(
+    let server = Daemon::spawn(
         "nats-server",
         Command::new("nats-server").arg("-c").arg(&conf),
-        &pki.dir.join("nats.log"),
+        &pki.dir.join(format!("nats-{name}.log")),
     );
     pki::wait_port(port, "nats-server", 30).await;
+    (server, port)
+}
+
+#[tokio::test]
+async fn nats_over_tls_with_a_client_certificate() {
+    let pki = Pki::new("txoutbox-client");
+    let tls = format!(
+        "tls {{ cert_file: \"{cert}\", key_file: \"{key}\", ca_file: \"{ca}\", verify: true, timeout: 5 }}",
+        cert = pki.server_cert.display(),
+        key = pki.server_key.display(),
+        ca = pki.ca.display(),
+    );
+    let (_server, port) = nats_server(&pki, "tls", &tls).await;
     let base = format!("127.0.0.1:{port}?stream=TLSTEST&subject=tlstest.{{event_type}}");
 
     // Both TLS spellings deliver (JetStream's PubAck).
@@ -155,24 +163,8 @@ async fn nats_over_tls_with_a_client_certificate() {
 #[tokio::test]
 async fn nats_with_a_password() {
     let pki = Pki::new("txoutbox-client");
-    let port = pki::free_port();
-    let conf = pki.dir.join("nats-auth.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen: 127.0.0.1:{port}\n\
-             jetstream {{ store_dir: \"{js}\" }}\n\
-             authorization {{ user: relay, password: \"s3cret pass\" }}\n",
-            js = pki.dir.join("js-auth").display(),
-        ),
-    )
-    .unwrap();
-    let _server = Daemon::spawn(
-        "nats-server",
-        Command::new("nats-server").arg("-c").arg(&conf),
-        &pki.dir.join("nats-auth.log"),
-    );
-    pki::wait_port(port, "nats-server", 30).await;
+    let auth = "authorization { user: relay, password: \"s3cret pass\" }";
+    let (_server, port) = nats_server(&pki, "auth", auth).await;
     let query = "stream=AUTHTEST&subject=authtest.{event_type}";
     let url = format!("nats://relay:s3cret%20pass@127.0.0.1:{port}?{query}");
     watched(&url, &["authtest.>"]).await;
