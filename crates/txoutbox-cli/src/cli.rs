@@ -582,16 +582,28 @@ mod tests {
         let week = Duration::from_secs(7 * 24 * 3600);
         let r = relay(&[]);
         assert_eq!(r.tuning.retention_period(Source::Table), week);
-        assert_eq!(retention(&r.tuning, Source::Table), Retention::Mark);
+        assert_eq!(
+            retention(r.tuning.retention_period(Source::Table)),
+            Retention::Mark
+        );
         assert_eq!(r.tuning.retention_period(Source::Wal), Duration::ZERO);
-        assert_eq!(retention(&r.tuning, Source::Wal), Retention::Delete);
+        assert_eq!(
+            retention(r.tuning.retention_period(Source::Wal)),
+            Retention::Delete
+        );
         let r = relay(&["--retention-period", "2h"]);
         for source in [Source::Table, Source::Wal] {
             assert_eq!(r.tuning.retention_period(source), Duration::from_secs(7200));
-            assert_eq!(retention(&r.tuning, source), Retention::Mark);
+            assert_eq!(
+                retention(r.tuning.retention_period(source)),
+                Retention::Mark
+            );
         }
         let r = relay(&["--retention-period", "0"]);
-        assert_eq!(retention(&r.tuning, Source::Table), Retention::Delete);
+        assert_eq!(
+            retention(r.tuning.retention_period(Source::Table)),
+            Retention::Delete
+        );
     }
 
     /// What the library refuses, the daemon refuses, in its flags' words.

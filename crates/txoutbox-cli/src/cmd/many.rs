@@ -36,6 +36,8 @@ struct Plan {
     ctx: Ctx,
     args: RelayArgs,
     config: RelayConfig,
+    /// How long its published rows are kept (its `--retention-period`, else its source's).
+    keep: Duration,
     labels: MetricLabels,
     /// Its routes, or `None` for its one `--publisher`.
     routes: Option<Vec<Checked>>,
@@ -85,7 +87,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
         .collect();
     let ops_config = OpsConfig::from_args(
         &ops_args,
-        first.args.tuning.retention_period(first.config.source),
+        first.keep,
         &first.config.relay_id,
         &urls.iter().map(String::as_str).collect::<Vec<_>>(),
     )?;
@@ -258,6 +260,7 @@ fn plan(name: String, ctx: Ctx, args: RelayArgs) -> anyhow::Result<Plan> {
     Ok(Plan {
         name,
         ctx,
+        keep: args.tuning.retention_period(config.source),
         args,
         config,
         labels,
@@ -377,11 +380,7 @@ impl Supervisor {
                         slot,
                         self.companions.every,
                         self.companions.purger.clone().map(|p| Purger {
-                            keep: self
-                                .plan
-                                .args
-                                .tuning
-                                .retention_period(self.plan.config.source),
+                            keep: self.plan.keep,
                             ..p
                         }),
                         self.plan.labels.clone(),
@@ -392,9 +391,7 @@ impl Supervisor {
                         database = %redact_url(self.plan.ctx.database_url().unwrap_or_default()),
                         relay_id = %config.relay_id,
                         source = config.source.as_str(),
-                        retention_period = %txoutbox::relay::format_duration(
-                            self.plan.args.tuning.retention_period(config.source)
-                        ),
+                        retention_period = %txoutbox::relay::format_duration(self.plan.keep),
                         "starting relay"
                     );
                     let relay = Relay::new(
@@ -482,7 +479,7 @@ impl Supervisor {
         let db = ctx.db(4).await?;
         let store = db.relay_store(
             &ctx.table,
-            retention(&self.plan.args.tuning, self.plan.config.source),
+            retention(self.plan.keep),
             url,
             self.plan.config.source,
         )?;

@@ -11,9 +11,11 @@ mod routes;
 pub mod slot;
 pub mod status;
 
+use std::time::Duration;
+
 use clap::{Args, Command};
 use txoutbox::publish::{self, ConnectError, Publisher};
-use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig, Source};
+use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig};
 use txoutbox::retry::Backoff;
 use txoutbox::store::Retention;
 
@@ -65,10 +67,10 @@ fn in_flags(e: &InvalidSetting) -> UsageError {
     UsageError(format!("{field} {}", rule.join(" ")))
 }
 
-/// `--retention-period 0` (the WAL source's default): delete on settle; otherwise mark, and
-/// the purge task deletes later.
-pub fn retention(t: &RelayTuning, source: Source) -> Retention {
-    if t.retention_period(source).is_zero() {
+/// A retention period (`RelayTuning::retention_period`) of 0, the WAL source's default:
+/// delete on settle; otherwise mark, and the purge task deletes later.
+pub fn retention(keep: Duration) -> Retention {
+    if keep.is_zero() {
         Retention::Delete
     } else {
         Retention::Mark

@@ -27,6 +27,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         .collect::<Vec<_>>()
         .join(", ");
     let mut config = relay_config(&a.tuning, a.drain)?;
+    let keep = a.tuning.retention_period(a.source);
     let db_url = ctx.require_url()?;
     check_source(a.source, a.slot.as_deref(), crate::ctx::kind_of(db_url)?)?;
     config.source = a.source;
@@ -55,12 +56,7 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     }
     // Claim + settle, the LISTEN connection, and one spare.
     let db = ctx.db(4).await?;
-    let store = db.relay_store(
-        &ctx.table,
-        retention(&a.tuning, a.source),
-        db_url,
-        config.source,
-    )?;
+    let store = db.relay_store(&ctx.table, retention(keep), db_url, config.source)?;
     store.check_schema().await?;
     tracing::info!(
         table = %ctx.table.display(),
@@ -68,13 +64,13 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         publisher = %shown,
         relay_id = %config.relay_id,
         source = config.source.as_str(),
-        retention_period = %txoutbox::relay::format_duration(a.tuning.retention_period(a.source)),
+        retention_period = %txoutbox::relay::format_duration(keep),
         "starting relay"
     );
     // --- operations: admin listener, metrics gauges, retention purge (crate::admin) -----------
     let mut ops_config = crate::admin::ops::OpsConfig::from_args(
         &a.ops,
-        a.tuning.retention_period(a.source),
+        keep,
         &config.relay_id,
         &std::iter::once(db_url)
             .chain(urls.iter().map(String::as_str))
