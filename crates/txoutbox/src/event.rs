@@ -10,6 +10,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::payload::JsonPayload;
+
 /// An event to write into the outbox inside the caller's transaction.
 ///
 /// ```
@@ -25,7 +27,7 @@ pub struct NewEvent {
     pub(crate) aggregate_type: String,
     pub(crate) aggregate_id: String,
     pub(crate) event_type: String,
-    pub(crate) payload: serde_json::Value,
+    pub(crate) payload: JsonPayload,
     pub(crate) payload_bytes: Option<Vec<u8>>,
     pub(crate) content_type: Option<String>,
     pub(crate) headers: BTreeMap<String, String>,
@@ -53,19 +55,20 @@ pub fn check_content_type(content_type: &str) -> Result<(), InvalidContentType> 
 }
 
 impl NewEvent {
-    /// A new event whose payload is `payload` serialised as JSON. The id is a fresh
-    /// time-ordered UUID (v7), so the primary-key index stays append-only.
+    /// A new event whose payload is `payload` serialised as JSON (straight to text, with no
+    /// `serde_json::Value` in between). The id is a fresh time-ordered UUID (v7), so the
+    /// primary-key index stays append-only.
     pub fn new<P: Serialize + ?Sized>(
         aggregate_type: impl Into<String>,
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
         payload: &P,
     ) -> Result<Self, serde_json::Error> {
-        Ok(Self::from_json(
+        Ok(Self::from_payload(
             aggregate_type,
             aggregate_id,
             event_type,
-            serde_json::to_value(payload)?,
+            JsonPayload::serialize(payload)?,
         ))
     }
 
@@ -75,6 +78,25 @@ impl NewEvent {
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
         payload: serde_json::Value,
+    ) -> Self {
+        Self::from_payload(aggregate_type, aggregate_id, event_type, payload.into())
+    }
+
+    /// A new event whose payload is JSON text, kept exactly as written (digits a parser would
+    /// round included): [`JsonPayload::from_text`].
+    ///
+    /// ```
+    /// use txoutbox::{JsonPayload, NewEvent};
+    /// let payload = JsonPayload::from_text(r#"{"amount": 12345678901234567.89}"#)?;
+    /// let event = NewEvent::from_payload("order", "42", "order.paid", payload);
+    /// assert_eq!(event.payload().as_str(), r#"{"amount": 12345678901234567.89}"#);
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn from_payload(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: JsonPayload,
     ) -> Self {
         Self {
             id: Uuid::now_v7(),
@@ -107,11 +129,11 @@ impl NewEvent {
     ) -> Result<Self, InvalidContentType> {
         let content_type = content_type.into();
         check_content_type(&content_type)?;
-        let mut event = Self::from_json(
+        let mut event = Self::from_payload(
             aggregate_type,
             aggregate_id,
             event_type,
-            serde_json::Value::Null,
+            JsonPayload::null(),
         );
         event.payload_bytes = Some(data.into());
         event.content_type = Some(content_type);
@@ -149,8 +171,8 @@ impl NewEvent {
     pub fn event_type(&self) -> &str {
         &self.event_type
     }
-    /// The JSON payload, sent to the broker as JSON bytes (`null` for an event of bytes).
-    pub fn payload(&self) -> &serde_json::Value {
+    /// The JSON payload, sent to the broker as its text (`null` for an event of bytes).
+    pub fn payload(&self) -> &JsonPayload {
         &self.payload
     }
     /// The payload of an event made by [`NewEvent::bytes`].
@@ -182,8 +204,9 @@ pub struct OutboxEvent {
     pub aggregate_id: String,
     /// What happened.
     pub event_type: String,
-    /// The JSON payload as written (`null` for an event of bytes).
-    pub payload: serde_json::Value,
+    /// The JSON payload as the database holds it, as text (`null` for an event of bytes): sent
+    /// to the broker byte for byte, never re-parsed.
+    pub payload: JsonPayload,
     /// The payload of an event of bytes ([`NewEvent::bytes`]); `None` for a JSON event. Shown
     /// in JSON as `payload_base64` (standard alphabet, padded).
     #[serde(
@@ -223,12 +246,11 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
-    /// The body the broker gets: the bytes, or the JSON payload serialised.
+    /// The body the broker gets: the bytes, or the JSON payload's text as stored.
     pub fn body(&self) -> Vec<u8> {
         match &self.payload_bytes {
             Some(bytes) => bytes.clone(),
-            // A JSON value always serialises.
-            None => serde_json::to_vec(&self.payload).unwrap_or_default(),
+            None => self.payload.as_bytes().to_vec(),
         }
     }
 

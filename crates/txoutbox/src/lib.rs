@@ -45,6 +45,7 @@ pub mod migrate;
 #[cfg(feature = "otel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
 pub mod otel;
+pub mod payload;
 pub mod publish;
 pub mod relay;
 pub mod retention;
@@ -62,4 +63,5 @@ pub use event::{EventState, NewEvent, OutboxEvent};
 pub use ident::{Ident, IdentError};
 pub use inbox::Inbox;
 pub use migrate::{check_schema, migrate, MigrateReport, SCHEMA_VERSION};
+pub use payload::JsonPayload;
 pub use table::OutboxTable;

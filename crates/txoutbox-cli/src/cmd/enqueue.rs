@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use txoutbox::NewEvent;
+use txoutbox::{JsonPayload, NewEvent};
 
 use crate::cli::EnqueueArgs;
 use crate::ctx::{Ctx, UsageError};
@@ -21,9 +21,10 @@ pub async fn run(ctx: &Ctx, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| UsageError(format!("--content-type: {e}")))?
         }
         (Some(json), _, _) => {
-            let payload: serde_json::Value = serde_json::from_str(json)
+            // Kept as written: no digit of a number is rounded on the way to the table.
+            let payload = JsonPayload::from_text(json)
                 .map_err(|e| UsageError(format!("--payload is not valid JSON: {e}")))?;
-            NewEvent::from_json(a.aggregate_type, a.aggregate_id, a.event_type, payload)
+            NewEvent::from_payload(a.aggregate_type, a.aggregate_id, a.event_type, payload)
         }
         // clap requires --payload or --bytes-file, and --content-type with the file.
         _ => return Err(UsageError("give --payload JSON or --bytes-file PATH".into()).into()),

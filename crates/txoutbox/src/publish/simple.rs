@@ -10,36 +10,79 @@ use super::url::PublisherUrl;
 use super::{ready_ack, Ack, ConfigError, Message, PublishError, Publisher};
 
 /// One JSON object per line: the message contract as JSON, with the body's `content_type`. A
-/// JSON body is the `payload` itself; any other body (or a JSON one that does not parse) is
-/// `payload_base64`, its bytes in standard base64, so that no byte is lost.
+/// JSON body is the `payload` itself, digit for digit (never parsed into numbers; only the
+/// white space between its tokens is dropped, so the line stays one line); any other body (or
+/// a JSON one that does not parse) is `payload_base64`, its bytes in standard base64, so that
+/// no byte is lost.
 pub fn json_line(m: &Message) -> Vec<u8> {
     use base64::Engine as _;
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        id: uuid::Uuid,
+        seq: i64,
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        event_type: &'a str,
+        created_at: String,
+        attempt: i32,
+        headers: &'a std::collections::BTreeMap<String, String>,
+        content_type: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Option<Box<serde_json::value::RawValue>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload_base64: Option<String>,
+    }
     let payload = m
         .is_json()
-        .then(|| serde_json::from_slice::<serde_json::Value>(&m.body).ok())
-        .flatten();
-    let (key, payload) = match payload {
-        Some(v) => ("payload", v),
-        None => (
-            "payload_base64",
-            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(&m.body)),
-        ),
+        .then(|| std::str::from_utf8(&m.body).ok())
+        .flatten()
+        .and_then(|text| serde_json::value::RawValue::from_string(minify(text)).ok());
+    let payload_base64 = payload
+        .is_none()
+        .then(|| base64::engine::general_purpose::STANDARD.encode(&m.body));
+    let line = Line {
+        id: m.id,
+        seq: m.seq,
+        aggregate_type: &m.aggregate_type,
+        aggregate_id: &m.aggregate_id,
+        event_type: &m.event_type,
+        created_at: m
+            .created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        attempt: m.attempt,
+        headers: &m.headers,
+        content_type: &m.content_type,
+        payload,
+        payload_base64,
     };
-    let mut v = serde_json::json!({
-        "id": m.id,
-        "seq": m.seq,
-        "aggregate_type": m.aggregate_type,
-        "aggregate_id": m.aggregate_id,
-        "event_type": m.event_type,
-        "created_at": m.created_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "attempt": m.attempt,
-        "headers": m.headers,
-        "content_type": m.content_type,
-    });
-    v[key] = payload;
-    let mut line = serde_json::to_vec(&v).unwrap_or_default();
+    let mut line = serde_json::to_vec(&line).unwrap_or_default();
     line.push(b'\n');
     line
+}
+
+/// JSON text without the white space between its tokens (inside strings it is kept): the
+/// same value, on one line, with every number as written.
+fn minify(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            if c == '"' {
+                in_string = true;
+            }
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `stdout:` — writes each event as a JSON line to standard output.
@@ -187,6 +230,21 @@ mod tests {
         assert_eq!(line.last(), Some(&b'\n'));
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1, "one line");
         serde_json::from_slice(line).unwrap()
+    }
+
+    #[test]
+    fn json_bodies_keep_every_digit_on_one_line() {
+        let m = msg(
+            b"{\"amount\": 12345678901234567.89,\n \"s\": \"a b\\\" c\"}",
+            "application/json",
+        );
+        let line = json_line(&m);
+        let text = std::str::from_utf8(&line).unwrap();
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        assert!(
+            text.contains(r#""payload":{"amount":12345678901234567.89,"s":"a b\" c"}"#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub(crate) fn text_values(e: &NewEvent) -> Result<[Option<String>; 8], serde_jso
         Some(e.aggregate_type.clone()),
         Some(e.aggregate_id.clone()),
         Some(e.event_type.clone()),
-        Some(serde_json::to_string(&e.payload)?),
+        Some(e.payload.as_str().to_string()),
         Some(serde_json::to_string(&e.headers)?),
         e.payload_bytes.as_deref().map(hex),
         e.content_type.clone(),

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::store::Ordering;
-use crate::OutboxEvent;
+use crate::{JsonPayload, OutboxEvent};
 
 /// The prefix of the last error of a row dead-lettered because it did not decode.
 pub(crate) const PREFIX: &str = "undecodable row: ";
@@ -161,6 +161,25 @@ where
         }
     }
 
+    /// A JSON payload stored as text (SQLite, MySQL), kept as that text; text that is not JSON
+    /// is noted and shown to operators as a JSON string.
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
+    pub fn json_payload(&mut self, col: &'static str) -> Result<Option<JsonPayload>, Error>
+    where
+        String: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        let Some(text) = self.get::<String>(col)? else {
+            return Ok(None);
+        };
+        match JsonPayload::from_text(&text) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                self.problems.push(format!("{col} is not JSON: {e}"));
+                Ok(JsonPayload::serialize(&text).ok())
+            }
+        }
+    }
+
     /// The decoded row: the event, with placeholders where a column did not decode.
     pub fn finish(self, c: Columns) -> Decoded {
         let aggregate = c.aggregate_type.clone().zip(c.aggregate_id.clone());
@@ -203,7 +222,7 @@ pub(crate) struct Columns {
     pub aggregate_type: Option<String>,
     pub aggregate_id: Option<String>,
     pub event_type: Option<String>,
-    pub payload: Option<serde_json::Value>,
+    pub payload: Option<JsonPayload>,
     pub payload_bytes: Option<Option<Vec<u8>>>,
     pub content_type: Option<Option<String>>,
     pub headers: Option<BTreeMap<String, String>>,
@@ -317,7 +336,7 @@ where
     let id = id.and_then(|s| c.ok(parse_id(&s)));
     let (seq, aggregate_type) = (c.get("seq")?, c.get("aggregate_type")?);
     let (aggregate_id, event_type) = (c.get("aggregate_id")?, c.get("event_type")?);
-    let (payload, payload_text) = c.json_text("payload")?;
+    let payload = c.json_payload("payload")?;
     let (headers_json, _) = c.json_text("headers")?;
     let headers = headers_json.and_then(|v| c.ok(headers(v)));
     let int32 =
@@ -333,8 +352,7 @@ where
         aggregate_type,
         aggregate_id,
         event_type,
-        // Not JSON: shown to operators as the text it is.
-        payload: payload.or(payload_text.map(serde_json::Value::String)),
+        payload,
         payload_bytes: c.get("payload_bytes")?,
         content_type: c.get("content_type")?,
         headers,

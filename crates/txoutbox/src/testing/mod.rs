@@ -195,6 +195,7 @@ macro_rules! store_conformance {
             operator_gets_one_event_by_id,
             purge_deletes_published_rows_in_batches,
             byte_payloads_round_trip_beside_json_ones,
+            json_payloads_keep_every_digit,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

@@ -89,7 +89,13 @@ fn message(n: usize, aggregate: usize) -> Message {
         aggregate_type: "order".into(),
         aggregate_id: format!("o-{aggregate}"),
         event_type: "created".into(),
-        body: serde_json::to_vec(&serde_json::json!({ "n": n, "text": "héllo" })).unwrap(),
+        // Numbers no f64 holds, as the database gives them back: a publisher that parsed the
+        // body on its way would change them.
+        body: format!(
+            r#"{{"n": {n}, "text": "héllo", "amount": 12345678901234567.89, "id": 123456789012345678901234567890, "big": 1{}}}"#,
+            "0".repeat(400)
+        )
+        .into_bytes(),
         content_type: "application/json".into(),
         headers,
         created_at: chrono::Utc::now(),

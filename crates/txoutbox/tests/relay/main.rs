@@ -6,6 +6,7 @@ mod common;
 mod deadline;
 mod key_order;
 mod ordering_pg;
+mod payload_pg;
 mod pg;
 mod wakeups;
 #[path = "wal_pg.rs"]

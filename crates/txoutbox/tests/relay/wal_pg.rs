@@ -67,7 +67,7 @@ async fn slot_ready(h: &PgHarness) {
 
 /// Wait until the relay reads the stream: its slot is made and what was committed before it
 /// handed to the table, and it streams the slot (or, reading through SQL, waits for commits).
-async fn streaming(h: &PgHarness) {
+pub(crate) async fn streaming(h: &PgHarness) {
     slot_ready(h).await;
     let slot = wal::slot_name(&h.table);
     wait_until("the relay streams the slot", || async {

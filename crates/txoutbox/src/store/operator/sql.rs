@@ -231,7 +231,7 @@ mod tests {
             aggregate_type: "a".into(),
             aggregate_id: "1".into(),
             event_type: "e".into(),
-            payload: serde_json::Value::Null,
+            payload: crate::JsonPayload::null(),
             payload_bytes: None,
             content_type: None,
             headers: Default::default(),

@@ -3,12 +3,12 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgRow, PgValueFormat, PgValueRef};
-use sqlx::ValueRef;
+use sqlx::{TypeInfo, ValueRef};
 use uuid::Uuid;
 
 use crate::error::Error;
 use crate::store::undecodable::{self, Columns, Decoded, Reader};
-use crate::OutboxEvent;
+use crate::{JsonPayload, OutboxEvent};
 
 /// The row as an event, with placeholders where a column does not decode (operator listings).
 pub(crate) fn event_from_row(r: &PgRow) -> Result<OutboxEvent, Error> {
@@ -24,7 +24,7 @@ pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
         aggregate_type: c.get("aggregate_type")?,
         aggregate_id: c.get("aggregate_id")?,
         event_type: c.get("event_type")?,
-        payload: c.get("payload")?,
+        payload: c.with("payload", |v| pg_json("payload", v))?,
         payload_bytes: c.get("payload_bytes")?,
         content_type: c.get("content_type")?,
         headers: {
@@ -46,6 +46,32 @@ pub(super) fn decode_row(r: &PgRow) -> Result<Decoded, Error> {
         last_error: c.get("last_error")?,
     };
     Ok(c.finish(columns))
+}
+
+/// A `jsonb` (or `json`) column as its text, exactly as the server sends it: never parsed
+/// into numbers, so no digit is lost (see [`JsonPayload`]).
+pub(crate) fn pg_json(col: &str, v: PgValueRef<'_>) -> Result<JsonPayload, String> {
+    if v.is_null() {
+        return Err(format!("{col} is NULL"));
+    }
+    let ty = v.type_info().name().to_string();
+    let jsonb = match ty.as_str() {
+        "JSONB" => true,
+        "JSON" => false,
+        other => return Err(format!("{col} is {other}, not JSONB")),
+    };
+    let binary = v.format() == PgValueFormat::Binary;
+    let bytes = v.as_bytes().map_err(|e| format!("{col}: {e}"))?;
+    let text = match (binary && jsonb, bytes.split_first()) {
+        (false, _) => bytes,
+        (true, Some((1, text))) => text,
+        (true, Some((version, _))) => {
+            return Err(format!("{col}: jsonb format version {version}, not 1"))
+        }
+        (true, None) => return Err(format!("{col}: empty jsonb")),
+    };
+    let text = std::str::from_utf8(text).map_err(|e| format!("{col} is not UTF-8: {e}"))?;
+    JsonPayload::from_text(text).map_err(|e| format!("{col} is not JSON: {e}"))
 }
 
 /// A `timestamptz` (`None`: NULL), or what is wrong with it. sqlx's own decoding panics on

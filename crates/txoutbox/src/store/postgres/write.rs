@@ -30,7 +30,7 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
             .bind(&event.event_type)
-            .bind(&event.payload)
+            .bind(sqlx::types::Json(&event.payload))
             .bind(sqlx::types::Json(&event.headers));
         let query = if bytes {
             query

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::pgoutput::{pg_time, DecodeError, Relation, Value};
 use super::WalEvent;
 use crate::store::undecodable;
-use crate::OutboxEvent;
+use crate::{JsonPayload, OutboxEvent};
 
 const UUID: u32 = 2950;
 const INT8: u32 = 20;
@@ -86,7 +86,7 @@ impl Layout {
         let aggregate_type = r.get(2, text);
         let aggregate_id = r.get(3, text);
         let event_type = r.get(4, text);
-        let payload = r.get(5, jsonb);
+        let payload = r.get(5, jsonb_payload);
         let headers = r
             .get(6, jsonb)
             .and_then(|h| match h.map(undecodable::headers) {
@@ -219,6 +219,18 @@ fn text(b: &[u8]) -> Result<String, String> {
 fn jsonb(b: &[u8]) -> Result<serde_json::Value, String> {
     match b.split_first() {
         Some((1, json)) => serde_json::from_slice(json).map_err(|e| e.to_string()),
+        Some((v, _)) => Err(format!("jsonb format version {v}, not 1")),
+        None => Err("empty jsonb".into()),
+    }
+}
+
+/// The payload's jsonb as its text, never parsed into numbers (see [`JsonPayload`]).
+fn jsonb_payload(b: &[u8]) -> Result<JsonPayload, String> {
+    match b.split_first() {
+        Some((1, json)) => {
+            let text = std::str::from_utf8(json).map_err(|e| e.to_string())?;
+            JsonPayload::from_text(text).map_err(|e| e.to_string())
+        }
         Some((v, _)) => Err(format!("jsonb format version {v}, not 1")),
         None => Err("empty jsonb".into()),
     }
