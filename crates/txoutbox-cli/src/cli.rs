@@ -401,6 +401,9 @@ pub enum DlqCommand {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Print at most this many bytes of the payload (and its length); default: all of it
+        #[arg(long, value_name = "BYTES")]
+        payload_limit: Option<usize>,
     },
     /// Put dead letters back in line (attempts reset): one by id, or --all matching the filters
     Retry(DlqTarget),
@@ -474,6 +477,9 @@ pub enum EventsCommand {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Print at most this many bytes of the payload (and its length); default: all of it
+        #[arg(long, value_name = "BYTES")]
+        payload_limit: Option<usize>,
     },
 }
 

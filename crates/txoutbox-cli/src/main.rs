@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod config;
 mod ctx;
+mod preview;
 mod secrets;
 #[cfg(feature = "otel")]
 mod telemetry;

@@ -17,7 +17,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use txoutbox::store::{Counts, EventFilter, EventPage, Page};
-use txoutbox::{EventState, OutboxTable};
+use txoutbox::{EventState, OutboxEvent, OutboxTable};
 use uuid::Uuid;
 
 use super::error::AppError;
@@ -236,7 +236,9 @@ fn filter_from_query(q: Option<&str>) -> Result<(EventFilter, Page), AppError> {
 }
 
 fn page_body(p: EventPage) -> Json<Value> {
-    Json(json!({ "events": p.events, "next_after_seq": p.next_after_seq }))
+    // Each payload as a preview and its length: the whole is one GET of the event away.
+    let events: Vec<Value> = p.events.into_iter().map(crate::preview::listed).collect();
+    Json(json!({ "events": events, "next_after_seq": p.next_after_seq }))
 }
 
 fn parse_id(id: &str) -> Result<Uuid, AppError> {
@@ -258,11 +260,12 @@ pub async fn get_event(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<OutboxEvent>, AppError> {
     let store = s.outbox(q.as_deref())?.store()?;
     let id = parse_id(&id)?;
     match store.get_event(id).await? {
-        Some(e) => Ok(Json(json!(e))),
+        // Serialised as it is: the payload's text goes out raw, every digit kept.
+        Some(e) => Ok(Json(e)),
         None => Err(AppError::NotFound(format!("no event with id {id}"))),
     }
 }
@@ -295,11 +298,11 @@ pub async fn get_dead(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
-) -> Result<Json<Value>, AppError> {
+) -> Result<Json<OutboxEvent>, AppError> {
     let store = s.outbox(q.as_deref())?.store()?;
     let id = parse_id(&id)?;
     match store.get_event(id).await? {
-        Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(json!(e))),
+        Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(e)),
         _ => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
     }
 }

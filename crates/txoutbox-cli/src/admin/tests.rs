@@ -171,6 +171,7 @@ per_database!(
     status_is_served_from_the_sampler_without_a_query,
     readiness_answers_while_slow_queries_hold_the_admin_pool,
     publisher_errors_reach_last_error_and_the_api_redacted,
+    lists_carry_a_payload_preview_and_one_event_its_whole_payload,
 );
 
 async fn call(
@@ -668,4 +669,61 @@ fn the_shared_publisher_forwards_what_the_relay_asks() {
         attempt: 1,
     };
     assert_eq!(relay_side.destination(&m).as_deref(), Some("topic.order"));
+}
+
+/// A raw GET: status and body bytes, unparsed.
+async fn get_raw(state: &SharedState, uri: &str) -> (StatusCode, Vec<u8>) {
+    let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+    let res = router(state.clone()).oneshot(req).await.unwrap();
+    let status = res.status();
+    (
+        status,
+        res.into_body().collect().await.unwrap().to_bytes().to_vec(),
+    )
+}
+
+/// The dashboard polls the dead-letter list every few seconds: a list carries each payload's
+/// start and length, not megabytes of it; the event itself carries the whole payload, every
+/// digit as stored.
+async fn lists_carry_a_payload_preview_and_one_event_its_whole_payload<H: Harness>() {
+    let db = TestDb::<H>::new().await;
+    let blob = "x".repeat(1_000_000);
+    // "a" before "blob" in every database's order (jsonb sorts keys by length).
+    let text = format!(r#"{{"a": 12345678901234567.89, "blob": "{blob}"}}"#);
+    let payload = txoutbox::JsonPayload::from_text(&text).unwrap();
+    let events: Vec<NewEvent> = (0..2)
+        .map(|i| NewEvent::from_payload("order", i.to_string(), "order.big", payload.clone()))
+        .collect();
+    let ids = db.h.enqueue(&events).await;
+    let store = db.h.store(Retention::Mark).await;
+    txoutbox::testing::store::bury(&db.h, &store, &ids).await;
+    let st = db.state(None, None).await;
+    for uri in ["/api/v1/dead-letters", "/api/v1/events?state=dead"] {
+        let (s, body) = get_raw(&st, uri).await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(
+            body.len() < 4_000,
+            "{uri}: {} bytes for two dead letters",
+            body.len()
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let e = &v["events"][0];
+        assert!(e.get("payload").is_none(), "{uri}: {e}");
+        assert_eq!(e["payload_truncated"], true);
+        let length = e["payload_length"].as_u64().unwrap() as usize;
+        assert!(length >= text.len() - 4, "{uri}: length {length}");
+        let preview = e["payload_preview"].as_str().unwrap();
+        assert!(
+            preview
+                .replace(' ', "")
+                .starts_with(r#"{"a":12345678901234567.89"#),
+            "{preview}"
+        );
+    }
+    let (s, body) = get_raw(&st, &format!("/api/v1/dead-letters/{}", ids[0])).await;
+    assert_eq!(s, StatusCode::OK);
+    let body = String::from_utf8(body).unwrap();
+    assert!(body.contains(&blob), "the whole payload");
+    assert!(body.contains("12345678901234567.89"), "every digit");
+    db.cleanup().await;
 }

@@ -32,8 +32,14 @@ pub async fn run(ctx: &Ctx, cmd: DlqCommand) -> anyhow::Result<ExitCode> {
             let got = store.list_events(&f, page(&p)).await?;
             print_list(&got.events, got.next_after_seq, json, "no dead letters")?;
         }
-        DlqCommand::Show { id, json } => match store.get_event(id).await? {
-            Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => print_one(&e, json)?,
+        DlqCommand::Show {
+            id,
+            json,
+            payload_limit,
+        } => match store.get_event(id).await? {
+            Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => {
+                print_one(e, json, payload_limit)?
+            }
             _ => {
                 eprintln!("no dead letter with id {id}");
                 return Ok(ExitCode::FAILURE);

@@ -44,8 +44,12 @@ pub async fn run(ctx: &Ctx, cmd: EventsCommand) -> anyhow::Result<ExitCode> {
             let got = store.list_events(&f, page(&p)).await?;
             print_list(&got.events, got.next_after_seq, json, "no events")?;
         }
-        EventsCommand::Show { id, json } => match store.get_event(id).await? {
-            Some(e) => print_one(&e, json)?,
+        EventsCommand::Show {
+            id,
+            json,
+            payload_limit,
+        } => match store.get_event(id).await? {
+            Some(e) => print_one(e, json, payload_limit)?,
             None => {
                 eprintln!("no event with id {id}");
                 return Ok(ExitCode::FAILURE);
@@ -95,9 +99,20 @@ pub fn print_list(
     Ok(())
 }
 
-pub fn print_one(e: &OutboxEvent, json: bool) -> anyhow::Result<()> {
+/// One event in full; with `payload_limit`, its payload cut to that many bytes (JSON: the
+/// payload as `payload_preview`, `payload_length`, `payload_truncated`, as lists carry it).
+pub fn print_one(e: OutboxEvent, json: bool, payload_limit: Option<usize>) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(e)?);
+        match payload_limit {
+            None => println!("{}", serde_json::to_string(&e)?),
+            Some(max) => {
+                let p = crate::preview::preview(&e, max);
+                let mut v = crate::preview::listed(e);
+                v["payload_preview"] = p.text.into();
+                v["payload_truncated"] = p.truncated.into();
+                println!("{v}");
+            }
+        }
         return Ok(());
     }
     let t = |t: Option<chrono::DateTime<chrono::Utc>>| {
@@ -115,17 +130,24 @@ pub fn print_one(e: &OutboxEvent, json: bool) -> anyhow::Result<()> {
     println!("dead since  {}", t(e.dead_at));
     println!("last error  {}", e.last_error.as_deref().unwrap_or("-"));
     println!("headers     {}", serde_json::to_string(&e.headers)?);
+    let p = crate::preview::preview(&e, payload_limit.unwrap_or(usize::MAX));
+    let cut = if p.truncated {
+        format!(
+            " ... (the first {} bytes shown of {})",
+            p.text.len(),
+            p.length
+        )
+    } else {
+        String::new()
+    };
     match &e.payload_bytes {
-        Some(bytes) => {
-            use base64::Engine as _;
-            println!(
-                "payload     base64 {} ({} bytes, {})",
-                base64::engine::general_purpose::STANDARD.encode(bytes),
-                bytes.len(),
-                e.content_type()
-            );
-        }
-        None => println!("payload     {}", e.payload),
+        Some(bytes) => println!(
+            "payload     base64 {}{cut} ({} bytes, {})",
+            p.text,
+            bytes.len(),
+            e.content_type()
+        ),
+        None => println!("payload     {}{cut}", p.text),
     }
     Ok(())
 }

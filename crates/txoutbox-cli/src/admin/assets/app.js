@@ -297,16 +297,12 @@ function cell(tr, text, cls) {
 
 let shownDead = "";
 
-// A payload in one line: JSON as text, bytes as base64 with their length and content type;
-// long ones cut, the whole in the cell's title.
+// A payload as a list carries it: its start (JSON text, or base64 of the bytes) and its
+// length; the whole is GET /api/v1/dead-letters/{id} away.
 function payloadText(e) {
-  if (e.payload_base64 !== undefined) {
-    const b64 = e.payload_base64;
-    const pad = b64.endsWith("==") ? 2 : b64.endsWith("=") ? 1 : 0;
-    const n = (b64.length / 4) * 3 - pad;
-    return "base64 " + b64 + " (" + n + " bytes, " + e.content_type + ")";
-  }
-  return JSON.stringify(e.payload);
+  const more = e.payload_truncated ? "… (" + e.payload_length + " bytes)" : "";
+  const start = e.content_type && e.content_type !== "application/json" ? "base64 " : "";
+  return start + e.payload_preview + more;
 }
 
 function renderDead(page) {
