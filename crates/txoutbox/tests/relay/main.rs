@@ -8,5 +8,6 @@ mod key_order;
 mod ordering_pg;
 mod pg;
 mod wakeups;
+mod wal_ownership_pg;
 #[path = "wal_pg.rs"]
 mod wal_pg;
