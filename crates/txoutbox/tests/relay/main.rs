@@ -8,6 +8,7 @@ mod key_order;
 mod ordering_pg;
 mod pg;
 mod wakeups;
+mod wal_encoding_pg;
 mod wal_ownership_pg;
 #[path = "wal_pg.rs"]
 mod wal_pg;

@@ -18,7 +18,7 @@ use txoutbox::NewEvent;
 
 use crate::common::*;
 
-fn config(relay_id: &str, source: Source) -> RelayConfig {
+pub(crate) fn config(relay_id: &str, source: Source) -> RelayConfig {
     let mut c = RelayConfig::default();
     c.source = source;
     c.relay_id = relay_id.to_string();
@@ -34,19 +34,29 @@ fn event(i: usize) -> NewEvent {
 
 /// A second database on the same server, with the harness's schema and table migrated in
 /// it: same schema, same table, same default publication name.
-struct OtherDatabase {
-    name: String,
-    url: String,
-    pool: PgPool,
+pub(crate) struct OtherDatabase {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
 }
 
 impl OtherDatabase {
     async fn new(h: &PgHarness) -> Self {
+        let db = Self::create(h, None).await;
+        txoutbox::migrate(&db.pool, &h.table).await.unwrap();
+        db
+    }
+
+    /// The database made, not migrated; with `encoding`, in that server encoding (C locale).
+    pub(crate) async fn create(h: &PgHarness, encoding: Option<&str>) -> Self {
         let name = format!(
             "txo_db_{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         );
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        let with = encoding.map_or_else(String::new, |e| {
+            format!(" WITH ENCODING '{e}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+        });
+        sqlx::query(&format!("CREATE DATABASE \"{name}\"{with}"))
             .execute(&h.pool)
             .await
             .unwrap();
@@ -60,17 +70,16 @@ impl OtherDatabase {
             ))
             .await
             .unwrap();
-        txoutbox::migrate(&pool, &h.table).await.unwrap();
         Self { name, url, pool }
     }
 
-    fn store(&self, h: &PgHarness) -> PgStore {
+    pub(crate) fn store(&self, h: &PgHarness) -> PgStore {
         PgStore::new(self.pool.clone(), h.table.clone())
             .with_replication(ReplicationConfig::from_url(&self.url).unwrap())
     }
 
     /// Drop the database and the slots of it (a slot keeps the server's WAL).
-    async fn drop(self, h: &PgHarness) {
+    pub(crate) async fn drop(self, h: &PgHarness) {
         self.pool.close().await;
         for _ in 0..50 {
             let _ = sqlx::query(

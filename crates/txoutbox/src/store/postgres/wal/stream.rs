@@ -1191,6 +1191,10 @@ async fn startup(wire: &mut Wire, cfg: &ReplicationConfig) -> Result<(), WalErro
         ("database", cfg.database.as_str()),
         ("replication", "database"),
         ("application_name", cfg.application_name.as_str()),
+        // Text in the stream is in the client's encoding, which is otherwise the database's:
+        // on a LATIN1 or WIN1252 database every non-ASCII character would come as bytes that
+        // are not UTF-8. sqlx's pool asks for UTF-8 too.
+        ("client_encoding", "UTF8"),
     ] {
         put_cstr(&mut msg, k);
         put_cstr(&mut msg, v);
