@@ -17,6 +17,7 @@
 //! Needs `wal_level = logical` (a server restart) and a free replication slot; the role needs
 //! the `REPLICATION` attribute (or to be a superuser) for slots.
 
+mod config;
 pub mod pgoutput;
 mod row;
 mod store;
