@@ -521,6 +521,22 @@ impl Relay {
     /// A read or confirm failed: if the slot is gone (dropped, or its WAL lost), create it again and
     /// hand what it did not deliver to the table (`Ok(true)`). `Ok(false)`: read again now.
     async fn after_read_error(&self, wal: &WalStore, e: Error) -> Result<bool, Error> {
+        if e.sql_state().as_deref() == Some("55006") && wal.replication().is_some() {
+            // object_in_use while this relay holds the slot's lock: the server still serves
+            // this relay's own earlier stream (a half-open connection it has not noticed, for
+            // up to its wal_sender_timeout). End it and stream again.
+            match wal.end_stale_reader().await {
+                Ok(true) => {
+                    tracing::warn!(slot = wal.slot(), error = %e,
+                        "ended this relay's own earlier stream, which the server still served; \
+                         streaming again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return Ok(false);
+                }
+                Ok(false) => {}
+                Err(end) => tracing::warn!(error = %end, "could not end the earlier stream"),
+            }
+        }
         if e.is_transient() {
             return Err(e);
         }

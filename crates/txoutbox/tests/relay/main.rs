@@ -12,3 +12,4 @@ mod wal_encoding_pg;
 mod wal_ownership_pg;
 #[path = "wal_pg.rs"]
 mod wal_pg;
+mod wal_silence_pg;

@@ -6,11 +6,16 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::ConnectOptions as _;
 
 use super::WalError;
+
+/// How long a replication stream may receive nothing before it is taken for broken
+/// ([`ReplicationConfig::with_read_timeout`]): three of the client's 10 s keepalive requests.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the connection uses TLS: PostgreSQL's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,6 +88,7 @@ pub struct ReplicationConfig {
     pub(super) ssl_cert: Option<PathBuf>,
     pub(super) ssl_key: Option<PathBuf>,
     pub(super) application_name: String,
+    pub(super) read_timeout: Duration,
 }
 
 impl ReplicationConfig {
@@ -222,13 +228,23 @@ impl ReplicationConfig {
             ssl_cert,
             ssl_key,
             application_name,
+            read_timeout: DEFAULT_READ_TIMEOUT,
         })
     }
 
-    /// The password it authenticates with, if any (for tests of where it came from; never
-    /// shown by `Debug` or `Display`).
-    pub fn has_password(&self) -> bool {
-        self.password.is_some()
+    /// The same connection with another read deadline: a stream that receives nothing
+    /// for this long is taken for broken (a half-open connection: a NAT, a proxy or a load
+    /// balancer that lost it) and replaced. The client asks the server for a keepalive every
+    /// 10 s, so on a working connection something arrives well within it. Default 30 s
+    /// ([`DEFAULT_READ_TIMEOUT`]); at least 1 s.
+    pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout.max(Duration::from_secs(1));
+        self
+    }
+
+    /// The read deadline ([`ReplicationConfig::with_read_timeout`]).
+    pub fn read_timeout(&self) -> Duration {
+        self.read_timeout
     }
 
     /// The same connection under another `application_name` (shown in `pg_stat_replication`
@@ -298,6 +314,7 @@ impl fmt::Debug for ReplicationConfig {
             .field("ssl_cert", &self.ssl_cert)
             .field("ssl_key", &self.ssl_key)
             .field("application_name", &self.application_name)
+            .field("read_timeout", &self.read_timeout)
             .finish()
     }
 }

@@ -42,6 +42,9 @@ use crate::OutboxTable;
 /// tries.
 const IMMEDIATE_TRIES: u32 = 3;
 
+/// How long the check of the slot lock's connection may take ([`SlotLock::check`]).
+const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The oldest server the WAL source runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 150_000;
 
@@ -388,6 +391,22 @@ impl WalStore {
         Ok(advance(self.pool(), self.slot(), lsn).await?)
     }
 
+    /// End the server process that streams the slot now, if any: called by the relay that
+    /// holds the slot's lock, for which any such process is its own earlier stream (a
+    /// half-open connection the server has not noticed yet). True if one was ended.
+    pub async fn end_stale_reader(&self) -> Result<bool, Error> {
+        let ended: Option<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND database = current_database() \
+               AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()",
+        )
+        .bind(self.slot())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(Error::Database)?;
+        Ok(ended.unwrap_or(false))
+    }
+
     /// Is the slot gone or unreadable (dropped, or `wal_status = lost`)? Asked after a read
     /// failed, to tell a lost slot from a passing error.
     pub async fn slot_lost(&self) -> Result<bool, Error> {
@@ -585,7 +604,15 @@ impl SlotLock {
     /// Is the lock's connection still up (and so the lock still held)? A relay whose lock
     /// connection died must stop reading: a standby may hold the slot now.
     pub async fn check(&mut self) -> Result<(), Error> {
-        self.conn.ping().await.map_err(Error::Database)
+        // Bounded: a connection that went silent (half-open) would otherwise never answer,
+        // and the reader would read on without knowing whether it still holds the lock.
+        match tokio::time::timeout(LOCK_CHECK_TIMEOUT, self.conn.ping()).await {
+            Ok(r) => r.map_err(Error::Database),
+            Err(_) => Err(Error::Task(format!(
+                "the slot lock's connection did not answer within {}s",
+                LOCK_CHECK_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 

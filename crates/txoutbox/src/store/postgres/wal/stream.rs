@@ -38,7 +38,7 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
-pub use super::config::{ReplicationConfig, SslMode};
+pub use super::config::{ReplicationConfig, SslMode, DEFAULT_READ_TIMEOUT};
 use super::{check_slot_name, Lsn, WalError};
 
 /// The client sends a standby status update at least this often, streaming or idle (the
@@ -89,6 +89,9 @@ pub struct ReplicationStream {
     confirmed: Lsn,
     /// When the last standby status update was queued.
     last_status: Instant,
+    /// When the last bytes came from the server, and how long it may stay silent.
+    last_read: Instant,
+    read_timeout: Duration,
     /// The server's position from its last keepalive: everything before it has been sent.
     server_end: Lsn,
 }
@@ -116,7 +119,9 @@ impl ReplicationStream {
         check_slot_name(slot)?;
         check_publication_name(publication)?;
         let peer = cfg.peer();
-        let started = tokio::time::timeout(START_TIMEOUT, async {
+        // Bounded by the read deadline too: a connection that goes silent while starting.
+        let start_timeout = START_TIMEOUT.min(cfg.read_timeout);
+        let started = tokio::time::timeout(start_timeout, async {
             let mut wire = connect(cfg, peer.clone()).await?;
             startup(&mut wire, cfg).await?;
             // Both names are validated: [a-z0-9_] only.
@@ -151,7 +156,7 @@ impl ReplicationStream {
                     what: format!(
                         "no replication stream within {}s (connect, TLS, authentication, \
                          START_REPLICATION): is the server up and reachable?",
-                        START_TIMEOUT.as_secs()
+                        start_timeout.as_secs()
                     ),
                     source: None,
                 })
@@ -161,6 +166,8 @@ impl ReplicationStream {
             wire,
             confirmed: Lsn(0),
             last_status: Instant::now(),
+            last_read: Instant::now(),
+            read_timeout: cfg.read_timeout,
             server_end: Lsn(0),
         })
     }
@@ -199,15 +206,30 @@ impl ReplicationStream {
             }
             let due = self.last_status + STATUS_INTERVAL;
             if Instant::now() >= due {
-                self.queue_status();
+                self.queue_status(true);
             }
             self.wire.flush().await?;
-            let due = self.last_status + STATUS_INTERVAL;
-            if tokio::time::timeout_at(due, self.wire.fill())
-                .await
-                .is_err()
-            {
-                self.queue_status();
+            // A status update asks for a keepalive: a working connection brings something
+            // within the deadline, a half-open one never does.
+            let silent_until = self.last_read + self.read_timeout;
+            let due = (self.last_status + STATUS_INTERVAL).min(silent_until);
+            match tokio::time::timeout_at(due, self.wire.fill()).await {
+                Ok(filled) => {
+                    filled?;
+                    self.last_read = Instant::now();
+                }
+                Err(_) if Instant::now() >= silent_until => {
+                    return Err(WalError::Connection {
+                        peer: self.wire.peer.clone(),
+                        what: format!(
+                            "nothing from the server for {}s, though a keepalive was asked \
+                             for: taken for a broken connection (read deadline)",
+                            self.read_timeout.as_secs()
+                        ),
+                        source: None,
+                    });
+                }
+                Err(_) => self.queue_status(true),
             }
         }
     }
@@ -217,7 +239,7 @@ impl ReplicationStream {
     /// before one already confirmed changes nothing.
     pub async fn confirm(&mut self, lsn: Lsn) -> Result<(), WalError> {
         self.confirmed = self.confirmed.max(lsn);
-        self.queue_status();
+        self.queue_status(false);
         self.wire.flush().await
     }
 
@@ -292,7 +314,7 @@ impl ReplicationStream {
                     })?));
                 self.server_end = self.server_end.max(wal_end);
                 if body[17] == 1 {
-                    self.queue_status();
+                    self.queue_status(false);
                 }
                 Ok(None)
             }
@@ -306,8 +328,9 @@ impl ReplicationStream {
     }
 
     /// Queue a standby status update: written, flushed and applied up to the confirmed
-    /// position; no reply requested.
-    fn queue_status(&mut self) {
+    /// position; with `reply`, asking the server for a keepalive at once (the read deadline's
+    /// proof of life).
+    fn queue_status(&mut self, reply: bool) {
         let lsn = self.confirmed.0;
         self.wire.put_message(b'd', |b| {
             b.put_u8(b'r');
@@ -315,7 +338,7 @@ impl ReplicationStream {
             b.put_u64(lsn);
             b.put_u64(lsn);
             b.put_i64(pg_now());
-            b.put_u8(0);
+            b.put_u8(u8::from(reply));
         });
         self.last_status = Instant::now();
     }
@@ -606,6 +629,15 @@ async fn connect(cfg: &ReplicationConfig, peer: String) -> Result<Wire, WalError
         })?;
     tcp.set_nodelay(true)
         .map_err(|e| io_err("cannot set TCP_NODELAY", e))?;
+    // TCP keepalive: a peer that vanished (a host down, a cable cut) is noticed by the kernel
+    // too, beside the stream's read deadline (which also catches a proxy that answers the
+    // kernel's probes but moves no data).
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10));
+    socket2::SockRef::from(&tcp)
+        .set_tcp_keepalive(&keepalive)
+        .map_err(|e| io_err("cannot set TCP keepalive", e))?;
     if matches!(cfg.ssl_mode, SslMode::Disable | SslMode::Allow) {
         return Ok(Wire::new(Conn::Plain(tcp), peer));
     }
