@@ -198,7 +198,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "warning: could not drop the bench schema(s) {}; drop them by hand, with their \
              replication slots (SELECT pg_drop_replication_slot(slot_name) FROM \
-             pg_replication_slots WHERE slot_name LIKE 'txoutbox_txo_bench_{}_%'), which \
+             pg_replication_slots WHERE slot_name LIKE 'txoutbox_%_txo_bench_{}_%'), which \
              otherwise keep the server's WAL",
             left.join(", "),
             std::process::id()

@@ -63,7 +63,10 @@ impl Registry {
 async fn drop_schema(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
     let table = OutboxTable::new(schema, "outbox_events")
         .map_err(|e| anyhow::anyhow!("bench schema name: {e}"))?;
-    let slot = drop_slot(pool, &wal::slot_name(&table)).await;
+    let slot = match wal::default_slot(pool, &table).await {
+        Ok(name) => drop_slot(pool, &name).await,
+        Err(e) => Err(e.into()),
+    };
     let publication = wal::publication_name(&table);
     // `publication` is made of validated identifiers (the schema: a fixed prefix and numbers).
     let publication = sqlx::query(&format!("DROP PUBLICATION IF EXISTS \"{publication}\""))
@@ -144,7 +147,10 @@ impl BenchDb {
             wal::ensure_publication(pool, &table)
                 .await
                 .with_context(|| format!("creating the publication of {schema}"))?;
-            wal::ensure_slot(pool, &wal::slot_name(&table))
+            let slot = wal::default_slot(pool, &table)
+                .await
+                .with_context(|| format!("naming the replication slot of {schema}"))?;
+            wal::ensure_slot(pool, &slot)
                 .await
                 .with_context(|| format!("creating the replication slot of {schema}"))?;
         }

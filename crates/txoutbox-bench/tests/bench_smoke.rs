@@ -93,10 +93,10 @@ async fn assert_no_schemas_left(pid: u32) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    // The WAL source's slot and publication are named for the table: txoutbox_<schema>_...
+    // The WAL source's slot is named for the database and table: txoutbox_<db>_<schema>_...
     let slots: i64 =
         sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1")
-            .bind(format!("txoutbox\\_txo\\_bench\\_{pid}\\_%"))
+            .bind(format!("txoutbox\\_%\\_txo\\_bench\\_{pid}\\_%"))
             .fetch_one(&pool)
             .await
             .unwrap();

@@ -218,7 +218,7 @@ pub struct RelayArgs {
     #[arg(long, env = "TXOUTBOX_SOURCE", value_enum, default_value_t = DEFAULTS.relay.source)]
     pub source: Source,
     /// With --source wal: the replication slot to read, created when missing (1 to 63 of
-    /// a-z, 0-9, _) [default: txoutbox_<schema>_<table>]
+    /// a-z, 0-9, _) [default: txoutbox_<database>_<schema>_<table>]
     #[arg(long, env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
     pub slot: Option<String>,
     /// Exit 0 once nothing is pending or leased
@@ -337,7 +337,7 @@ pub struct StatusArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
-    /// PostgreSQL: the replication slot to show [default: txoutbox_<schema>_<table>]
+    /// PostgreSQL: the replication slot to show [default: txoutbox_<database>_<schema>_<table>]
     #[arg(long, env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
     pub slot: Option<String>,
 }
@@ -346,8 +346,8 @@ pub struct StatusArgs {
 pub struct SlotArgs {
     #[command(subcommand)]
     pub command: SlotCommand,
-    /// The replication slot (1 to 63 of a-z, 0-9, _) [default: txoutbox_<schema>_<table>,
-    /// the one `relay --source wal` reads]
+    /// The replication slot (1 to 63 of a-z, 0-9, _) [default:
+    /// txoutbox_<database>_<schema>_<table>, the one `relay --source wal` reads]
     #[arg(
         long,
         env = "TXOUTBOX_SLOT",

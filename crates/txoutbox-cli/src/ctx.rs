@@ -285,7 +285,10 @@ impl Db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pool) if source == txoutbox::relay::Source::Wal => {
                 use txoutbox::store::postgres::wal::stream::ReplicationConfig;
-                let replication = ReplicationConfig::from_url(url)
+                // The pool's own settings (URL, PG* variables, password file): the stream
+                // connects as the pool does.
+                let _ = url;
+                let replication = ReplicationConfig::from_options(&pool.connect_options())
                     .map_err(|e| UsageError(format!("the database URL: {e}")))?;
                 Ok(Box::new(
                     txoutbox::store::postgres::PgStore::with_retention(

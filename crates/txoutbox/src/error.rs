@@ -42,6 +42,18 @@ pub enum Error {
         /// That relay's mode: `ordered` or `unordered`.
         other_mode: String,
     },
+    /// One table, one source: a relay of the other source (a WAL relay beside a table relay,
+    /// or the reverse), or a WAL relay of another slot, reads the table; both would deliver
+    /// every event.
+    #[error("relay {other} already reads {table} ({other_reads}): one source per table, or every event goes out twice; stop it first (if it died, its registration runs out after its --partition-lease)")]
+    SourceConflict {
+        /// The outbox table as `schema.table`.
+        table: String,
+        /// The relay id of the live relay that reads it.
+        other: String,
+        /// How it reads it: `--source table, ordered mode`, `--source wal, slot <name>`.
+        other_reads: String,
+    },
     /// SQLite: another relay holds the database file's relay lease.
     #[error("relay {other} already runs on {table} (SQLite: one relay per database file); stop it, or wait until its lease runs out ({remaining_secs:.0}s) if it died")]
     RelayRunning {
@@ -95,7 +107,10 @@ impl Error {
     pub fn is_membership_conflict(&self) -> bool {
         matches!(
             self,
-            Error::ModeConflict { .. } | Error::RelayRunning { .. } | Error::RelayIdInUse { .. }
+            Error::ModeConflict { .. }
+                | Error::SourceConflict { .. }
+                | Error::RelayRunning { .. }
+                | Error::RelayIdInUse { .. }
         )
     }
 

@@ -206,7 +206,7 @@ fn distinct_slots(plans: &[Plan]) -> Result<(), UsageError> {
             .config
             .slot
             .clone()
-            .unwrap_or_else(|| crate::cmd::slot::default_slot(&p.ctx));
+            .unwrap_or_else(|| crate::cmd::slot::default_slot_offline(&p.ctx));
         if let Some((_, other)) = slots.iter().find(|(s, _)| *s == slot) {
             return Err(UsageError(format!(
                 "outboxes `{other}` and `{}` would read one replication slot, {slot}: give each \

@@ -90,7 +90,14 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     let stats = handle.join().await;
     signals.abort();
     ops.stop().await; // operations: stop the admin listener, gauges and purge
-    let stats = stats.context("relay failed")?;
+    let stats = match stats {
+        // One source per table: refused at start (or when the other relay started), a usage
+        // error (exit 2) on one line that names the other relay.
+        Err(txoutbox::relay::RelayError::Store(e @ txoutbox::Error::SourceConflict { .. })) => {
+            return Err(UsageError(e.to_string()).into())
+        }
+        other => other.context("relay failed")?,
+    };
     tracing::info!(
         published = stats.published,
         failed = stats.failed,

@@ -44,34 +44,42 @@ pub struct SlotStatus {
 pub struct SlotReader {
     #[cfg(feature = "postgres")]
     pool: PgPool,
-    name: String,
+    #[cfg(feature = "postgres")]
+    table: txoutbox::OutboxTable,
+    /// `--slot`; `None`: the table's own in this database, looked up at each read.
+    name: Option<String>,
 }
 
 impl SlotReader {
-    /// For `slot` (default: the table's) on `db`, if it is PostgreSQL.
+    /// For `slot` (default: the table's in this database) on `db`, if it is PostgreSQL.
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     pub fn for_db(db: &Db, ctx: &Ctx, slot: Option<&str>) -> Option<Self> {
         match db {
             #[cfg(feature = "postgres")]
             Db::Postgres(pool) => Some(Self {
                 pool: pool.clone(),
-                name: slot.map_or_else(|| default_slot(ctx), str::to_string),
+                table: ctx.table.clone(),
+                name: slot.map(str::to_string),
             }),
             #[allow(unreachable_patterns)]
             _ => None,
         }
     }
 
-    /// The slot's name.
+    /// The slot's name, as given (`--slot`), or `the table's slot`.
     pub fn name(&self) -> &str {
-        &self.name
+        self.name.as_deref().unwrap_or("the table's slot")
     }
 
-    /// The slot now; `None` if it does not exist.
+    /// The slot now; `None` if it does not exist in this database.
     pub async fn read(&self) -> anyhow::Result<Option<SlotStatus>> {
         #[cfg(feature = "postgres")]
         {
-            read(&self.pool, &self.name).await
+            let slot = match &self.name {
+                Some(s) => s.clone(),
+                None => default_slot(&self.pool, &self.table).await?,
+            };
+            read(&self.pool, &slot).await
         }
         #[cfg(not(feature = "postgres"))]
         {
@@ -80,10 +88,32 @@ impl SlotReader {
     }
 }
 
-/// The table's own slot: the one `relay --source wal` reads without `--slot`.
+/// The table's own slot in this database: the one `relay --source wal` reads without
+/// `--slot` (`txoutbox_<database>_<schema>_<table>`, or an older release's
+/// `txoutbox_<schema>_<table>` that exists in this database).
 #[cfg(feature = "postgres")]
-pub fn default_slot(ctx: &Ctx) -> String {
-    txoutbox::store::postgres::wal::slot_name(&ctx.table)
+pub async fn default_slot(pool: &PgPool, table: &txoutbox::OutboxTable) -> anyhow::Result<String> {
+    use anyhow::Context;
+    txoutbox::store::postgres::wal::default_slot(pool, table)
+        .await
+        .context("cannot name the table's replication slot")
+}
+
+/// The table's own slot by the URL alone (no connection): `--slot`'s default as
+/// [`default_slot`] names it on a server without an older release's slot. For telling
+/// outboxes apart before connecting.
+#[cfg(feature = "postgres")]
+pub fn default_slot_offline(ctx: &Ctx) -> String {
+    use std::str::FromStr;
+    let database = ctx
+        .database_url()
+        .and_then(|u| sqlx::postgres::PgConnectOptions::from_str(u).ok())
+        .map(|o| {
+            o.get_database()
+                .map_or_else(|| o.get_username().to_owned(), str::to_owned)
+        })
+        .unwrap_or_default();
+    txoutbox::store::postgres::wal::slot_name(&database, &ctx.table)
 }
 
 #[cfg(feature = "postgres")]
@@ -192,7 +222,10 @@ pub async fn run(ctx: &Ctx, a: SlotArgs) -> anyhow::Result<ExitCode> {
         else {
             return Err(UsageError("txoutbox slot needs PostgreSQL".into()).into());
         };
-        let slot = a.slot.clone().unwrap_or_else(|| default_slot(ctx));
+        let slot = match a.slot.clone() {
+            Some(s) => s,
+            None => default_slot(pool, &ctx.table).await?,
+        };
         pg::run(pool, &ctx.table, &slot, a.command).await
     }
     #[cfg(not(feature = "postgres"))]

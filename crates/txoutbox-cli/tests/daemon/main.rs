@@ -20,3 +20,4 @@ mod routes_cli;
 mod secrets;
 mod undecodable_rows;
 mod wal_cli;
+mod wal_ops_cli;

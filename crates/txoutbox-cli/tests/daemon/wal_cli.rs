@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::common::*;
 
-fn slot_of(db: &TestSchema) -> String {
-    txoutbox::store::postgres::wal::slot_name(&db.table)
+async fn slot_of(db: &TestSchema) -> String {
+    db.slot().await
 }
 
 async fn run_with(db: &TestSchema, env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -43,7 +43,10 @@ async fn relay_source_wal_drains_what_was_committed_before_and_after_the_slot() 
     let out = db.cli(&["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains(&format!("created publication {}", slot_of(&db))),
+        stdout(&out).contains(&format!(
+            "created publication {}",
+            txoutbox::store::postgres::wal::publication_name(&db.table)
+        )),
         "{}",
         stdout(&out)
     );
@@ -265,7 +268,7 @@ async fn source_wal_off_postgresql_and_slot_without_it_are_usage_errors() {
 #[tokio::test]
 async fn slot_list_create_drop_round_trip_and_status_shows_it() {
     let db = TestSchema::migrated().await;
-    let slot = slot_of(&db);
+    let slot = slot_of(&db).await;
     let out = db.cli(&["slot", "list"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
@@ -377,7 +380,7 @@ async fn slot_list_create_drop_round_trip_and_status_shows_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn slot_drop_is_refused_while_a_relay_reads() {
     let db = TestSchema::migrated().await;
-    let slot = slot_of(&db);
+    let slot = slot_of(&db).await;
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let relay = db.spawn(&[

@@ -7,7 +7,7 @@ ALTER TABLE {{table}}
         (('x' || left(md5(aggregate_type || '/' || aggregate_id), 8))::bit(32)::integer) & 2147483647
     ) STORED;
 
--- "Does an earlier event of this aggregate hold it back?" — the ordered claim asks this of
+-- "Does an earlier event of this aggregate hold it back?": the ordered claim asks this of
 -- every candidate. Only rows that can hold an aggregate back are indexed: leased ones, ones
 -- that failed before (backing off), dead letters (in `hold` mode). A backlog of fresh events
 -- is not in it, so the question costs one short index probe.

@@ -1,6 +1,6 @@
 -- txoutbox schema for SQLite, version 2: per-aggregate ordering and the one-relay lease.
 
--- "Does an earlier event of this aggregate hold it back?" — asked of every candidate of an
+-- "Does an earlier event of this aggregate hold it back?": asked of every candidate of an
 -- ordered claim. Only rows that can hold an aggregate back are indexed.
 CREATE INDEX {{name:blocking}} ON {{table}} (aggregate_type, aggregate_id, seq)
     WHERE processed_at IS NULL AND (locked_until IS NOT NULL OR attempts > 0 OR dead_at IS NOT NULL);

@@ -71,7 +71,6 @@ impl Relay {
         cancel: CancellationToken,
     ) -> Result<RelayStats, RelayError> {
         let cfg = &self.config;
-        let mut stats = RelayStats::default();
         let Some(wal) = self.store.wal() else {
             return Err(RelayError::Config(super::InvalidSetting {
                 field: "source",
@@ -82,30 +81,83 @@ impl Relay {
             Some(slot) => wal.with_slot(slot).map_err(Error::from)?,
             None => wal,
         };
-        let wal = Arc::new(wal);
+        // The slot's name: the table's own in this database unless --slot chose one.
+        let Some(slot) = until_up(&cancel, "naming the slot", || wal.default_slot()).await? else {
+            return Ok(RelayStats::default());
+        };
+        let wal = Arc::new(wal.with_slot(&slot).map_err(Error::from)?);
         let Some(warnings) = until_up(&cancel, "checking the server", || wal.preflight()).await?
         else {
-            return Ok(stats);
+            return Ok(RelayStats::default());
         };
         for warning in warnings {
             tracing::warn!("{warning}");
         }
+        // One source per table: registered as this slot's reader before anything is read (a
+        // table relay of the table, or a WAL relay of another slot, refuses this relay now,
+        // or itself later), and kept registered by a heartbeat, standbys too.
+        let registry: Arc<dyn Store> = Arc::new(wal.table_path());
+        let Some(membership) = until_up(&cancel, "registering the relay", || {
+            super::rebalance(registry.as_ref(), cfg, self.instance, true)
+        })
+        .await?
+        else {
+            return Ok(RelayStats::default());
+        };
+        let heartbeat_stop = CancellationToken::new();
+        // Stops on the caller's cancel, and when the heartbeat finds this relay must not run.
+        let stop = cancel.child_token();
+        let heartbeat = AbortOnDrop(crate::relay::spawn_here(super::heartbeat_loop(
+            registry.clone(),
+            Arc::default(),
+            Arc::default(),
+            cfg.clone(),
+            self.instance,
+            membership,
+            heartbeat_stop.clone(),
+            stop.clone(),
+        )));
+        let result = self.run_wal_registered(&wal, &stop).await;
+        heartbeat_stop.cancel();
+        let conflict = heartbeat.join().await.flatten();
+        let leaving = DeregisterParams {
+            relay_id: &cfg.relay_id,
+            instance: self.instance,
+        };
+        if let Err(e) = registry.deregister(leaving).await {
+            tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
+        }
+        match conflict {
+            Some(e) => Err(RelayError::Store(e)),
+            None => result,
+        }
+    }
+
+    /// [`Relay::run_wal`] once registered: wait for the slot's lock (a standby), open the
+    /// slot, and read it with the table path beside, until `stop`.
+    async fn run_wal_registered(
+        &self,
+        wal: &Arc<WalStore>,
+        stop: &CancellationToken,
+    ) -> Result<RelayStats, RelayError> {
+        let cfg = &self.config;
+        let mut stats = RelayStats::default();
         // Sampled from the start: a standby reports the slot (and whether anyone reads it) too.
         let sampler = AbortOnDrop(crate::relay::spawn_here(sample_slot(
             wal.clone(),
             cfg.metric_labels.clone(),
         )));
-        let Some(lock) = wal.lock(&cancel).await? else {
+        let Some(lock) = wal.lock(stop).await? else {
             return Ok(stats);
         };
-        let Some(opened) = until_up(&cancel, "opening the slot", || wal.open_slot()).await? else {
+        let Some(opened) = until_up(stop, "opening the slot", || wal.open_slot()).await? else {
             return Ok(stats);
         };
         tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
             mode = cfg.ordering.mode_name(), source = "wal", slot = wal.slot(),
             created = opened.created, handed_to_table = opened.handed_off, "relay started");
 
-        let stop = cancel.child_token();
+        let stop = stop.child_token();
         let lock_lost = Arc::new(AtomicBool::new(false));
         let watcher = AbortOnDrop(crate::relay::spawn_here(watch_lock(
             lock,
@@ -148,17 +200,14 @@ impl Relay {
         };
 
         let result = match wal.replication().cloned() {
-            Some(rcfg) => {
-                self.stream_live(&wal, rcfg, &stop, &mut stats, &retry)
-                    .await
-            }
+            Some(rcfg) => self.stream_live(wal, rcfg, &stop, &mut stats, &retry).await,
             None => {
                 tracing::info!(
                     slot = wal.slot(),
                     "no replication connection settings (PgStore::with_replication): reading \
                      the slot through SQL, polling"
                 );
-                self.stream(&wal, &stop, &mut stats, &retry).await
+                self.stream(wal, &stop, &mut stats, &retry).await
             }
         };
         // The table path stops with the stream: on shutdown it settles what it has in flight.
@@ -176,16 +225,6 @@ impl Relay {
         };
         drop(watcher);
         drop(sampler);
-        if let Err(e) = wal
-            .table_path()
-            .deregister(DeregisterParams {
-                relay_id: &cfg.relay_id,
-                instance: self.instance,
-            })
-            .await
-        {
-            tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
-        }
         if let Err(e) = wal.clear_waiting(&cfg.relay_id).await {
             tracing::debug!(error = %e, "could not clear the wait flag; it expires by itself");
         }
@@ -482,6 +521,22 @@ impl Relay {
     /// A read or confirm failed: if the slot is gone (dropped, or its WAL lost), create it again and
     /// hand what it did not deliver to the table (`Ok(true)`). `Ok(false)`: read again now.
     async fn after_read_error(&self, wal: &WalStore, e: Error) -> Result<bool, Error> {
+        if e.sql_state().as_deref() == Some("55006") && wal.replication().is_some() {
+            // object_in_use while this relay holds the slot's lock: the server still serves
+            // this relay's own earlier stream (a half-open connection it has not noticed, for
+            // up to its wal_sender_timeout). End it and stream again.
+            match wal.end_stale_reader().await {
+                Ok(true) => {
+                    tracing::warn!(slot = wal.slot(), error = %e,
+                        "ended this relay's own earlier stream, which the server still served; \
+                         streaming again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return Ok(false);
+                }
+                Ok(false) => {}
+                Err(end) => tracing::warn!(error = %end, "could not end the earlier stream"),
+            }
+        }
         if e.is_transient() {
             return Err(e);
         }

@@ -28,8 +28,9 @@ use crate::OutboxTable;
 #[derive(Debug, Clone)]
 pub(crate) struct Me<'a> {
     pub relay_id: &'a str,
-    /// Its mode's name ([`crate::store::Ordering::mode_name`]).
-    pub mode: &'static str,
+    /// Its mode's name ([`crate::store::Ordering::mode_name`]); a WAL relay's is
+    /// [`WAL_MODE`] and its slot.
+    pub mode: &'a str,
     /// This process's instance id, as text.
     pub instance: String,
     /// How long its registration and partitions last without a heartbeat.
@@ -68,15 +69,33 @@ pub(crate) trait Coordinator {
     async fn rollback(self) -> Result<(), Error>;
 }
 
+/// How a WAL relay's mode starts in the relay registry: `wal:<slot>`. A relay registry row
+/// says which source reads the table, so that one table has one source: a WAL relay and a
+/// table relay, or WAL relays of two slots, would each deliver every event.
+pub(crate) const WAL_MODE: &str = "wal:";
+
 /// One heartbeat of relay `p.relay_id` on `table`, in the transaction `c`.
 pub(crate) async fn rebalance<C: Coordinator>(
-    mut c: C,
+    c: C,
     table: &OutboxTable,
     p: RebalanceParams<'_>,
 ) -> Result<Membership, Error> {
+    rebalance_as(c, table, p, None).await
+}
+
+/// [`rebalance`], or with `wal_slot`, the heartbeat of a WAL relay reading that slot: it
+/// registers as `wal:<slot>` (a table relay of the table, or a WAL relay of another slot, is
+/// then a [`Error::SourceConflict`] for whichever comes second) and shares no partitions.
+pub(crate) async fn rebalance_as<C: Coordinator>(
+    mut c: C,
+    table: &OutboxTable,
+    p: RebalanceParams<'_>,
+    wal_slot: Option<&str>,
+) -> Result<Membership, Error> {
+    let wal_mode = wal_slot.map(|slot| format!("{WAL_MODE}{slot}"));
     let me = Me {
         relay_id: p.relay_id,
-        mode: p.ordering.mode_name(),
+        mode: wal_mode.as_deref().unwrap_or(p.ordering.mode_name()),
         instance: p.instance.to_string(),
         lease: p.lease,
     };
@@ -97,6 +116,17 @@ pub(crate) async fn rebalance<C: Coordinator>(
         // Do not stay registered: the other relay must not see us as a conflict either.
         c.unregister(&me).await?;
         c.commit().await?;
+        if me.mode.starts_with(WAL_MODE) || other_mode.starts_with(WAL_MODE) {
+            let other_reads = match other_mode.strip_prefix(WAL_MODE) {
+                Some(slot) => format!("--source wal, slot {slot}"),
+                None => format!("--source table, {other_mode} mode"),
+            };
+            return Err(Error::SourceConflict {
+                table: table.display(),
+                other,
+                other_reads,
+            });
+        }
         return Err(Error::ModeConflict {
             table: table.display(),
             other,
@@ -105,7 +135,7 @@ pub(crate) async fn rebalance<C: Coordinator>(
     }
     // Long-dead relays leave the list.
     c.forget_dead().await?;
-    if !p.ordering.is_ordered() {
+    if wal_slot.is_some() || !p.ordering.is_ordered() {
         c.commit().await?;
         return Ok(Membership::default());
     }
@@ -245,6 +275,22 @@ impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
         Self: Coordinator,
     {
         rebalance(Self { tx, table, sql }, table, p).await
+    }
+
+    /// One heartbeat of a WAL relay reading `slot` ([`rebalance_as`]): registered, no
+    /// partitions.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) async fn register_wal(
+        tx: Transaction<'c, DB>,
+        table: &'a OutboxTable,
+        sql: &'a HeartbeatSql<S>,
+        p: RebalanceParams<'_>,
+        slot: &str,
+    ) -> Result<Membership, Error>
+    where
+        Self: Coordinator,
+    {
+        rebalance_as(Self { tx, table, sql }, table, p, Some(slot)).await
     }
 
     fn err(&self) -> impl Fn(sqlx::Error) -> Error + 'a {
@@ -490,5 +536,42 @@ mod tests {
         };
         let err = rebalance(c, &table(), params(true)).await.unwrap_err();
         assert!(matches!(err, Error::ModeConflict { ref other, .. } if other == "u"));
+    }
+
+    #[tokio::test]
+    async fn a_relay_of_the_other_source_is_a_conflict_either_way() {
+        let c = Fake {
+            other_mode: Some(("w".into(), "wal:txoutbox_s".into())),
+            ..Fake::default()
+        };
+        let err = rebalance(c, &table(), params(true)).await.unwrap_err();
+        assert!(err.is_membership_conflict());
+        let text = err.to_string();
+        assert!(
+            text.contains("relay w") && text.contains("slot txoutbox_s"),
+            "{text}"
+        );
+        let c = Fake {
+            other_mode: Some(("t".into(), "ordered".into())),
+            ..Fake::default()
+        };
+        let err = rebalance_as(c, &table(), params(true), Some("s"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::SourceConflict { ref other_reads, .. } if other_reads == "--source table, ordered mode"),
+            "{err}"
+        );
+        // A WAL relay takes no partitions.
+        let c = Fake {
+            total: 8,
+            live: 1,
+            free: (0..8).collect(),
+            ..Fake::default()
+        };
+        let m = rebalance_as(c, &table(), params(true), Some("s"))
+            .await
+            .unwrap();
+        assert!(m.owned.is_empty());
     }
 }

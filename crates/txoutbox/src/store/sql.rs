@@ -128,6 +128,29 @@ pub(crate) fn int_list<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
 mod tests {
     use super::*;
 
+    /// Every SQL file the project sends is ASCII: a server whose encoding is not UTF-8
+    /// (LATIN1) refuses a statement with a character it cannot hold, even in a comment.
+    #[test]
+    fn every_sql_file_sent_is_ascii() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut dirs = vec![root.join("migrations"), root.join("src/store")];
+        let mut checked = 0;
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("a directory of the crate") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "sql") {
+                    let text = std::fs::read(&path).expect("an SQL file");
+                    let at = text.iter().position(|b| !b.is_ascii());
+                    assert_eq!(at, None, "{} has a non-ASCII byte", path.display());
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 50, "found the SQL files ({checked})");
+    }
+
     #[test]
     fn fragments_then_names_comments_dropped() {
         let f = Fill::new()

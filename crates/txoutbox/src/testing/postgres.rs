@@ -48,29 +48,38 @@ async fn drop_schema(pool: &PgPool, schema: &str) {
     // The WAL source's slot and publication of the test's table are objects of the database,
     // not of the schema: a slot left behind would keep the server's WAL for ever.
     if let Ok(table) = OutboxTable::new(schema, "outbox_events") {
-        let slot = crate::store::postgres::wal::slot_name(&table);
+        // The table's slot in this database, under this release's name and an older one's.
+        let database: String = sqlx::query_scalar("SELECT current_database()::text")
+            .fetch_one(pool)
+            .await
+            .unwrap_or_default();
+        let slots = vec![
+            crate::store::postgres::wal::slot_name(&database, &table),
+            crate::store::postgres::wal::legacy_slot_name(&table),
+        ];
         // A stream still open on it (a relay a test aborted) is ended first; the server may
         // take a moment to release the slot.
         let mut tries = 0;
         loop {
             let _ = sqlx::query(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                 WHERE slot_name = ANY($1) AND database = current_database() \
+                   AND active_pid IS NOT NULL",
             )
-            .bind(&slot)
+            .bind(&slots)
             .execute(pool)
             .await;
             let dropped = sqlx::query(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = $1",
+                 WHERE slot_name = ANY($1) AND database = current_database()",
             )
-            .bind(&slot)
+            .bind(&slots)
             .execute(pool)
             .await;
             match dropped {
                 Ok(_) => break,
                 Err(e) if tries >= 50 => {
-                    eprintln!("cleanup of replication slot {slot} failed: {e}");
+                    eprintln!("cleanup of replication slots {slots:?} failed: {e}");
                     break;
                 }
                 Err(_) => {
@@ -105,6 +114,14 @@ impl PgHarness {
             table,
             cleaned: false,
         }
+    }
+
+    /// The name of the test table's replication slot in the test database (what a WAL relay
+    /// reads without `--slot`).
+    pub async fn slot(&self) -> String {
+        crate::store::postgres::wal::default_slot(&self.pool, &self.table)
+            .await
+            .expect("the default slot's name")
     }
 
     /// The write side on the test's table.

@@ -9,5 +9,8 @@ mod ordering_pg;
 mod payload_pg;
 mod pg;
 mod wakeups;
+mod wal_encoding_pg;
+mod wal_ownership_pg;
 #[path = "wal_pg.rs"]
 mod wal_pg;
+mod wal_silence_pg;

@@ -55,7 +55,7 @@ fn start(h: &PgHarness, publisher: &RecordingPublisher, cfg: RelayConfig) -> Rel
 /// slot being created is listed already, without a confirmed position: its creation waits
 /// for the transactions open at the time to end, so a test must not open one before.
 async fn slot_ready(h: &PgHarness) {
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     wait_until("the relay created its slot", || async {
         wal::slot_info(&h.pool, &slot)
             .await
@@ -69,7 +69,7 @@ async fn slot_ready(h: &PgHarness) {
 /// handed to the table, and it streams the slot (or, reading through SQL, waits for commits).
 pub(crate) async fn streaming(h: &PgHarness) {
     slot_ready(h).await;
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     wait_until("the relay streams the slot", || async {
         // A walsender holds it (not the backend that created it).
         let streamed: bool = sqlx::query_scalar(
@@ -163,7 +163,7 @@ async fn over_a_unix_domain_socket_delivers_in_commit_order_too() {
         "SELECT r.client_addr IS NULL AND r.client_port = -1 FROM pg_replication_slots s \
          JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
     )
-    .bind(wal::slot_name(&h.table))
+    .bind(h.slot().await)
     .fetch_one(&h.pool)
     .await
     .unwrap();
@@ -206,7 +206,7 @@ async fn commit_order(h: PgHarness, p: &RecordingPublisher, relay: RelayHandle) 
     })
     .await;
     shutdown(relay).await;
-    let txs = wal::peek(&h.pool, &h.table, &wal::slot_name(&h.table), 1000)
+    let txs = wal::peek(&h.pool, &h.table, &h.slot().await, 1000)
         .await
         .unwrap();
     assert!(txs.is_empty(), "confirmed transactions came again: {txs:?}");
@@ -368,7 +368,10 @@ async fn killed_mid_stream_a_new_relay_delivers_everything() {
     assert!(delivered_before < 200, "the relay was done before the kill");
 
     let p2 = RecordingPublisher::new();
-    // The killed relay's slot lock goes with its connection; a new one takes over.
+    // The killed relay's slot lock goes with its connection; a new one takes over. (A new
+    // process, so a relay id of its own: the killed one's stays registered until its
+    // partition lease runs out, as a table relay's does.)
+    cfg.relay_id = "wal-crash-2".into();
     let relay = start(&h, &p2, cfg);
     wait_until("all delivered after the restart", || async {
         let again: HashSet<Uuid> = p2.acked_ids().into_iter().collect();
@@ -402,7 +405,7 @@ async fn a_slot_dropped_under_the_relay_is_created_again_and_nothing_is_lost() {
 
     // Drop the slot: end the relay's stream on it, then drop it before the relay is back
     // (try until that wins).
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     wait_until("the slot dropped", || async {
         sqlx::query(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
@@ -455,7 +458,7 @@ async fn a_standby_takes_over_when_the_reader_dies_and_two_never_read_at_once() 
     })
     .await;
     assert_eq!(standby.sent_count(), 0, "the standby read the slot too");
-    let wal_side = h.pool_store().wal().unwrap();
+    let wal_side = h.pool_store().wal().unwrap().named().await.unwrap();
     assert!(
         wal_side.reader_present().await.unwrap(),
         "a relay reads the slot"

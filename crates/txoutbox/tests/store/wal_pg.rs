@@ -27,7 +27,7 @@ async fn prepared() -> (PgHarness, String) {
     let h = PgHarness::new().await;
     wal::check_wal_level(&h.pool).await.unwrap();
     assert!(wal::ensure_publication(&h.pool, &h.table).await.unwrap());
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     assert!(wal::ensure_slot(&h.pool, &slot).await.unwrap());
     (h, slot)
 }

@@ -30,7 +30,7 @@ async fn prepared() -> (PgHarness, String) {
     let h = PgHarness::new().await;
     wal::check_wal_level(&h.pool).await.unwrap();
     assert!(wal::ensure_publication(&h.pool, &h.table).await.unwrap());
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     assert!(wal::ensure_slot(&h.pool, &slot).await.unwrap());
     (h, slot)
 }
@@ -235,7 +235,7 @@ async fn bad_names_and_a_missing_slot_are_clear_errors() {
     assert!(err.to_string().contains("publication name"), "{err}");
 
     // The test's slot was never created.
-    let slot = wal::slot_name(&h.table);
+    let slot = h.slot().await;
     let err = ReplicationStream::start(&config(), &slot, &publication, Lsn(0))
         .await
         .unwrap_err();

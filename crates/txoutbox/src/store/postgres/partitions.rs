@@ -77,6 +77,18 @@ impl PgStore {
         InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
     }
 
+    /// One heartbeat of a WAL relay reading `slot`: registered as `wal:<slot>`, which a
+    /// table relay of this table, or a WAL relay of another slot, conflicts with
+    /// ([`Error::SourceConflict`]); no partitions.
+    pub(crate) async fn register_wal(
+        &self,
+        p: RebalanceParams<'_>,
+        slot: &str,
+    ) -> Result<Membership, Error> {
+        let tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        InTransaction::register_wal(tx, &self.table, &self.q.heartbeat, p, slot).await
+    }
+
     /// The relays registered on this table, with the partitions each owns.
     pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
         type Listed = (String, String, DateTime<Utc>, DateTime<Utc>, bool, Vec<i32>);

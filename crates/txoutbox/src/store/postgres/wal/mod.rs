@@ -17,6 +17,7 @@
 //! Needs `wal_level = logical` (a server restart) and a free replication slot; the role needs
 //! the `REPLICATION` attribute (or to be a superuser) for slots.
 
+mod config;
 pub mod pgoutput;
 mod row;
 mod store;
@@ -62,6 +63,17 @@ pub enum WalError {
         #[source]
         source: Option<std::io::Error>,
     },
+    /// A replication slot of that name exists, but not in this database: slot names are the
+    /// server's, shared by all its databases.
+    #[error("replication slot {slot} belongs to {}, not to this database ({current}): slot names are shared by every database of the server; leave --slot unset (the default slot's name carries the database) or choose a name of this database's own", database.as_deref().map_or_else(|| "no database (a physical slot)".to_owned(), |d| format!("database {d}")))]
+    SlotElsewhere {
+        /// The slot's name.
+        slot: String,
+        /// Its database (`None`: a physical slot).
+        database: Option<String>,
+        /// This connection's database.
+        current: String,
+    },
     /// The server refused (an ErrorResponse on the replication connection): its SQLSTATE and
     /// message; the error's text adds the usual fix.
     #[error("{}", server_error_text(code, message))]
@@ -94,6 +106,12 @@ impl WalError {
 /// A server error with the fix that usually goes with its SQLSTATE.
 fn server_error_text(code: &str, message: &str) -> String {
     let fix = match code {
+        // The same SQLSTATE as the wal_level one below, for a slot of another database.
+        "55000" if message.contains("was not created in this database") => {
+            "slot names are shared by every database of the server and this slot is another \
+             database's: leave --slot unset (the default slot's name carries the database) or \
+             choose another name"
+        }
         "42501" => {
             "the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION) or to be a \
              superuser"
@@ -131,15 +149,71 @@ fn server_error_text(code: &str, message: &str) -> String {
     }
 }
 
-/// The outbox table's publication: `txoutbox_<schema>_<table>` (inserts only).
+/// The outbox table's publication: `txoutbox_<schema>_<table>` (inserts only). A publication
+/// is an object of its database, so the name needs no database in it.
 pub fn publication_name(table: &OutboxTable) -> String {
     object_name(table)
 }
 
-/// The default replication slot of the outbox table: `txoutbox_<schema>_<table>`, lower-cased
-/// (slot names are `[a-z0-9_]`, at most 63 bytes; a longer one is hashed, stably).
-pub fn slot_name(table: &OutboxTable) -> String {
+/// The default replication slot of the outbox table in database `database`:
+/// `txoutbox_<database>_<schema>_<table>`, lower-cased. Slot names are the server's, shared by
+/// all its databases, so the name carries the database. A slot name is 1 to 63 of `a-z`, `0-9`
+/// and `_`: a name with other characters (a database called `shop-eu`), or a longer one, keeps
+/// its start with every other character as `_` and ends in `_` and 16 hex digits, a stable
+/// hash of the exact three names.
+///
+/// [`default_slot`] is what a relay reads: this name, unless the slot of an older release
+/// ([`legacy_slot_name`]) exists in this database.
+pub fn slot_name(database: &str, table: &OutboxTable) -> String {
+    let name = format!("txoutbox_{database}_{}_{}", table.schema(), table.table()).to_lowercase();
+    if crate::ident::is_slot_name(&name) {
+        return name;
+    }
+    let hash = crate::table::stable_hash(&format!(
+        "{database}\0{}\0{}",
+        table.schema(),
+        table.table()
+    ));
+    let mut readable: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // 63 bytes: the readable start, `_`, 16 hex digits (all ASCII by now).
+    readable.truncate(63 - 17);
+    format!("{readable}_{hash:016x}")
+}
+
+/// The default slot name of releases before the database was part of it:
+/// `txoutbox_<schema>_<table>`. A relay keeps reading a slot of this name that exists in its
+/// own database ([`default_slot`]), so an upgrade neither loses its position nor leaves a
+/// slot behind that keeps WAL for ever.
+pub fn legacy_slot_name(table: &OutboxTable) -> String {
     object_name(table)
+}
+
+/// The slot a relay of `table` reads unless told another (`--slot`): the slot of an older
+/// release ([`legacy_slot_name`]) if one exists in this database, else
+/// [`slot_name`]`(current_database(), table)`.
+pub async fn default_slot(pool: &PgPool, table: &OutboxTable) -> Result<String, WalError> {
+    let legacy = legacy_slot_name(table);
+    let (database, kept): (String, bool) = sqlx::query_as(
+        "SELECT current_database()::text, EXISTS (SELECT 1 FROM pg_replication_slots \
+         WHERE slot_name = $1 AND database = current_database())",
+    )
+    .bind(&legacy)
+    .fetch_one(pool)
+    .await?;
+    Ok(if kept {
+        legacy
+    } else {
+        slot_name(&database, table)
+    })
 }
 
 fn object_name(table: &OutboxTable) -> String {
@@ -271,6 +345,7 @@ fn collision(name: &str, table: &OutboxTable, others: &str) -> WalError {
 /// confirms: create it only for a relay that will read it.
 pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
     check_slot_name(slot)?;
+    // A slot of that name in another database is an error (SlotElsewhere).
     if slot_info(pool, slot).await?.is_some() {
         return Ok(false);
     }
@@ -281,8 +356,8 @@ pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
     match created {
         Ok(_) => Ok(true),
         Err(sqlx::Error::Database(e)) => match e.code().as_deref() {
-            // duplicate_object: another relay created it first.
-            Some("42710") => Ok(false),
+            // duplicate_object: another relay created it first (in this database?).
+            Some("42710") => slot_info(pool, slot).await.map(|_| false),
             // insufficient_privilege
             Some("42501") => Err(WalError::Setup(format!(
                 "cannot create replication slot {slot}: the role needs the REPLICATION \
@@ -307,17 +382,21 @@ pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
     }
 }
 
-/// Drop the slot (it must not be in use). True if it existed.
+/// Drop the slot of this database (it must not be in use). True if it existed; a slot of
+/// that name in another database is an error ([`WalError::SlotElsewhere`]) and stays.
 pub async fn drop_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
     check_slot_name(slot)?;
     if slot_info(pool, slot).await?.is_none() {
         return Ok(false);
     }
-    sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(slot)
-        .execute(pool)
-        .await?;
-    Ok(true)
+    let dropped = sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND database = current_database()",
+    )
+    .bind(slot)
+    .execute(pool)
+    .await?;
+    Ok(dropped.rows_affected() > 0)
 }
 
 fn check_slot_name(slot: &str) -> Result<(), WalError> {
@@ -377,20 +456,30 @@ pub struct SlotInfo {
     pub safe_wal_size: Option<i64>,
 }
 
-/// The slot of that name, if it exists.
+/// The slot of that name in this database, if it exists. A slot of that name in another
+/// database (or a physical one) is [`WalError::SlotElsewhere`]: never this outbox's.
 pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, WalError> {
     let row = sqlx::query(
         "SELECT slot_name::text, plugin::text, active, wal_status, \
                 confirmed_flush_lsn::text, \
                 (pg_current_wal_lsn() - coalesce(confirmed_flush_lsn, restart_lsn))::bigint, \
                 safe_wal_size, restart_lsn::text, \
-                (pg_current_wal_lsn() - restart_lsn)::bigint \
+                (pg_current_wal_lsn() - restart_lsn)::bigint, \
+                database::text, database IS NOT DISTINCT FROM current_database(), \
+                current_database()::text \
          FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(pool)
     .await?;
     let Some(r) = row else { return Ok(None) };
+    if !r.try_get::<bool, _>(10)? {
+        return Err(WalError::SlotElsewhere {
+            slot: slot.to_owned(),
+            database: r.try_get(9)?,
+            current: r.try_get(11)?,
+        });
+    }
     let confirmed: Option<String> = r.try_get(4)?;
     let restart: Option<String> = r.try_get(7)?;
     Ok(Some(SlotInfo {
@@ -575,13 +664,32 @@ mod tests {
     #[test]
     fn names_are_lowercase_slot_names_of_at_most_63_bytes() {
         let t = OutboxTable::new("Shop", "outbox_events").expect("a table");
-        assert_eq!(slot_name(&t), "txoutbox_shop_outbox_events");
-        assert_eq!(publication_name(&t), slot_name(&t));
+        assert_eq!(slot_name("app", &t), "txoutbox_app_shop_outbox_events");
+        assert_eq!(legacy_slot_name(&t), "txoutbox_shop_outbox_events");
+        assert_eq!(publication_name(&t), legacy_slot_name(&t));
+        assert_ne!(
+            slot_name("a", &t),
+            slot_name("b", &t),
+            "the database is in it"
+        );
         let long = OutboxTable::new(&"s".repeat(40), &"t".repeat(40)).expect("a table");
-        let name = slot_name(&long);
-        assert!(name.len() <= 63 && name.starts_with("txoutbox_"), "{name}");
-        assert_eq!(name, slot_name(&long), "stable");
+        let name = slot_name("app", &long);
+        assert!(
+            name.len() <= 63 && name.starts_with("txoutbox_app_sss"),
+            "{name}"
+        );
+        assert_eq!(name, slot_name("app", &long), "stable");
+        assert_ne!(name, slot_name("App", &long), "the exact names are hashed");
         assert!(check_slot_name(&name).is_ok());
+        // Characters a slot name may not hold: kept readable, made unique by the hash.
+        for db in ["shop-eu", "Shop EU", "магазин", &"d".repeat(70)] {
+            let name = slot_name(db, &t);
+            assert!(check_slot_name(&name).is_ok(), "{db:?}: {name}");
+            assert_eq!(name.len(), name.len().min(63));
+        }
+        assert_ne!(slot_name("shop-eu", &t), slot_name("shop_eu", &t));
+        assert!(slot_name("shop-eu", &t).starts_with("txoutbox_shop_eu_shop_"));
+        assert!(check_slot_name(&legacy_slot_name(&long)).is_ok());
         for bad in ["", "Upper", "a-b", "a b", &"x".repeat(64)] {
             assert!(check_slot_name(bad).is_err(), "{bad:?}");
         }

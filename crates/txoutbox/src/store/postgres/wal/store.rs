@@ -22,8 +22,8 @@ use uuid::Uuid;
 
 use super::stream::ReplicationConfig;
 use super::{
-    advance, check_slot_name, check_wal_level, drop_slot, ensure_publication, ensure_slot, peek,
-    publication_name, slot_info, slot_name, Lsn, WalError, WalTx,
+    advance, check_slot_name, check_wal_level, default_slot, drop_slot, ensure_publication,
+    ensure_slot, peek, publication_name, slot_info, Lsn, WalError, WalTx,
 };
 use crate::error::Error;
 use crate::store::operator::millis;
@@ -41,6 +41,9 @@ use crate::OutboxTable;
 /// How many times [`WalStore::wait_visible`] asks again at once before it sleeps between
 /// tries.
 const IMMEDIATE_TRIES: u32 = 3;
+
+/// How long the check of the slot lock's connection may take ([`SlotLock::check`]).
+const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The oldest server the WAL source runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 150_000;
@@ -121,7 +124,8 @@ pub struct StreamSettled {
 pub struct WalStore {
     store: PgStore,
     q: WalQueries,
-    slot: String,
+    /// The slot: chosen with [`WalStore::with_slot`], or named by [`WalStore::named`].
+    slot: Option<String>,
     /// The replication connection's settings: `None` reads the slot through SQL.
     replication: Option<ReplicationConfig>,
     /// Fired when the stream hands events to the table path, which then looks at once.
@@ -137,23 +141,41 @@ impl WalStore {
     ) -> Self {
         Self {
             q: WalQueries::new(&table, retention),
-            slot: slot_name(&table),
+            slot: None,
             replication,
             store: PgStore::with_retention(pool, table, retention),
             handed_off: Arc::default(),
         }
     }
 
-    /// Read slot `slot` instead of the table's own (`txoutbox_<schema>_<table>`).
+    /// Read slot `slot` instead of the table's own ([`default_slot`]).
     pub fn with_slot(mut self, slot: &str) -> Result<Self, WalError> {
         check_slot_name(slot)?;
-        slot.clone_into(&mut self.slot);
+        self.slot = Some(slot.to_owned());
         Ok(self)
     }
 
-    /// The slot this relay reads.
+    /// The slot's name, unless [`WalStore::with_slot`] chose one: the table's own in this
+    /// database ([`default_slot`]: `txoutbox_<database>_<schema>_<table>`, or an older
+    /// release's slot that exists in this database). Asks the server.
+    pub async fn default_slot(&self) -> Result<String, Error> {
+        match &self.slot {
+            Some(s) => Ok(s.clone()),
+            None => Ok(default_slot(self.pool(), self.table()).await?),
+        }
+    }
+
+    /// The same store with its slot named ([`WalStore::default_slot`]): call it (or
+    /// [`WalStore::with_slot`]) before anything that uses the slot.
+    pub async fn named(self) -> Result<Self, Error> {
+        let slot = self.default_slot().await?;
+        Ok(self.with_slot(&slot)?)
+    }
+
+    /// The slot this relay reads (empty until named: [`WalStore::with_slot`],
+    /// [`WalStore::named`]).
     pub fn slot(&self) -> &str {
-        &self.slot
+        self.slot.as_deref().unwrap_or_default()
     }
 
     /// The replication connection's settings, if the slot is streamed (see
@@ -218,7 +240,7 @@ impl WalStore {
                 "max_slot_wal_keep_size is unlimited (-1): while this relay is stopped, slot {} \
                  keeps all WAL written since and can fill the server's disk; set a limit (the \
                  slot is then invalidated instead, and the relay recovers from the table)",
-                self.slot
+                self.slot()
             ));
         }
         Ok(warnings)
@@ -255,7 +277,7 @@ impl WalStore {
                     conn = None;
                     broken += 1;
                     let pause = Duration::from_millis(250 * u64::from(broken.min(8)));
-                    tracing::warn!(slot = %self.slot, error = %e, retry_in = ?pause,
+                    tracing::warn!(slot = %self.slot(), error = %e, retry_in = ?pause,
                         "the slot lock's connection failed; trying again");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(None),
@@ -270,12 +292,12 @@ impl WalStore {
                     return Err(Error::Task("the slot lock's connection vanished".into()));
                 };
                 if said {
-                    tracing::info!(slot = %self.slot, "the other relay is gone; taking over the slot");
+                    tracing::info!(slot = %self.slot(), "the other relay is gone; taking over the slot");
                 }
                 return Ok(Some(SlotLock { conn }));
             }
             if !said {
-                tracing::info!(slot = %self.slot,
+                tracing::info!(slot = %self.slot(),
                     "another relay reads this slot; waiting as a standby to take over when it stops");
                 said = true;
             }
@@ -288,13 +310,13 @@ impl WalStore {
 
     /// The advisory lock key of this slot's reader.
     fn lock_key(&self) -> i64 {
-        super::reader_lock_key(&self.slot)
+        super::reader_lock_key(self.slot())
     }
 
     /// Does a relay read the slot now (hold its reader lock, see [`WalStore::lock`])? Asked
     /// by any relay, standbys included.
     pub async fn reader_present(&self) -> Result<bool, Error> {
-        Ok(super::reader_pid(self.pool(), &self.slot).await?.is_some())
+        Ok(super::reader_pid(self.pool(), self.slot()).await?.is_some())
     }
 
     /// Make sure the slot exists and can be read: create it when missing, drop and create it
@@ -307,19 +329,19 @@ impl WalStore {
             recreated: false,
             handed_off: 0,
         };
-        match slot_info(pool, &self.slot).await? {
+        match slot_info(pool, self.slot()).await? {
             Some(info) if info.wal_status.as_deref() == Some("lost") => {
-                tracing::error!(slot = %self.slot,
+                tracing::error!(slot = %self.slot(),
                     "replication slot lost its WAL (wal_status = lost, max_slot_wal_keep_size \
                      passed); creating it again and delivering from the table what it did not");
-                drop_slot(pool, &self.slot).await?;
+                drop_slot(pool, self.slot()).await?;
                 opened.recreated = true;
             }
             Some(info) if info.plugin.as_deref() != Some("pgoutput") => {
                 return Err(WalError::Setup(format!(
                     "replication slot {} exists with output plugin {:?}, not pgoutput: drop it \
                      (txoutbox slot drop) or choose another with --slot",
-                    self.slot,
+                    self.slot(),
                     info.plugin.unwrap_or_default()
                 ))
                 .into());
@@ -327,7 +349,7 @@ impl WalStore {
             Some(_) => return Ok(opened),
             None => {}
         }
-        opened.created = ensure_slot(pool, &self.slot).await? || opened.recreated;
+        opened.created = ensure_slot(pool, self.slot()).await? || opened.recreated;
         // After the slot exists: what commits from now on the stream delivers (a row both
         // streamed and handed over is delivered twice, never lost).
         let why = if opened.recreated {
@@ -361,18 +383,34 @@ impl WalStore {
     /// `max_changes` changes (whole transactions).
     pub async fn read(&self, max_changes: usize) -> Result<Vec<WalTx>, Error> {
         let max = i32::try_from(max_changes).unwrap_or(i32::MAX);
-        Ok(peek(self.pool(), self.table(), &self.slot, max).await?)
+        Ok(peek(self.pool(), self.table(), self.slot(), max).await?)
     }
 
     /// Confirm everything up to `lsn`.
     pub async fn confirm(&self, lsn: Lsn) -> Result<(), Error> {
-        Ok(advance(self.pool(), &self.slot, lsn).await?)
+        Ok(advance(self.pool(), self.slot(), lsn).await?)
+    }
+
+    /// End the server process that streams the slot now, if any: called by the relay that
+    /// holds the slot's lock, for which any such process is its own earlier stream (a
+    /// half-open connection the server has not noticed yet). True if one was ended.
+    pub async fn end_stale_reader(&self) -> Result<bool, Error> {
+        let ended: Option<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND database = current_database() \
+               AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()",
+        )
+        .bind(self.slot())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(Error::Database)?;
+        Ok(ended.unwrap_or(false))
     }
 
     /// Is the slot gone or unreadable (dropped, or `wal_status = lost`)? Asked after a read
     /// failed, to tell a lost slot from a passing error.
     pub async fn slot_lost(&self) -> Result<bool, Error> {
-        Ok(match slot_info(self.pool(), &self.slot).await? {
+        Ok(match slot_info(self.pool(), self.slot()).await? {
             None => true,
             Some(info) => info.wal_status.as_deref() == Some("lost"),
         })
@@ -566,7 +604,15 @@ impl SlotLock {
     /// Is the lock's connection still up (and so the lock still held)? A relay whose lock
     /// connection died must stop reading: a standby may hold the slot now.
     pub async fn check(&mut self) -> Result<(), Error> {
-        self.conn.ping().await.map_err(Error::Database)
+        // Bounded: a connection that went silent (half-open) would otherwise never answer,
+        // and the reader would read on without knowing whether it still holds the lock.
+        match tokio::time::timeout(LOCK_CHECK_TIMEOUT, self.conn.ping()).await {
+            Ok(r) => r.map_err(Error::Database),
+            Err(_) => Err(Error::Task(format!(
+                "the slot lock's connection did not answer within {}s",
+                LOCK_CHECK_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 
@@ -624,16 +670,15 @@ impl Store for TablePath {
             .map_err(|e| w.store.err(e))
     }
 
-    async fn rebalance(&self, _: RebalanceParams<'_>) -> Result<Membership, Error> {
-        // One WAL relay at a time reads the slot (the slot lock): it needs no partitions.
-        Ok(Membership {
-            partitions: 0,
-            live_relays: 1,
-            owned: Vec::new(),
-            target: 0,
-            acquired: Vec::new(),
-            released: Vec::new(),
-        })
+    /// The WAL relay's heartbeat: registered as the reader of its slot (`wal:<slot>`; one
+    /// source per table: a table relay, or a WAL relay of another slot, is refused whichever
+    /// starts second). One WAL relay at a time reads the slot (the slot lock): it needs no
+    /// partitions.
+    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
+        let w = &self.0;
+        let mut m = w.store.register_wal(p, w.slot()).await?;
+        m.live_relays = m.live_relays.max(1);
+        Ok(m)
     }
 
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {

@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -38,6 +38,7 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
+pub use super::config::{ReplicationConfig, SslMode, DEFAULT_READ_TIMEOUT};
 use super::{check_slot_name, Lsn, WalError};
 
 /// The client sends a standby status update at least this often, streaming or idle (the
@@ -56,337 +57,6 @@ const MIN_SPARE: usize = 16 * 1024;
 const MAX_MESSAGE: usize = (1 << 30) + (1 << 20);
 /// Microseconds from the Unix epoch to PostgreSQL's, 2000-01-01.
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
-
-/// How the connection uses TLS: PostgreSQL's `sslmode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum SslMode {
-    /// Never TLS.
-    Disable,
-    /// Without TLS (the replication client does not retry with TLS, as libpq would if the
-    /// server refused a connection without it).
-    Allow,
-    /// TLS if the server offers it, without TLS if it does not; the certificate is not
-    /// verified.
-    #[default]
-    Prefer,
-    /// TLS or no connection; the certificate is not verified (as sqlx does: encryption
-    /// against eavesdropping, no protection from a server in the middle).
-    Require,
-    /// TLS, the server's certificate signed by a root of `sslrootcert` (or the system's),
-    /// whatever host name it is for.
-    VerifyCa,
-    /// TLS, the certificate signed by a trusted root and made out to the host connected to.
-    VerifyFull,
-}
-
-impl std::str::FromStr for SslMode {
-    type Err = WalError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "disable" => SslMode::Disable,
-            "allow" => SslMode::Allow,
-            "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify-ca" => SslMode::VerifyCa,
-            "verify-full" => SslMode::VerifyFull,
-            _ => {
-                return Err(WalError::Config(format!(
-                    "sslmode {s:?} is not one of disable, allow, prefer, require, verify-ca, \
-                     verify-full"
-                )))
-            }
-        })
-    }
-}
-
-/// Where a URL without a host connects: the first of sqlx's socket directories that holds
-/// the server's socket for `port`, else `localhost`.
-fn default_host(port: u16, exists: impl Fn(&Path) -> bool) -> String {
-    ["/var/run/postgresql", "/private/tmp", "/tmp"]
-        .into_iter()
-        .find(|dir| exists(&Path::new(dir).join(format!(".s.PGSQL.{port}"))))
-        .unwrap_or("localhost")
-        .to_owned()
-}
-
-impl SslMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disable => "disable",
-            SslMode::Allow => "allow",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyCa => "verify-ca",
-            SslMode::VerifyFull => "verify-full",
-        }
-    }
-}
-
-/// Where and how to open a replication connection. Its `Debug` and `Display` never show the
-/// password.
-#[derive(Clone)]
-pub struct ReplicationConfig {
-    host: String,
-    port: u16,
-    user: String,
-    password: Option<String>,
-    database: String,
-    ssl_mode: SslMode,
-    ssl_root_cert: Option<PathBuf>,
-    ssl_cert: Option<PathBuf>,
-    ssl_key: Option<PathBuf>,
-    application_name: String,
-}
-
-impl ReplicationConfig {
-    /// Read a `postgres://user:password@host:port/database?sslmode=...` URL, as sqlx reads
-    /// it: the query parameters `sslmode` (disable, allow, prefer, require, verify-ca,
-    /// verify-full; `prefer` by default), `sslrootcert` (a PEM file of trusted roots; the
-    /// system's roots without it; `system` for them explicitly), `sslcert` and `sslkey` (a
-    /// client certificate), `host`, `port`, `user`, `password`, `dbname` and
-    /// `application_name`; other parameters are ignored. What the URL leaves out comes from
-    /// `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`,
-    /// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGAPPNAME`, then the defaults (as sqlx:
-    /// the server's socket in `/var/run/postgresql`, `/private/tmp` or `/tmp` if there, else
-    /// localhost; 5432; the user's name for the database). A host that starts with `/` is the directory
-    /// of the server's Unix-domain socket (`host=/var/run/postgresql`, or the same
-    /// percent-encoded as the URL's host), as in libpq and sqlx; `sslmode` is ignored there,
-    /// as libpq ignores it.
-    pub fn from_url(url: &str) -> Result<Self, WalError> {
-        Self::parse(url, |name| std::env::var(name).ok())
-    }
-
-    fn parse(s: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, WalError> {
-        // Neither the URL nor the parser's error (which may quote it) goes into an error: the
-        // URL may hold the password.
-        let url = url::Url::parse(s).map_err(|e| {
-            WalError::Config(format!(
-                "the database URL does not parse ({e}): postgres://user:password@host:port/db"
-            ))
-        })?;
-        if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return Err(WalError::Config(format!(
-                "the database URL's scheme is {:?}: the WAL source needs postgres://",
-                url.scheme()
-            )));
-        }
-        let mut query: std::collections::HashMap<String, String> = Default::default();
-        for (k, v) in url.query_pairs() {
-            query.insert(k.into_owned(), v.into_owned());
-        }
-        let param = |name: &str, var: &str| query.get(name).cloned().or_else(|| env(var));
-        let decode = |what: &str, raw: &str| -> Result<String, WalError> {
-            percent_encoding::percent_decode_str(raw)
-                .decode_utf8()
-                .map(|s| s.into_owned())
-                .map_err(|_| WalError::Config(format!("the URL's {what} is not UTF-8")))
-        };
-
-        let url_host = match url.host() {
-            Some(url::Host::Domain(d)) if !d.is_empty() => Some(decode("host", d)?),
-            Some(url::Host::Ipv4(ip)) => Some(ip.to_string()),
-            Some(url::Host::Ipv6(ip)) => Some(ip.to_string()),
-            _ => None,
-        };
-        let host = query
-            .get("host")
-            .cloned()
-            .or(url_host)
-            .or_else(|| env("PGHOST"));
-        if host.as_deref().is_some_and(|h| h.contains(',')) {
-            return Err(WalError::Config(format!(
-                "host {:?}: the replication client connects to one host (no host list); \
-                 give a host name, an address or a Unix-domain socket's directory",
-                host.unwrap_or_default()
-            )));
-        }
-        let port = match query
-            .get("port")
-            .cloned()
-            .or_else(|| url.port().map(|p| p.to_string()).or_else(|| env("PGPORT")))
-        {
-            Some(p) => p.parse::<u16>().map_err(|_| {
-                WalError::Config(format!("port {p:?} is not a port number (1 to 65535)"))
-            })?,
-            None => 5432,
-        };
-        // No host anywhere: the server's socket in the usual directories, else localhost
-        // (as sqlx chooses for the pool).
-        let host = host.unwrap_or_else(|| default_host(port, |p| p.exists()));
-        let url_user = (!url.username().is_empty())
-            .then(|| decode("user name", url.username()))
-            .transpose()?;
-        let user = query
-            .get("user")
-            .cloned()
-            .or(url_user)
-            .or_else(|| env("PGUSER"))
-            .or_else(|| env("USER"))
-            .ok_or_else(|| {
-                WalError::Config(
-                    "the database URL names no user: postgres://user@host/db (or PGUSER)".into(),
-                )
-            })?;
-        let url_password = url.password().map(|p| decode("password", p)).transpose()?;
-        let password = query
-            .get("password")
-            .cloned()
-            .or(url_password)
-            .or_else(|| env("PGPASSWORD"));
-        let path = url.path().trim_start_matches('/');
-        let url_db = (!path.is_empty())
-            .then(|| decode("database name", path))
-            .transpose()?;
-        let database = query
-            .get("dbname")
-            .cloned()
-            .or(url_db)
-            .or_else(|| env("PGDATABASE"))
-            .unwrap_or_else(|| user.clone());
-        let ssl_mode = match param("sslmode", "PGSSLMODE") {
-            Some(m) => m.parse()?,
-            None => SslMode::Prefer,
-        };
-        let ssl_root_cert = param("sslrootcert", "PGSSLROOTCERT")
-            .filter(|p| p != "system")
-            .map(PathBuf::from);
-        let ssl_cert = param("sslcert", "PGSSLCERT").map(PathBuf::from);
-        let ssl_key = param("sslkey", "PGSSLKEY").map(PathBuf::from);
-        if ssl_cert.is_some() != ssl_key.is_some() {
-            return Err(WalError::Config(
-                "sslcert and sslkey go together: give both (a client certificate and its key) \
-                 or neither"
-                    .into(),
-            ));
-        }
-        let application_name =
-            param("application_name", "PGAPPNAME").unwrap_or_else(|| "txoutbox-wal".to_owned());
-        for (what, v) in [
-            ("user", &user),
-            ("database", &database),
-            ("application_name", &application_name),
-        ] {
-            if v.contains('\0') {
-                return Err(WalError::Config(format!("the {what} contains a NUL byte")));
-            }
-        }
-        Ok(Self {
-            host,
-            port,
-            user,
-            password,
-            database,
-            ssl_mode,
-            ssl_root_cert,
-            ssl_cert,
-            ssl_key,
-            application_name,
-        })
-    }
-
-    /// The same connection under another `application_name` (shown in `pg_stat_replication`
-    /// and `pg_stat_activity`; `txoutbox-wal` unless the URL says otherwise).
-    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into().replace('\0', "");
-        self
-    }
-
-    /// The host connected to (a directory for a Unix-domain socket).
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    /// The server's Unix-domain socket, when the host is a directory (starts with `/`):
-    /// `<host>/.s.PGSQL.<port>`, as libpq names it.
-    pub fn socket_path(&self) -> Option<PathBuf> {
-        self.host
-            .starts_with('/')
-            .then(|| Path::new(&self.host).join(format!(".s.PGSQL.{}", self.port)))
-    }
-
-    /// Where the connection goes, for messages: `host:port`, or the socket's path.
-    fn peer(&self) -> String {
-        match self.socket_path() {
-            Some(path) => path.display().to_string(),
-            None => format!("{}:{}", self.host, self.port),
-        }
-    }
-
-    /// Its port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The role connected as.
-    pub fn user(&self) -> &str {
-        &self.user
-    }
-
-    /// The database (a logical replication connection belongs to one).
-    pub fn database(&self) -> &str {
-        &self.database
-    }
-
-    /// How it uses TLS.
-    pub fn ssl_mode(&self) -> SslMode {
-        self.ssl_mode
-    }
-
-    /// The `application_name` it sends.
-    pub fn application_name(&self) -> &str {
-        &self.application_name
-    }
-}
-
-impl fmt::Debug for ReplicationConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReplicationConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("database", &self.database)
-            .field("ssl_mode", &self.ssl_mode)
-            .field("ssl_root_cert", &self.ssl_root_cert)
-            .field("ssl_cert", &self.ssl_cert)
-            .field("ssl_key", &self.ssl_key)
-            .field("application_name", &self.application_name)
-            .finish()
-    }
-}
-
-/// `postgres://user@host:port/database?sslmode=...`, for messages: never the password.
-impl fmt::Display for ReplicationConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.starts_with('/') {
-            // As sqlx writes it: the directory percent-encoded as the URL's host.
-            let dir = percent_encoding::utf8_percent_encode(
-                &self.host,
-                percent_encoding::NON_ALPHANUMERIC,
-            );
-            return write!(
-                f,
-                "postgres://{}@{dir}:{}/{}",
-                self.user, self.port, self.database
-            );
-        }
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        write!(
-            f,
-            "postgres://{}@{host}:{}/{}?sslmode={}",
-            self.user,
-            self.port,
-            self.database,
-            self.ssl_mode.as_str()
-        )
-    }
-}
 
 /// One message of the slot: the payload of an XLogData, a `pgoutput` message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,6 +89,9 @@ pub struct ReplicationStream {
     confirmed: Lsn,
     /// When the last standby status update was queued.
     last_status: Instant,
+    /// When the last bytes came from the server, and how long it may stay silent.
+    last_read: Instant,
+    read_timeout: Duration,
     /// The server's position from its last keepalive: everything before it has been sent.
     server_end: Lsn,
 }
@@ -446,7 +119,9 @@ impl ReplicationStream {
         check_slot_name(slot)?;
         check_publication_name(publication)?;
         let peer = cfg.peer();
-        let started = tokio::time::timeout(START_TIMEOUT, async {
+        // Bounded by the read deadline too: a connection that goes silent while starting.
+        let start_timeout = START_TIMEOUT.min(cfg.read_timeout);
+        let started = tokio::time::timeout(start_timeout, async {
             let mut wire = connect(cfg, peer.clone()).await?;
             startup(&mut wire, cfg).await?;
             // Both names are validated: [a-z0-9_] only.
@@ -481,7 +156,7 @@ impl ReplicationStream {
                     what: format!(
                         "no replication stream within {}s (connect, TLS, authentication, \
                          START_REPLICATION): is the server up and reachable?",
-                        START_TIMEOUT.as_secs()
+                        start_timeout.as_secs()
                     ),
                     source: None,
                 })
@@ -491,6 +166,8 @@ impl ReplicationStream {
             wire,
             confirmed: Lsn(0),
             last_status: Instant::now(),
+            last_read: Instant::now(),
+            read_timeout: cfg.read_timeout,
             server_end: Lsn(0),
         })
     }
@@ -529,15 +206,30 @@ impl ReplicationStream {
             }
             let due = self.last_status + STATUS_INTERVAL;
             if Instant::now() >= due {
-                self.queue_status();
+                self.queue_status(true);
             }
             self.wire.flush().await?;
-            let due = self.last_status + STATUS_INTERVAL;
-            if tokio::time::timeout_at(due, self.wire.fill())
-                .await
-                .is_err()
-            {
-                self.queue_status();
+            // A status update asks for a keepalive: a working connection brings something
+            // within the deadline, a half-open one never does.
+            let silent_until = self.last_read + self.read_timeout;
+            let due = (self.last_status + STATUS_INTERVAL).min(silent_until);
+            match tokio::time::timeout_at(due, self.wire.fill()).await {
+                Ok(filled) => {
+                    filled?;
+                    self.last_read = Instant::now();
+                }
+                Err(_) if Instant::now() >= silent_until => {
+                    return Err(WalError::Connection {
+                        peer: self.wire.peer.clone(),
+                        what: format!(
+                            "nothing from the server for {}s, though a keepalive was asked \
+                             for: taken for a broken connection (read deadline)",
+                            self.read_timeout.as_secs()
+                        ),
+                        source: None,
+                    });
+                }
+                Err(_) => self.queue_status(true),
             }
         }
     }
@@ -547,7 +239,7 @@ impl ReplicationStream {
     /// before one already confirmed changes nothing.
     pub async fn confirm(&mut self, lsn: Lsn) -> Result<(), WalError> {
         self.confirmed = self.confirmed.max(lsn);
-        self.queue_status();
+        self.queue_status(false);
         self.wire.flush().await
     }
 
@@ -622,7 +314,7 @@ impl ReplicationStream {
                     })?));
                 self.server_end = self.server_end.max(wal_end);
                 if body[17] == 1 {
-                    self.queue_status();
+                    self.queue_status(false);
                 }
                 Ok(None)
             }
@@ -636,8 +328,9 @@ impl ReplicationStream {
     }
 
     /// Queue a standby status update: written, flushed and applied up to the confirmed
-    /// position; no reply requested.
-    fn queue_status(&mut self) {
+    /// position; with `reply`, asking the server for a keepalive at once (the read deadline's
+    /// proof of life).
+    fn queue_status(&mut self, reply: bool) {
         let lsn = self.confirmed.0;
         self.wire.put_message(b'd', |b| {
             b.put_u8(b'r');
@@ -645,7 +338,7 @@ impl ReplicationStream {
             b.put_u64(lsn);
             b.put_u64(lsn);
             b.put_i64(pg_now());
-            b.put_u8(0);
+            b.put_u8(u8::from(reply));
         });
         self.last_status = Instant::now();
     }
@@ -936,6 +629,15 @@ async fn connect(cfg: &ReplicationConfig, peer: String) -> Result<Wire, WalError
         })?;
     tcp.set_nodelay(true)
         .map_err(|e| io_err("cannot set TCP_NODELAY", e))?;
+    // TCP keepalive: a peer that vanished (a host down, a cable cut) is noticed by the kernel
+    // too, beside the stream's read deadline (which also catches a proxy that answers the
+    // kernel's probes but moves no data).
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10));
+    socket2::SockRef::from(&tcp)
+        .set_tcp_keepalive(&keepalive)
+        .map_err(|e| io_err("cannot set TCP keepalive", e))?;
     if matches!(cfg.ssl_mode, SslMode::Disable | SslMode::Allow) {
         return Ok(Wire::new(Conn::Plain(tcp), peer));
     }
@@ -1191,6 +893,10 @@ async fn startup(wire: &mut Wire, cfg: &ReplicationConfig) -> Result<(), WalErro
         ("database", cfg.database.as_str()),
         ("replication", "database"),
         ("application_name", cfg.application_name.as_str()),
+        // Text in the stream is in the client's encoding, which is otherwise the database's:
+        // on a LATIN1 or WIN1252 database every non-ASCII character would come as bytes that
+        // are not UTF-8. sqlx's pool asks for UTF-8 too.
+        ("client_encoding", "UTF8"),
     ] {
         put_cstr(&mut msg, k);
         put_cstr(&mut msg, v);
@@ -1296,7 +1002,8 @@ fn password(cfg: &ReplicationConfig) -> Result<&str, WalError> {
     cfg.password.as_deref().ok_or_else(|| {
         WalError::Config(format!(
             "the server asks for a password for user {:?}: put it in the database URL \
-             (postgres://user:password@host/db) or PGPASSWORD",
+             (postgres://user:password@host/db), PGPASSWORD or the password file \
+             (PGPASSFILE, ~/.pgpass)",
             cfg.user
         ))
     })
@@ -1436,144 +1143,6 @@ impl Scram {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(url: &str) -> Result<ReplicationConfig, WalError> {
-        ReplicationConfig::parse(url, |_| None)
-    }
-
-    #[test]
-    fn urls_parse_as_sqlx_reads_them() {
-        let c = parse("postgres://alice:s%40cret@db.example:6543/shop?sslmode=verify-full&sslrootcert=/ca.pem&application_name=relay").unwrap();
-        assert_eq!(c.host(), "db.example");
-        assert_eq!(c.port(), 6543);
-        assert_eq!(c.user(), "alice");
-        assert_eq!(c.password.as_deref(), Some("s@cret"));
-        assert_eq!(c.database(), "shop");
-        assert_eq!(c.ssl_mode(), SslMode::VerifyFull);
-        assert_eq!(c.ssl_root_cert.as_deref(), Some(Path::new("/ca.pem")));
-        assert_eq!(c.application_name(), "relay");
-
-        let d = parse("postgresql://bob@127.0.0.1").unwrap();
-        assert_eq!(
-            (d.host(), d.port(), d.database()),
-            ("127.0.0.1", 5432, "bob")
-        );
-        assert_eq!(d.ssl_mode(), SslMode::Prefer);
-        assert_eq!(d.password, None);
-        assert_eq!(d.application_name(), "txoutbox-wal");
-
-        let q =
-            parse("postgres:///?host=pg&port=5433&user=carol&password=pw&dbname=x&sslmode=disable")
-                .unwrap();
-        assert_eq!(
-            (q.host(), q.port(), q.user(), q.database()),
-            ("pg", 5433, "carol", "x")
-        );
-        assert_eq!(q.password.as_deref(), Some("pw"));
-        assert_eq!(q.ssl_mode(), SslMode::Disable);
-
-        let v6 = parse("postgres://u@[::1]:5432/db").unwrap();
-        assert_eq!(v6.host(), "::1");
-        assert_eq!(v6.to_string(), "postgres://u@[::1]:5432/db?sslmode=prefer");
-        assert_eq!(v6.socket_path(), None);
-    }
-
-    #[test]
-    fn without_a_host_the_usual_socket_directories_come_first() {
-        let only = |dir: &'static str| move |p: &Path| p == Path::new(dir);
-        assert_eq!(
-            default_host(5432, only("/tmp/.s.PGSQL.5432")),
-            "/tmp".to_owned()
-        );
-        assert_eq!(
-            default_host(5433, only("/var/run/postgresql/.s.PGSQL.5433")),
-            "/var/run/postgresql".to_owned()
-        );
-        assert_eq!(
-            default_host(5432, only("/tmp/.s.PGSQL.5433")),
-            "localhost".to_owned()
-        );
-    }
-
-    #[test]
-    fn a_host_that_is_a_directory_is_a_unix_domain_socket() {
-        // As sqlx and libpq read it: percent-encoded as the URL's host, or as `host=`.
-        let c = parse("postgres://u:pw@%2Fvar%2Frun%2Fpostgresql/db").unwrap();
-        assert_eq!(c.host(), "/var/run/postgresql");
-        assert_eq!(
-            c.socket_path().as_deref(),
-            Some(Path::new("/var/run/postgresql/.s.PGSQL.5432"))
-        );
-        let q = parse("postgres:///db?host=/run/pg/&port=5433&user=u&sslmode=require").unwrap();
-        assert_eq!(
-            q.socket_path().as_deref(),
-            Some(Path::new("/run/pg/.s.PGSQL.5433"))
-        );
-        assert_eq!(q.peer(), "/run/pg/.s.PGSQL.5433");
-        assert_eq!(q.to_string(), "postgres://u@%2Frun%2Fpg%2F:5433/db");
-        // What it shows reads back as the same connection.
-        let back = parse(&q.to_string()).unwrap();
-        assert_eq!(back.socket_path(), q.socket_path());
-        assert_eq!((back.user(), back.database()), ("u", "db"));
-        assert!(!c.to_string().contains("pw"), "{c}");
-    }
-
-    #[test]
-    fn the_environment_fills_in_what_the_url_leaves_out() {
-        let env = |k: &str| match k {
-            "PGHOST" => Some("envhost".to_owned()),
-            "PGUSER" => Some("envuser".to_owned()),
-            "PGPASSWORD" => Some("envpw".to_owned()),
-            "PGSSLMODE" => Some("require".to_owned()),
-            _ => None,
-        };
-        let c = ReplicationConfig::parse("postgres:///db", env).unwrap();
-        assert_eq!(
-            (c.host(), c.user(), c.database()),
-            ("envhost", "envuser", "db")
-        );
-        assert_eq!(c.password.as_deref(), Some("envpw"));
-        assert_eq!(c.ssl_mode(), SslMode::Require);
-        let c = ReplicationConfig::parse("postgres://u@h/db?sslmode=disable", env).unwrap();
-        assert_eq!(
-            (c.host(), c.user(), c.ssl_mode()),
-            ("h", "u", SslMode::Disable)
-        );
-    }
-
-    #[test]
-    fn errors_name_the_parameter_and_never_the_password() {
-        let secret = "hunter2secret";
-        for (url, names) in [
-            (
-                format!("postgres://u:{secret}@h/db?sslmode=sometimes"),
-                "sslmode",
-            ),
-            (format!("postgres://u:{secret}@h:99999/db"), "port"),
-            (format!("postgres://u:{secret}@h/db?port=x"), "port"),
-            (format!("mysql://u:{secret}@h/db"), "scheme"),
-            (format!("postgres://u:{secret}@h/db?host=a,b"), "host"),
-            (
-                format!("postgres://u:{secret}@h/db?sslcert=/c.pem"),
-                "sslkey",
-            ),
-            (format!("postgres://u:{secret}@h:port/db"), "URL"),
-            (format!("postgres:///db?password={secret}"), "user"),
-        ] {
-            let err = parse(&url).unwrap_err().to_string();
-            assert!(err.contains(names), "{url}: {err}");
-            assert!(!err.contains(secret), "{url}: {err}");
-        }
-    }
-
-    #[test]
-    fn debug_and_display_redact_the_password() {
-        let c = parse("postgres://u:hunter2secret@h/db").unwrap();
-        for shown in [format!("{c:?}"), c.to_string(), format!("{c:#?}")] {
-            assert!(!shown.contains("hunter2secret"), "{shown}");
-        }
-        assert!(format!("{c:?}").contains("<redacted>"));
-    }
 
     #[test]
     fn publication_names_are_checked() {

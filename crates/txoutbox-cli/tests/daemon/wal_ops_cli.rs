@@ -1,0 +1,114 @@
+//! The WAL source's ownership rules through the real binary: `slot` commands act on this
+//! database's slot only, and a WAL relay beside a table relay of the same table exits 2 on
+//! one line naming it.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::process::Output;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// The binary against the database at `url` (the test's schema).
+async fn in_database(db: &TestSchema, url: &str, args: &[&str]) -> Output {
+    let mut c = db.command(args);
+    c.env("DATABASE_URL", url);
+    tokio::time::timeout(Duration::from_secs(60), c.output())
+        .await
+        .expect("command timed out")
+        .expect("run txoutbox")
+}
+
+/// `slot create` in the test database, then `slot drop --slot <that name>` from a second
+/// database of the server with the same schema: refused, naming the slot's database, and the
+/// first database's slot is still there.
+#[tokio::test]
+async fn slot_drop_from_another_database_never_drops_this_databases_slot() {
+    let db = TestSchema::migrated().await;
+    let out = db.cli(&["slot", "create"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let slot = db.slot().await;
+
+    let other = unique("txo_db");
+    sqlx::query(&format!("CREATE DATABASE \"{other}\""))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut url = url::Url::parse(&database_url()).unwrap();
+    url.set_path(&other);
+    let url = url.to_string();
+    let out = in_database(&db, &url, &["migrate"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Its own slot has another name: dropping "the table's slot" there finds none.
+    let out = in_database(&db, &url, &["slot", "drop"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no replication slot"),
+        "{}",
+        stderr(&out)
+    );
+    // Named explicitly: refused, naming the database it belongs to.
+    let out = in_database(&db, &url, &["slot", "drop", "--slot", &slot]).await;
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("belongs to database"), "{err}");
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 \
+         AND database = current_database()",
+    )
+    .bind(&slot)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(exists, 1, "the first database's slot was dropped");
+
+    let _ = sqlx::query(&format!("DROP DATABASE \"{other}\" WITH (FORCE)"))
+        .execute(&db.pool)
+        .await;
+    db.cleanup().await;
+}
+
+/// A WAL relay started beside a running table relay of the same table exits 2 at once, its
+/// last line naming the other relay; the table relay runs on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wal_relay_beside_a_table_relay_exits_2_naming_it() {
+    let db = TestSchema::migrated().await;
+    let table = db.spawn(&["relay", "--publisher", "null:", "--relay-id", "tbl-ops"]);
+    let relays = format!(
+        "SELECT count(*) FROM \"{}\".outbox_relays \
+         WHERE relay_id = 'tbl-ops' AND alive_until > now()",
+        db.schema
+    );
+    wait_until(60, "the table relay registered", || async {
+        sqlx::query_scalar::<_, i64>(&relays)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_or(0)
+            == 1
+    })
+    .await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        db.command(&[
+            "relay",
+            "--source",
+            "wal",
+            "--publisher",
+            "null:",
+            "--drain",
+        ])
+        .output(),
+    )
+    .await
+    .expect("the WAL relay ran on")
+    .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: relay tbl-ops already reads"),
+        "{err}"
+    );
+    assert!(last.contains("--source table"), "{err}");
+    stop(table).await;
+    db.cleanup().await;
+}
