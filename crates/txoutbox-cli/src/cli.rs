@@ -4,7 +4,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use txoutbox::relay::{format_duration, parse_duration, Mode, OnDeadLetter, RelayConfig, Source};
+use txoutbox::duration::{Bare, DurationRange};
+use txoutbox::relay::{format_duration, Mode, OnDeadLetter, RelayConfig, Source};
 use txoutbox::retention::Purger;
 use txoutbox::OutboxTable;
 
@@ -48,7 +49,8 @@ static DEFAULTS: LazyLock<Defaults> = LazyLock::new(|| {
 /// Services insert events into an outbox table in the same transaction as their business
 /// rows; `txoutbox relay` publishes every committed event to a broker, at least once.
 /// Settings come from flags, then environment variables, then the TOML file given with
-/// --config (in that order of precedence).
+/// --config (in that order of precedence). Durations: 500ms, 5s, 1.5s, 1m30s, 2h, 7d (a
+/// bare number is seconds), each within its setting's range.
 #[derive(Debug, Parser)]
 #[command(
     name = "txoutbox",
@@ -250,11 +252,13 @@ pub struct OpsArgs {
     )]
     pub admin_token_file: Option<std::path::PathBuf>,
     /// How often the database-backed gauges (pending, leased, dead, oldest), the
-    /// dashboard's history and the counts of /api/v1/status are refreshed
-    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    /// dashboard's history and the counts of /api/v1/status are refreshed, and, while events
+    /// wait, how often the relay logs its progress (100ms to 1h)
+    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = within(DurationRange::METRICS_INTERVAL))]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period
-    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = parse_duration)]
+    /// (1s to 1d)
+    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = within(DurationRange::RETENTION_INTERVAL))]
     pub retention_interval: Duration,
     /// Rows deleted per purge statement
     #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = DEFAULTS.purger.batch, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
@@ -270,28 +274,29 @@ pub struct RelayTuning {
     /// Messages awaiting broker acknowledgement at once, at most
     #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight)]
     pub max_in_flight: usize,
-    /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s)
-    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = parse_duration)]
+    /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
+    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
     pub poll_interval: Duration,
-    /// How long a claim holds its events; a dead relay's events return after this
-    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = parse_duration)]
+    /// How long a claim holds its events; a dead relay's events return after this (1s to 1d)
+    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
     pub lease: Duration,
     /// Failed attempts before an event is dead-lettered
     #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts)]
     pub max_attempts: u32,
-    /// First retry delay (doubles per attempt, with jitter)
-    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = parse_duration)]
+    /// First retry delay (doubles per attempt, with jitter; 1ms to 1d)
+    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_base: Duration,
-    /// Longest retry delay
-    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = parse_duration)]
+    /// Longest retry delay (1ms to 1d)
+    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_max: Duration,
-    /// On shutdown, how long to wait for in-flight acknowledgements
-    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = parse_duration)]
+    /// On shutdown, how long to wait for in-flight acknowledgements (0s to 1h)
+    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = within(DurationRange::SHUTDOWN_TIMEOUT))]
     pub shutdown_timeout: Duration,
     /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
-    /// 0 deletes each event as soon as it is published. Dead letters are always kept
+    /// 0 deletes each event as soon as it is published (at most 36500d). Dead letters are
+    /// always kept
     /// [default: 7d; 0 with --source wal, whose drain an UPDATE per kept row slows: docs/wal.md]
-    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = within(DurationRange::RETENTION_PERIOD))]
     pub retention_period: Option<Duration>,
     /// This relay's name in locked_by (default host:pid:random)
     #[arg(long, env = "TXOUTBOX_RELAY_ID")]
@@ -310,8 +315,8 @@ pub struct RelayTuning {
     )]
     pub on_dead_letter: OnDeadLetter,
     /// How long a relay's partitions last without its heartbeat: a dead relay's share is
-    /// taken over after this
-    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = parse_duration)]
+    /// taken over after this (2s to 1h)
+    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
     pub partition_lease: Duration,
     /// Batches in flight at once: the next batch is claimed while earlier ones are being
     /// published and settled (per-aggregate order is kept either way)
@@ -514,6 +519,14 @@ pub fn parse_slot(s: &str) -> Result<String, String> {
     }
 }
 
+/// The value parser of a duration setting: the one grammar of durations (a bare number is
+/// seconds), within the setting's `range`, which the error states.
+fn within(
+    range: DurationRange,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s| range.parse(s, Bare::Seconds).map_err(|e| e.to_string())
+}
+
 /// A number from 0 to 1.
 pub fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -618,7 +631,6 @@ mod tests {
             (&["--pipeline", "65"], "--pipeline must be from 1 to 64"),
             (&["--max-in-flight", "0"], "--max-in-flight must be"),
             (&["--max-attempts", "0"], "--max-attempts must be"),
-            (&["--lease", "500ms"], "--lease must be at least 1s"),
             (&["--relay-id", ""], "--relay-id must not be empty"),
             (
                 &["--backoff-base", "2m"],
@@ -632,6 +644,37 @@ mod tests {
         for (args, want) in cases {
             let e = crate::cmd::relay_config(&relay(args).tuning, false).unwrap_err();
             assert!(e.to_string().starts_with(want), "{args:?}: {e}");
+        }
+        // Durations past their range are refused by the parser, naming the range.
+        for (flag, value, range) in [
+            ("--lease", "500ms", "from 1s to 1d"),
+            ("--lease", "1e20", "not a duration"),
+            ("--poll-interval", "0", "from 10ms to 1h"),
+            ("--shutdown-timeout", "2e19", "500ms"),
+            (
+                "--shutdown-timeout",
+                "18446744073709551615",
+                "from 0s to 1h",
+            ),
+            (
+                "--retention-period",
+                "99999999999999999999",
+                "from 0s to 36500d",
+            ),
+            ("--partition-lease", "1M", "unknown unit"),
+            ("--metrics-interval", "0", "from 100ms to 1h"),
+            ("--retention-interval", "0", "from 1s to 1d"),
+        ] {
+            let e = Cli::command()
+                .mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)))
+                .try_get_matches_from(["txoutbox", "relay", flag, value])
+                .unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(flag) && text.contains(range),
+                "{flag} {value}: {text}"
+            );
         }
         let held = relay(&["--on-dead-letter", "hold"]);
         let c = crate::cmd::relay_config(&held.tuning, false).unwrap();

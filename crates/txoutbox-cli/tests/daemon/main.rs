@@ -18,5 +18,6 @@ mod outboxes_cli;
 mod relay_process;
 mod routes_cli;
 mod secrets;
+mod settings_cli;
 mod undecodable_rows;
 mod wal_cli;
