@@ -11,6 +11,7 @@ mod commands;
 mod common;
 mod dashboard_browser;
 mod databases_cli;
+mod drain_cli;
 mod ops;
 mod ordering_process;
 mod otel;
