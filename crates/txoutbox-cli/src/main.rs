@@ -307,9 +307,21 @@ async fn run_named(mut cli: Cli, name: &str) -> anyhow::Result<ExitCode> {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
+    let given = ["TXOUTBOX_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_default();
+    let mut filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin::returned_messages=error"));
+    // The AWS credential chain warns of each source it tried with a debug dump of its answer;
+    // a call without credentials is reported once, saying what to set (publish::aws). Unless
+    // the filter given says otherwise about it.
+    if !given.contains("aws_config") {
+        if let Ok(quiet) = "aws_config::meta::credentials=error".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     // Colour only on a terminal (and not with NO_COLOR set): escape codes in a file, a pipe
     // or a log collector are noise.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

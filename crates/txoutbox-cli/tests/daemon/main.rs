@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod amqp_daemon;
+mod aws_cli;
 mod bad_input;
 mod bytes_cli;
 mod commands;
