@@ -257,7 +257,7 @@ pub struct OpsArgs {
     #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = within(DurationRange::METRICS_INTERVAL))]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period
-    /// (1s to 1d)
+    /// (100ms to 1d)
     #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = within(DurationRange::RETENTION_INTERVAL))]
     pub retention_interval: Duration,
     /// Rows deleted per purge statement
@@ -663,7 +663,7 @@ mod tests {
             ),
             ("--partition-lease", "1M", "unknown unit"),
             ("--metrics-interval", "0", "from 100ms to 1h"),
-            ("--retention-interval", "0", "from 1s to 1d"),
+            ("--retention-interval", "0", "from 100ms to 1d"),
         ] {
             let e = Cli::command()
                 .mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)))

@@ -58,7 +58,7 @@ impl DurationRange {
     /// How long published rows are kept (`Purger::keep`; 0: deleted on settle).
     pub const RETENTION_PERIOD: Self = Self::new(Duration::ZERO, secs(36_500 * DAY));
     /// How often the retention purge runs (`Purger::every`).
-    pub const RETENTION_INTERVAL: Self = Self::new(secs(1), secs(DAY));
+    pub const RETENTION_INTERVAL: Self = Self::new(ms(100), secs(DAY));
     /// How often the daemon refreshes its database-backed gauges.
     pub const METRICS_INTERVAL: Self = Self::new(ms(100), secs(HOUR));
     /// A publisher's timeouts (URL parameters such as `ack_timeout`, `connect_timeout`).

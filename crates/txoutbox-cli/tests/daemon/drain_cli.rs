@@ -146,3 +146,58 @@ async fn a_long_drain_logs_its_progress() {
     let _ = std::fs::remove_file(&log);
     db.cleanup().await;
 }
+
+/// With `[[outbox]]` entries, the same: an outbox that had not drained when the signal came
+/// is named with what it left, one that had drained is not, and the exit status is 75.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_drain_of_several_outboxes_names_what_each_left() {
+    let waiting = TestSchema::migrated().await;
+    let done = TestSchema::migrated().await;
+    insert_not_due(&waiting, 3).await;
+    done.insert_events(10, 2).await;
+    let dir = std::env::temp_dir().join(unique("txoutbox-drain-outboxes"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("outboxes.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[outbox]]\nname = \"waiting\"\nschema = \"{}\"\npublisher = \"null:\"\n\n\
+             [[outbox]]\nname = \"done\"\nschema = \"{}\"\npublisher = \"null:\"\n",
+            waiting.schema, done.schema
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let (mut relay, log) = spawn_logged(&waiting, &["--config", &config, "relay", "--drain"]);
+    wait_until(60, "both relays to start", || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("relay started")
+            .count()
+            >= 2
+    })
+    .await;
+    wait_until(60, "the other outbox to drain", || async {
+        done.scalar("SELECT count(*) FROM {t} WHERE processed_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    signal(&relay, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), relay.wait())
+        .await
+        .expect("relay exits after SIGTERM")
+        .unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(INTERRUPTED), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains("outbox `waiting`: 3 event(s)"),
+        "{err}"
+    );
+    assert!(!last.contains("outbox `done`"), "{err}");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_dir_all(&dir);
+    waiting.cleanup().await;
+    done.cleanup().await;
+}
