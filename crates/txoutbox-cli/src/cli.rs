@@ -268,11 +268,11 @@ pub struct OpsArgs {
 /// Relay settings shared by `relay` and `demo`.
 #[derive(Debug, Args, Clone)]
 pub struct RelayTuning {
-    /// Events claimed per batch
-    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size)]
+    /// Events claimed per batch (1 to 100000)
+    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size, value_parser = count::<usize>(1, 100_000))]
     pub batch_size: usize,
-    /// Messages awaiting broker acknowledgement at once, at most
-    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight)]
+    /// Messages awaiting broker acknowledgement at once, at most (1 to 1000000)
+    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight, value_parser = count::<usize>(1, 1_000_000))]
     pub max_in_flight: usize,
     /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
     #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
@@ -280,8 +280,8 @@ pub struct RelayTuning {
     /// How long a claim holds its events; a dead relay's events return after this (1s to 1d)
     #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
     pub lease: Duration,
-    /// Failed attempts before an event is dead-lettered
-    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts)]
+    /// Failed attempts before an event is dead-lettered (1 to 1000000)
+    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts, value_parser = count::<u32>(1, 1_000_000))]
     pub max_attempts: u32,
     /// First retry delay (doubles per attempt, with jitter; 1ms to 1d)
     #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = within(DurationRange::BACKOFF))]
@@ -319,8 +319,8 @@ pub struct RelayTuning {
     #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
     pub partition_lease: Duration,
     /// Batches in flight at once: the next batch is claimed while earlier ones are being
-    /// published and settled (per-aggregate order is kept either way)
-    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline)]
+    /// published and settled (per-aggregate order is kept either way; 1 to 64)
+    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline, value_parser = count::<usize>(1, 64))]
     pub pipeline: usize,
     /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
     /// transiently, half before sending, half by losing the broker's acknowledgement
@@ -527,6 +527,18 @@ fn within(
     move |s| range.parse(s, Bare::Seconds).map_err(|e| e.to_string())
 }
 
+/// The value parser of a count setting from `min` to `max`: the bounds `RelayConfig::validate`
+/// applies, checked while parsing so that an error names where the value came from (a flag,
+/// a variable, the file; `crate::origin`). The test `library_refusals_name_the_flags` holds
+/// them to the library's.
+fn count<T>(min: u64, max: u64) -> clap::builder::RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    clap::builder::RangedU64ValueParser::<T>::new().range(min..=max)
+}
+
 /// A number from 0 to 1.
 pub fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -623,14 +635,6 @@ mod tests {
     #[test]
     fn library_refusals_name_the_flags() {
         let cases: &[(&[&str], &str)] = &[
-            (
-                &["--batch-size", "0"],
-                "--batch-size must be from 1 to 100000",
-            ),
-            (&["--batch-size", "100001"], "--batch-size must be"),
-            (&["--pipeline", "65"], "--pipeline must be from 1 to 64"),
-            (&["--max-in-flight", "0"], "--max-in-flight must be"),
-            (&["--max-attempts", "0"], "--max-attempts must be"),
             (&["--relay-id", ""], "--relay-id must not be empty"),
             (
                 &["--backoff-base", "2m"],
@@ -644,6 +648,53 @@ mod tests {
         for (args, want) in cases {
             let e = crate::cmd::relay_config(&relay(args).tuning, false).unwrap_err();
             assert!(e.to_string().starts_with(want), "{args:?}: {e}");
+        }
+        // Counts past the library's bounds are refused by the parser, and the library refuses
+        // them too (its rule, in the flags' words): the two keep the same bounds.
+        let library = |set: &dyn Fn(&mut RelayConfig)| {
+            let mut c = RelayConfig::default();
+            set(&mut c);
+            in_flags(&c.validate().unwrap_err()).0
+        };
+        use crate::cmd::in_flags;
+        for (flag, below, above, rule) in [
+            (
+                "--batch-size",
+                "0",
+                "100001",
+                library(&|c| c.batch_size = 0),
+            ),
+            ("--pipeline", "0", "65", library(&|c| c.pipeline = 65)),
+            (
+                "--max-in-flight",
+                "0",
+                "1000001",
+                library(&|c| c.max_in_flight = 0),
+            ),
+            (
+                "--max-attempts",
+                "0",
+                "1000001",
+                library(&|c| c.max_attempts = 0),
+            ),
+        ] {
+            assert!(rule.starts_with(flag), "{rule}");
+            let bounds = rule.split("from ").nth(1).unwrap_or_default();
+            let (lo, hi) = bounds.split_once(" to ").unwrap_or_default();
+            let hi = hi.split(' ').next().unwrap_or_default();
+            let hi_ok = (above.parse::<u64>().unwrap() - 1).to_string();
+            assert_eq!((lo, hi), ("1", hi_ok.as_str()), "{flag}: {rule}");
+            for value in [below, above] {
+                let e = Cli::command()
+                    .mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)))
+                    .try_get_matches_from(["txoutbox", "relay", flag, value])
+                    .unwrap_err();
+                assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+            }
+            assert!(Cli::command()
+                .mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)))
+                .try_get_matches_from(["txoutbox", "relay", flag, &hi_ok])
+                .is_ok());
         }
         // Durations past their range are refused by the parser, naming the range.
         for (flag, value, range) in [

@@ -49,7 +49,7 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
 
 /// `batch_size must be ...` as `--batch-size must be ...`: the setting, and any other the
 /// rule names, become the flags that set them.
-fn in_flags(e: &InvalidSetting) -> UsageError {
+pub(crate) fn in_flags(e: &InvalidSetting) -> UsageError {
     let flags = RelayTuning::augment_args(Command::new("relay"));
     let flag = |word: &str| {
         flags

@@ -171,6 +171,22 @@ async fn bad_values_name_their_source_and_keep_secrets_out() {
     let out = run(&db, &[("TXOUTBOX_BATCH_SIZE", "lots")], &relay).await;
     assert_usage_error(&out, "env", &["TXOUTBOX_BATCH_SIZE", "lots"]);
     assert!(!stderr(&out).contains("'--batch-size"), "{}", stderr(&out));
+    // Out of range from the environment or the file: named there too, not as the flag.
+    for (var, value) in [
+        ("TXOUTBOX_BATCH_SIZE", "0"),
+        ("TXOUTBOX_PIPELINE", "65"),
+        ("TXOUTBOX_MAX_IN_FLIGHT", "0"),
+        ("TXOUTBOX_MAX_ATTEMPTS", "0"),
+    ] {
+        let out = run(&db, &[(var, value)], &relay).await;
+        assert_usage_error(&out, var, &[var]);
+    }
+    let cfg = dir.file("z.toml", "[relay]\npipeline = 65\n");
+    let args = with(&cfg);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&db, &[], &args).await;
+    assert_usage_error(&out, "file", &["z.toml", "pipeline"]);
+    assert!(!stderr(&out).contains("--pipeline"), "{}", stderr(&out));
     // A flag is still named as the flag.
     let args: Vec<&str> = relay
         .iter()
