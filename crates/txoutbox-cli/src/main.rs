@@ -9,6 +9,7 @@ mod origin;
 mod secrets;
 #[cfg(feature = "otel")]
 mod telemetry;
+mod values;
 
 use std::process::ExitCode;
 
