@@ -299,4 +299,27 @@ mod tests {
         assert_eq!(s[1].published_per_sec, 2.0);
         assert_eq!(s[1].latency_secs, Some(0.2));
     }
+
+    /// Progress is logged while events have waited an interval or more, not for events that
+    /// just arrived (steady traffic), and "cleared" once, when none wait.
+    #[test]
+    fn progress_is_reported_while_a_backlog_lasts() {
+        let c = |pending, age| txoutbox::store::Counts {
+            pending,
+            oldest_pending_age_secs: age,
+            ..Default::default()
+        };
+        let every = Duration::from_secs(5);
+        let mut p = Progress::default();
+        p.observe(&c(40, Some(0.2)), 0.0, every);
+        assert!(!p.reported, "events that just arrived are no backlog");
+        p.observe(&c(200_000, Some(12.0)), 100.0, every);
+        assert!(p.reported);
+        p.observe(&c(150_000, Some(9.0)), 50_100.0, every);
+        assert!(p.reported);
+        p.observe(&c(0, None), 200_100.0, every);
+        assert!(!p.reported, "cleared");
+        p.observe(&c(0, None), 200_100.0, every);
+        assert!(!p.reported);
+    }
 }
