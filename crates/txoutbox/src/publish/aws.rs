@@ -794,6 +794,58 @@ pub(crate) fn settle(
 mod tests {
     use super::*;
 
+    /// A service's refusal is its code and message; a call without credentials says what to
+    /// set; nothing is a debug dump.
+    #[cfg(feature = "sqs")]
+    #[test]
+    fn call_errors_are_one_line() {
+        use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        use aws_smithy_runtime_api::http::{Response, StatusCode};
+        use aws_smithy_types::body::SdkBody;
+        use aws_smithy_types::error::ErrorMetadata;
+        let raw = || {
+            Response::new(
+                StatusCode::try_from(400).unwrap(),
+                SdkBody::from("<ErrorResponse/>"),
+            )
+        };
+        let meta = ErrorMetadata::builder()
+            .code("AWS.SimpleQueueService.NonExistentQueue")
+            .message("The specified queue does not exist.")
+            .build();
+        let e = SdkError::service_error(GetQueueUrlError::generic(meta), raw());
+        assert_eq!(
+            describe(&e),
+            "AWS.SimpleQueueService.NonExistentQueue: The specified queue does not exist. \
+             (HTTP 400)"
+        );
+        let e = call_error("SQS: find queue \"q\"", &e);
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "a missing queue: {e}");
+        let e = SdkError::<GetQueueUrlError, Response>::service_error(
+            GetQueueUrlError::generic(ErrorMetadata::builder().build()),
+            raw(),
+        );
+        assert_eq!(describe(&e), "HTTP 400");
+        let loading: Box<dyn std::error::Error + Send + Sync> =
+            "an error occurred while loading credentials: failed to load IMDS session token".into();
+        let e = SdkError::<GetQueueUrlError, Response>::dispatch_failure(ConnectorError::other(
+            loading, None,
+        ));
+        let text = describe(&e);
+        assert!(text.starts_with("no AWS credentials"), "{text}");
+        assert!(
+            text.contains("AWS_ACCESS_KEY_ID") && !text.contains("IMDS"),
+            "{text}"
+        );
+        let refused: Box<dyn std::error::Error + Send + Sync> = "connection refused".into();
+        let e =
+            SdkError::<GetQueueUrlError, Response>::dispatch_failure(ConnectorError::io(refused));
+        let text = describe(&e);
+        assert!(text.contains("connection refused"), "{text}");
+        assert!(!text.contains('{'), "{text}");
+    }
+
     fn message(headers: &[(&str, &str)]) -> Message {
         Message {
             id: uuid::Uuid::nil(),
