@@ -4,9 +4,12 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use txoutbox::relay::{format_duration, parse_duration, Mode, OnDeadLetter, RelayConfig, Source};
+use txoutbox::duration::DurationRange;
+use txoutbox::relay::{format_duration, Mode, OnDeadLetter, RelayConfig, Source};
 use txoutbox::retention::Purger;
 use txoutbox::OutboxTable;
+
+use crate::values::{count, parse_fraction, parse_slot, parse_state, parse_time, within};
 
 /// The library's defaults, which the flags start from and `--help` shows: defined once, in
 /// `RelayConfig::default()`, `Purger::default()` and `OutboxTable::default()`.
@@ -48,7 +51,8 @@ static DEFAULTS: LazyLock<Defaults> = LazyLock::new(|| {
 /// Services insert events into an outbox table in the same transaction as their business
 /// rows; `txoutbox relay` publishes every committed event to a broker, at least once.
 /// Settings come from flags, then environment variables, then the TOML file given with
-/// --config (in that order of precedence).
+/// --config (in that order of precedence). Durations: 500ms, 5s, 1.5s, 1m30s, 2h, 7d (a
+/// bare number is seconds), each within its setting's range.
 #[derive(Debug, Parser)]
 #[command(
     name = "txoutbox",
@@ -250,11 +254,13 @@ pub struct OpsArgs {
     )]
     pub admin_token_file: Option<std::path::PathBuf>,
     /// How often the database-backed gauges (pending, leased, dead, oldest), the
-    /// dashboard's history and the counts of /api/v1/status are refreshed
-    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    /// dashboard's history and the counts of /api/v1/status are refreshed, and, while events
+    /// wait, how often the relay logs its progress (100ms to 1h)
+    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = within(DurationRange::METRICS_INTERVAL))]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period
-    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = parse_duration)]
+    /// (100ms to 1d)
+    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = within(DurationRange::RETENTION_INTERVAL))]
     pub retention_interval: Duration,
     /// Rows deleted per purge statement
     #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = DEFAULTS.purger.batch, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
@@ -264,34 +270,35 @@ pub struct OpsArgs {
 /// Relay settings shared by `relay` and `demo`.
 #[derive(Debug, Args, Clone)]
 pub struct RelayTuning {
-    /// Events claimed per batch
-    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size)]
+    /// Events claimed per batch (1 to 100000)
+    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size, value_parser = count::<usize>(1, 100_000))]
     pub batch_size: usize,
-    /// Messages awaiting broker acknowledgement at once, at most
-    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight)]
+    /// Messages awaiting broker acknowledgement at once, at most (1 to 1000000)
+    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight, value_parser = count::<usize>(1, 1_000_000))]
     pub max_in_flight: usize,
-    /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s)
-    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = parse_duration)]
+    /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
+    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
     pub poll_interval: Duration,
-    /// How long a claim holds its events; a dead relay's events return after this
-    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = parse_duration)]
+    /// How long a claim holds its events; a dead relay's events return after this (1s to 1d)
+    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
     pub lease: Duration,
-    /// Failed attempts before an event is dead-lettered
-    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts)]
+    /// Failed attempts before an event is dead-lettered (1 to 1000000)
+    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts, value_parser = count::<u32>(1, 1_000_000))]
     pub max_attempts: u32,
-    /// First retry delay (doubles per attempt, with jitter)
-    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = parse_duration)]
+    /// First retry delay (doubles per attempt, with jitter; 1ms to 1d)
+    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_base: Duration,
-    /// Longest retry delay
-    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = parse_duration)]
+    /// Longest retry delay (1ms to 1d)
+    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_max: Duration,
-    /// On shutdown, how long to wait for in-flight acknowledgements
-    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = parse_duration)]
+    /// On shutdown, how long to wait for in-flight acknowledgements (0s to 1h)
+    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = within(DurationRange::SHUTDOWN_TIMEOUT))]
     pub shutdown_timeout: Duration,
     /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
-    /// 0 deletes each event as soon as it is published. Dead letters are always kept
+    /// 0 deletes each event as soon as it is published (at most 36500d). Dead letters are
+    /// always kept
     /// [default: 7d; 0 with --source wal, whose drain an UPDATE per kept row slows: docs/wal.md]
-    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = parse_duration)]
+    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = within(DurationRange::RETENTION_PERIOD))]
     pub retention_period: Option<Duration>,
     /// This relay's name in locked_by (default host:pid:random)
     #[arg(long, env = "TXOUTBOX_RELAY_ID")]
@@ -310,12 +317,12 @@ pub struct RelayTuning {
     )]
     pub on_dead_letter: OnDeadLetter,
     /// How long a relay's partitions last without its heartbeat: a dead relay's share is
-    /// taken over after this
-    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = parse_duration)]
+    /// taken over after this (2s to 1h)
+    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
     pub partition_lease: Duration,
     /// Batches in flight at once: the next batch is claimed while earlier ones are being
-    /// published and settled (per-aggregate order is kept either way)
-    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline)]
+    /// published and settled (per-aggregate order is kept either way; 1 to 64)
+    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline, value_parser = count::<usize>(1, 64))]
     pub pipeline: usize,
     /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
     /// transiently, half before sending, half by losing the broker's acknowledgement
@@ -498,36 +505,6 @@ pub struct DemoArgs {
     pub orders: u32,
 }
 
-fn parse_time(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
-    txoutbox::store::operator::parse_time("time", s).map_err(|e| match e {
-        txoutbox::store::operator::FilterError::Invalid { reason, .. } => reason,
-        other => other.to_string(),
-    })
-}
-
-fn parse_state(s: &str) -> Result<txoutbox::EventState, String> {
-    txoutbox::store::operator::parse_state(s).map_err(|e| e.to_string())
-}
-
-/// A replication slot name as PostgreSQL takes it: 1 to 63 of a-z, 0-9 and `_`.
-pub fn parse_slot(s: &str) -> Result<String, String> {
-    if txoutbox::ident::is_slot_name(s) {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?} is not a replication slot name: 1 to 63 of a-z, 0-9 and _"
-        ))
-    }
-}
-
-/// A number from 0 to 1.
-pub fn parse_fraction(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
-        _ => Err(format!("{s:?} is not a fraction from 0 to 1, e.g. 0.05")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,15 +593,6 @@ mod tests {
     #[test]
     fn library_refusals_name_the_flags() {
         let cases: &[(&[&str], &str)] = &[
-            (
-                &["--batch-size", "0"],
-                "--batch-size must be from 1 to 100000",
-            ),
-            (&["--batch-size", "100001"], "--batch-size must be"),
-            (&["--pipeline", "65"], "--pipeline must be from 1 to 64"),
-            (&["--max-in-flight", "0"], "--max-in-flight must be"),
-            (&["--max-attempts", "0"], "--max-attempts must be"),
-            (&["--lease", "500ms"], "--lease must be at least 1s"),
             (&["--relay-id", ""], "--relay-id must not be empty"),
             (
                 &["--backoff-base", "2m"],

@@ -81,6 +81,9 @@ pub struct FileSettings {
     pub command: Command,
     pub routes: Vec<RouteSpec>,
     pub outboxes: Vec<OutboxSpec>,
+    /// (option id, how an error names it) for each setting the file gave: an invalid value
+    /// is reported as the file's, not as the flag's ([`crate::origin`]).
+    pub origins: Vec<(String, String)>,
 }
 
 /// Apply the file's settings as defaults on `cmd`. Top-level keys apply wherever an option of
@@ -89,8 +92,10 @@ pub struct FileSettings {
 pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("config file {}: cannot read", path.display()))?;
-    let mut table: toml::Table = toml::from_str(&text)
-        .with_context(|| format!("config file {}: not valid TOML", path.display()))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!("config file {}: {}", path.display(), toml_error(&text, &e))
+    })?;
+    let mut origins = Vec::new();
     let routes = match table.remove("route") {
         Some(value) => routes(path, "[[route]]", value)?,
         None => Vec::new(),
@@ -123,6 +128,7 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings>
                     );
                 }
                 cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
+                origins.push((id, format!("`{key}.{k}` in config file {}", path.display())));
             }
         } else {
             let (id, v) = setting(path, &key, &key, value)?;
@@ -143,12 +149,14 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings>
             if !found {
                 bail!("config file {}: unknown setting `{key}`", path.display());
             }
+            origins.push((id, format!("`{key}` in config file {}", path.display())));
         }
     }
     Ok(FileSettings {
         command: cmd,
         routes,
         outboxes,
+        origins,
     })
 }
 
@@ -362,6 +370,21 @@ fn routes(path: &Path, what: &str, value: toml::Value) -> anyhow::Result<Vec<Rou
         out.push(spec);
     }
     Ok(out)
+}
+
+/// Where a TOML syntax error is, and what is wrong, without the line itself: a value on it
+/// may be a secret (`admin_token = "...`), and the parser's excerpt would show it.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim_end();
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("not valid TOML at line {line}, column {column}: {what}")
+        }
+        None => format!("not valid TOML: {what}"),
+    }
 }
 
 fn setting(path: &Path, full: &str, key: &str, v: toml::Value) -> anyhow::Result<(String, String)> {
@@ -590,6 +613,25 @@ publisher = "stdout:"
             .unwrap_err()
             .to_string();
         assert!(e.contains("replication slot name"), "{e}");
+    }
+
+    /// A syntax error says where, never what the line holds (a value may be a secret).
+    #[test]
+    fn a_toml_syntax_error_names_the_place_not_the_line() {
+        for file in [
+            "schema = \"app\"\nadmin_token = \"s3cr3t\n",
+            "admin_token = \"s3cr3t\" x\n",
+            "[relay]\nadmin_token=s3cr3t\n",
+        ] {
+            let e = load(file).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("not valid TOML at line"), "{file:?}: {e}");
+            assert!(!e.contains("s3cr3t"), "{file:?}: {e}");
+        }
+        let e = load("a = 1\nb = = 2\n")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap();
+        assert!(e.contains("line 2, column 5"), "{e}");
     }
 
     #[test]

@@ -5,10 +5,12 @@ mod cli;
 mod cmd;
 mod config;
 mod ctx;
+mod origin;
 mod preview;
 mod secrets;
 #[cfg(feature = "otel")]
 mod telemetry;
+mod values;
 
 use std::process::ExitCode;
 
@@ -43,12 +45,14 @@ fn main() -> ExitCode {
     let mut command = Cli::command();
     let mut routes = Vec::new();
     let mut outbox_specs = Vec::new();
+    let mut origins = Vec::new();
     if let Some(path) = config::config_path(&args) {
         match config::apply_file(command, &path) {
             Ok(file) => {
                 command = file.command;
                 routes = file.routes;
                 outbox_specs = file.outboxes;
+                origins = file.origins;
             }
             Err(e) => {
                 eprintln!(
@@ -65,13 +69,20 @@ fn main() -> ExitCode {
         .and_then(|m| Cli::from_arg_matches(&m))
     {
         Ok(cli) => cli,
-        Err(e) => e.exit(), // usage errors exit 2, --help/--version 0
+        // A value from the environment or the file is named as such, not as its flag.
+        Err(e) => match origin::reword(&e, &command, &args, &origins) {
+            Some(text) => {
+                eprintln!("{}", txoutbox::publish::redact_secrets(&text));
+                return ExitCode::from(2);
+            }
+            None => e.exit(), // usage errors exit 2, --help/--version 0
+        },
     };
     if let Command::Relay(relay) = &mut cli.command {
         relay.routes = routes;
     }
     // With [[outbox]] entries: the command once per outbox it acts on.
-    let outboxes = match outbox_clis(&command, &args, &cli, &outbox_specs) {
+    let outboxes = match outbox_clis(&command, &args, &cli, &outbox_specs, &origins) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {}", txoutbox::publish::redact_secrets(&e));
@@ -159,6 +170,7 @@ fn outbox_clis(
     args: &[std::ffi::OsString],
     cli: &Cli,
     specs: &[config::OutboxSpec],
+    file_origins: &[(String, String)],
 ) -> Result<Vec<(String, Cli)>, String> {
     let names = || {
         specs
@@ -189,10 +201,20 @@ fn outbox_clis(
     let mut out = Vec::with_capacity(picked.len());
     for spec in picked {
         let cmd = config::outbox_command(command.clone(), spec);
-        let m = cmd
-            .clone()
-            .try_get_matches_from(args)
-            .map_err(|e| format!("outbox `{}`: {}", spec.name, clap_text(&e)))?;
+        // The entry's own settings are named as its, over the file's top level.
+        let mut origins = file_origins.to_vec();
+        origins.extend(spec.settings.iter().map(|(id, _)| {
+            (
+                id.clone(),
+                format!("`{id}` of [[outbox]] `{}` in the config file", spec.name),
+            )
+        }));
+        let m = cmd.clone().try_get_matches_from(args).map_err(|e| {
+            let text = origin::reword(&e, &cmd, args, &origins)
+                .map(|t| t.trim_start_matches("error: ").to_string())
+                .unwrap_or_else(|| clap_text(&e));
+            format!("outbox `{}`: {text}", spec.name)
+        })?;
         let both = config::outbox_conflicts(&cmd, &m, spec);
         if !both.is_empty() {
             let keys: Vec<String> = both.iter().map(|(k, _)| format!("`{k}`")).collect();
@@ -287,9 +309,21 @@ async fn run_named(mut cli: Cli, name: &str) -> anyhow::Result<ExitCode> {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
+    let given = ["TXOUTBOX_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_default();
+    let mut filter = EnvFilter::try_from_env("TXOUTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin::returned_messages=error"));
+    // The AWS credential chain warns of each source it tried with a debug dump of its answer;
+    // a call without credentials is reported once, saying what to set (publish::aws). Unless
+    // the filter given says otherwise about it.
+    if !given.contains("aws_config") {
+        if let Ok(quiet) = "aws_config::meta::credentials=error".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
     // Colour only on a terminal (and not with NO_COLOR set): escape codes in a file, a pipe
     // or a log collector are noise.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())

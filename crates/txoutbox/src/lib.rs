@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod duration;
 pub mod enqueue;
 pub mod error;
 pub mod event;

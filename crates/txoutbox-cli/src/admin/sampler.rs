@@ -131,8 +131,12 @@ pub async fn run(
     labels: m::MetricLabels,
     cancel: CancellationToken,
 ) {
+    let mut progress = Progress::default();
     loop {
-        refresh(&*store, metrics.as_ref(), &history, &labels).await;
+        if let Some((counts, totals)) = refresh(&*store, metrics.as_ref(), &history, &labels).await
+        {
+            progress.observe(&counts, totals.0, every);
+        }
         if let Some(slot) = &slot {
             refresh_slot(slot, &history).await;
         }
@@ -143,12 +147,14 @@ pub async fn run(
     }
 }
 
+/// Read the counts into the gauges and the history; what was read (the counts, and the
+/// totals of [`totals`]), or `None` when the database did not answer.
 pub async fn refresh(
     store: &dyn Operator,
     metrics: Option<&PrometheusHandle>,
     history: &History,
     labels: &m::MetricLabels,
-) {
+) -> Option<(txoutbox::store::Counts, (f64, f64, f64))> {
     let at = chrono::Utc::now();
     match store.counts().await {
         Ok(c) => {
@@ -173,10 +179,50 @@ pub async fn refresh(
                 .set(c.oldest_pending_age_secs.unwrap_or(0.0).max(0.0));
             let totals = metrics.map(|h| totals(h, labels)).unwrap_or_default();
             history.push(&c, totals);
+            Some((c, totals))
         }
         Err(e) => {
             let e = txoutbox::publish::redact_secrets(&e.to_string());
-            tracing::warn!(error = %e, "could not refresh the outbox gauges")
+            tracing::warn!(error = %e, "could not refresh the outbox gauges");
+            None
+        }
+    }
+}
+
+/// The relay's way through a backlog: at each reading while events have waited a whole
+/// interval or more (a drain, a catch-up after an outage), an INFO line with what is
+/// published, what is left and the rate; one more when the backlog is gone. Quiet otherwise.
+#[derive(Debug, Default)]
+struct Progress {
+    /// A backlog was reported and has not been seen cleared yet.
+    reported: bool,
+    /// (when, published total) at the previous reading.
+    last: Option<(std::time::Instant, f64)>,
+}
+
+impl Progress {
+    fn observe(&mut self, c: &txoutbox::store::Counts, published: f64, every: Duration) {
+        let now = std::time::Instant::now();
+        let rate = match self.last {
+            Some((t, p)) if now > t => ((published - p) / (now - t).as_secs_f64()).max(0.0),
+            _ => 0.0,
+        };
+        self.last = Some((now, published));
+        let waiting = c.pending + c.leased;
+        let oldest = c.oldest_pending_age_secs.unwrap_or(0.0).max(0.0);
+        if waiting > 0 && oldest >= every.as_secs_f64() {
+            self.reported = true;
+            tracing::info!(
+                published = published as u64,
+                pending = c.pending,
+                leased = c.leased,
+                rate = %format!("{rate:.0}/s"),
+                oldest_pending_age = %txoutbox::relay::format_duration(Duration::from_secs(oldest as u64)),
+                "backlog: progress"
+            );
+        } else if self.reported && waiting == 0 {
+            self.reported = false;
+            tracing::info!(published = published as u64, "backlog cleared");
         }
     }
 }
@@ -252,5 +298,28 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(s[1].published_per_sec, 2.0);
         assert_eq!(s[1].latency_secs, Some(0.2));
+    }
+
+    /// Progress is logged while events have waited an interval or more, not for events that
+    /// just arrived (steady traffic), and "cleared" once, when none wait.
+    #[test]
+    fn progress_is_reported_while_a_backlog_lasts() {
+        let c = |pending, age| txoutbox::store::Counts {
+            pending,
+            oldest_pending_age_secs: age,
+            ..Default::default()
+        };
+        let every = Duration::from_secs(5);
+        let mut p = Progress::default();
+        p.observe(&c(40, Some(0.2)), 0.0, every);
+        assert!(!p.reported, "events that just arrived are no backlog");
+        p.observe(&c(200_000, Some(12.0)), 100.0, every);
+        assert!(p.reported);
+        p.observe(&c(150_000, Some(9.0)), 50_100.0, every);
+        assert!(p.reported);
+        p.observe(&c(0, None), 200_100.0, every);
+        assert!(!p.reported, "cleared");
+        p.observe(&c(0, None), 200_100.0, every);
+        assert!(!p.reported);
     }
 }

@@ -147,6 +147,13 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
         outboxes = %plans.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
         "starting one relay per outbox"
     );
+    // Each outbox's admin (its store, once connected) and ordering: what an interrupted
+    // --drain left is counted with them.
+    let drained: Vec<(Arc<OutboxAdmin>, txoutbox::store::Ordering)> = admins
+        .iter()
+        .cloned()
+        .zip(plans.iter().map(|p| p.config.ordering))
+        .collect();
     let mut tasks = Vec::with_capacity(plans.len());
     for ((plan, publisher), admin) in plans.into_iter().zip(publishers.iter()).zip(admins) {
         let span = tracing::info_span!("outbox", outbox = %plan.name);
@@ -190,11 +197,42 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
             tracing::warn!(error = %redact(&e.chain()), "closing a publisher failed");
         }
     }
-    if failed.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        Err(anyhow::anyhow!("outbox(es) failed: {}", failed.join(", ")))
+    if !failed.is_empty() {
+        return Err(anyhow::anyhow!("outbox(es) failed: {}", failed.join(", ")));
     }
+    if drain && cancel.is_cancelled() {
+        return Ok(interrupted_drain(&drained).await);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// After a signal stopped a `--drain`: success if every outbox drained after all, else
+/// [`super::DRAIN_INTERRUPTED`] with a line on what each outbox left.
+async fn interrupted_drain(outboxes: &[(Arc<OutboxAdmin>, txoutbox::store::Ordering)]) -> ExitCode {
+    let mut left = Vec::new();
+    for (admin, ordering) in outboxes {
+        let name = admin.name.clone().unwrap_or_default();
+        let Ok(store) = admin.store() else {
+            left.push(format!("outbox `{name}`: never started"));
+            continue;
+        };
+        match super::left_after_drain(&*store, *ordering).await {
+            Ok(None) => {}
+            Ok(Some(c)) => left.push(format!("outbox `{name}`: {}", super::left_text(&c))),
+            Err(e) => left.push(format!(
+                "outbox `{name}`: what is left could not be counted ({})",
+                redact(&format!("{e:#}"))
+            )),
+        }
+    }
+    if left.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "error: --drain interrupted by a signal: {}; run it again to finish",
+        left.join("; ")
+    );
+    ExitCode::from(super::DRAIN_INTERRUPTED)
 }
 
 /// The WAL source's replication slots are the cluster's: two outboxes must not read one.

@@ -17,7 +17,7 @@ use clap::{Args, Command};
 use txoutbox::publish::{self, ConnectError, Publisher};
 use txoutbox::relay::{default_relay_id, InvalidSetting, RelayConfig};
 use txoutbox::retry::Backoff;
-use txoutbox::store::Retention;
+use txoutbox::store::{Counts, Operator, Ordering, Retention};
 
 use crate::cli::RelayTuning;
 use crate::ctx::UsageError;
@@ -49,7 +49,7 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
 
 /// `batch_size must be ...` as `--batch-size must be ...`: the setting, and any other the
 /// rule names, become the flags that set them.
-fn in_flags(e: &InvalidSetting) -> UsageError {
+pub(crate) fn in_flags(e: &InvalidSetting) -> UsageError {
     let flags = RelayTuning::augment_args(Command::new("relay"));
     let flag = |word: &str| {
         flags
@@ -88,4 +88,32 @@ pub async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
             e.chain()
         )),
     }
+}
+
+/// The exit status of a `--drain` that a signal stopped while events were left: 75,
+/// `EX_TEMPFAIL` of sysexits.h (nothing is broken: run it again to finish). Distinct from 1
+/// (a failure) and 2 (a usage error), so that a scheduler does not read it as "drained".
+pub const DRAIN_INTERRUPTED: u8 = 75;
+
+/// What a `--drain` stopped by a signal left behind, by the drain's own test (`ordering`'s:
+/// events held behind a dead letter do not count): `None` when nothing is (it finished after
+/// all).
+pub async fn left_after_drain(
+    store: &dyn Operator,
+    ordering: Ordering,
+) -> anyhow::Result<Option<Counts>> {
+    if !store.has_unfinished(ordering).await? {
+        return Ok(None);
+    }
+    Ok(Some(store.counts().await?))
+}
+
+/// `12 event(s) not yet published (10 pending, 2 leased)`.
+pub fn left_text(c: &Counts) -> String {
+    format!(
+        "{} event(s) not yet published ({} pending, {} leased)",
+        c.pending + c.leased,
+        c.pending,
+        c.leased
+    )
 }

@@ -80,8 +80,10 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
     let ops = crate::admin::ops::start_for_relay(ctx, &db, ops_config, broker).await?;
     // --- end operations ---------------------------------------------------------------------
+    let ordering = config.ordering;
     let handle = Relay::new(store, publisher, config).spawn();
     let cancel = handle.cancel_token();
+    let interrupted = handle.cancel_token();
     let signals = tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested: finishing in-flight events");
@@ -104,6 +106,20 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         dead = stats.dead,
         "relay exited"
     );
+    if a.drain && interrupted.is_cancelled() {
+        // Stopped by a signal before it drained: not a success, and what is left is said.
+        let store = db.store(&ctx.table, retention(keep));
+        let left = match super::left_after_drain(&*store, ordering).await {
+            Ok(None) => return Ok(ExitCode::SUCCESS),
+            Ok(Some(c)) => super::left_text(&c),
+            Err(e) => format!(
+                "what is left could not be counted ({})",
+                txoutbox::publish::redact_secrets(&format!("{e:#}"))
+            ),
+        };
+        eprintln!("error: --drain interrupted by a signal: {left}; run it again to finish");
+        return Ok(ExitCode::from(super::DRAIN_INTERRUPTED));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod amqp_daemon;
+mod aws_cli;
 mod bad_input;
 mod bytes_cli;
 mod commands;
@@ -11,6 +12,7 @@ mod commands;
 mod common;
 mod dashboard_browser;
 mod databases_cli;
+mod drain_cli;
 mod ops;
 mod ordering_process;
 mod otel;
@@ -18,6 +20,7 @@ mod outboxes_cli;
 mod relay_process;
 mod routes_cli;
 mod secrets;
+mod settings_cli;
 mod undecodable_rows;
 mod wal_cli;
 mod wal_ops_cli;

@@ -88,7 +88,8 @@ async fn relay_killed_mid_batch_loses_nothing() {
     db.cleanup().await;
 }
 
-/// SIGTERM during a drain: exit 0 promptly, no lease left behind, nothing lost.
+/// SIGTERM during a drain: exit promptly with the status of an interrupted drain (75: not
+/// 0, which a scheduler reads as "drained"), no lease left behind, nothing lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_drain_exits_cleanly() {
     let db = TestSchema::migrated().await;
@@ -113,7 +114,7 @@ async fn sigterm_during_drain_exits_cleanly() {
         .await
         .expect("relay did not exit within 20 s of SIGTERM")
         .expect("wait");
-    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(status.code(), Some(75), "exit status {status:?}");
     assert_eq!(
         db.scalar("SELECT count(*) FROM {t} WHERE locked_by IS NOT NULL OR locked_until IS NOT NULL OR lock_token IS NOT NULL")
             .await,

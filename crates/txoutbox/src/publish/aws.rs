@@ -437,8 +437,8 @@ pub(crate) fn entry_error(
 /// A failed call: no answer (unreachable, timed out, cut off) is *unavailable*; so are
 /// refused credentials or permissions and a missing queue or topic, and a failure on the
 /// service's side (5xx); throttling is *transient*; a refused request otherwise is
-/// *permanent* only when the code says the input is invalid, else *transient*. The text
-/// carries the SDK's error chain (never the credentials, which it does not print).
+/// *permanent* only when the code says the input is invalid, else *transient*. The text is
+/// one line ([`describe`]), never the credentials.
 pub(crate) fn call_error<E>(
     what: &str,
     e: &SdkError<E, aws_smithy_runtime_api::http::Response>,
@@ -446,8 +446,7 @@ pub(crate) fn call_error<E>(
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    let chain = aws_smithy_types::error::display::DisplayErrorContext(e).to_string();
-    let text = format!("{what}: {chain}");
+    let text = format!("{what}: {}", describe(e));
     match e {
         SdkError::ServiceError(ctx) => {
             let code = ctx.err().code().unwrap_or("");
@@ -466,6 +465,50 @@ where
         // Dispatch failures (no connection, no credentials), timeouts, broken answers.
         _ => PublishError::unavailable(text),
     }
+}
+
+/// A failed call in one line: the service's code and message (`QueueDoesNotExist: The
+/// specified queue does not exist. (HTTP 400)`); missing credentials as what to set; anything
+/// else as its chain of messages. Never the SDK's debug dump of the request and response.
+pub(crate) fn describe<E>(e: &SdkError<E, aws_smithy_runtime_api::http::Response>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    if let SdkError::ServiceError(ctx) = e {
+        let status = ctx.raw().status().as_u16();
+        let err = ctx.err();
+        return match (err.code(), err.message()) {
+            (Some(code), Some(message)) => format!("{code}: {message} (HTTP {status})"),
+            (Some(text), None) | (None, Some(text)) => format!("{text} (HTTP {status})"),
+            (None, None) => format!("HTTP {status}"),
+        };
+    }
+    let chain = messages(e);
+    if matches!(e, SdkError::DispatchFailure(_)) && chain.contains("loading credentials") {
+        return NO_CREDENTIALS.to_string();
+    }
+    chain
+}
+
+/// What a call without credentials says (the SDK's own text names only the last source it
+/// tried, EC2 instance metadata, which reads as an outage of that).
+const NO_CREDENTIALS: &str = "no AWS credentials: none of the standard sources had any; set \
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), or \
+    AWS_PROFILE naming a profile of ~/.aws/credentials or ~/.aws/config, or run with a role \
+    (web identity, ECS task role, EC2 instance profile)";
+
+/// An error and its sources, by their messages (each once), joined with `: `.
+fn messages(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }
 
 /// Sends one batch of up to [`MAX_BATCH`] entries; the answer has one result per entry, in
@@ -750,6 +793,58 @@ pub(crate) fn settle(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A service's refusal is its code and message; a call without credentials says what to
+    /// set; nothing is a debug dump.
+    #[cfg(feature = "sqs")]
+    #[test]
+    fn call_errors_are_one_line() {
+        use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        use aws_smithy_runtime_api::http::{Response, StatusCode};
+        use aws_smithy_types::body::SdkBody;
+        use aws_smithy_types::error::ErrorMetadata;
+        let raw = || {
+            Response::new(
+                StatusCode::try_from(400).unwrap(),
+                SdkBody::from("<ErrorResponse/>"),
+            )
+        };
+        let meta = ErrorMetadata::builder()
+            .code("AWS.SimpleQueueService.NonExistentQueue")
+            .message("The specified queue does not exist.")
+            .build();
+        let e = SdkError::service_error(GetQueueUrlError::generic(meta), raw());
+        assert_eq!(
+            describe(&e),
+            "AWS.SimpleQueueService.NonExistentQueue: The specified queue does not exist. \
+             (HTTP 400)"
+        );
+        let e = call_error("SQS: find queue \"q\"", &e);
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "a missing queue: {e}");
+        let e = SdkError::<GetQueueUrlError, Response>::service_error(
+            GetQueueUrlError::generic(ErrorMetadata::builder().build()),
+            raw(),
+        );
+        assert_eq!(describe(&e), "HTTP 400");
+        let loading: Box<dyn std::error::Error + Send + Sync> =
+            "an error occurred while loading credentials: failed to load IMDS session token".into();
+        let e = SdkError::<GetQueueUrlError, Response>::dispatch_failure(ConnectorError::other(
+            loading, None,
+        ));
+        let text = describe(&e);
+        assert!(text.starts_with("no AWS credentials"), "{text}");
+        assert!(
+            text.contains("AWS_ACCESS_KEY_ID") && !text.contains("IMDS"),
+            "{text}"
+        );
+        let refused: Box<dyn std::error::Error + Send + Sync> = "connection refused".into();
+        let e =
+            SdkError::<GetQueueUrlError, Response>::dispatch_failure(ConnectorError::io(refused));
+        let text = describe(&e);
+        assert!(text.contains("connection refused"), "{text}");
+        assert!(!text.contains('{'), "{text}");
+    }
 
     fn message(headers: &[(&str, &str)]) -> Message {
         Message {

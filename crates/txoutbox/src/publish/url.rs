@@ -124,8 +124,9 @@ impl PublisherUrl {
                 ),
             })
     }
-    /// A duration parameter: a bare number is milliseconds; `ms`, `s`, `m` and `h` suffixes
-    /// are accepted too (`250ms`, `5s`, `1.5s`, `2m`). Zero is refused.
+    /// A duration parameter, in the grammar of every duration setting ([`crate::duration`]:
+    /// `250ms`, `5s`, `1.5s`, `1m30s`, `1d`), from 1ms to 1d. A bare number, which these
+    /// parameters once read as milliseconds, is refused with a hint rather than guessed.
     pub fn duration_param(
         &self,
         name: &str,
@@ -133,10 +134,12 @@ impl PublisherUrl {
     ) -> Result<std::time::Duration, ConfigError> {
         match self.param(name) {
             None => Ok(default),
-            Some(v) => parse_duration(v).map_err(|reason| ConfigError::BadParam {
-                name: name.into(),
-                reason: format!("{v:?}: {reason}"),
-            }),
+            Some(v) => crate::duration::DurationRange::PUBLISHER_TIMEOUT
+                .parse(v, crate::duration::Bare::Refused)
+                .map_err(|e| ConfigError::BadParam {
+                    name: name.into(),
+                    reason: e.to_string(),
+                }),
         }
     }
     /// Fail on any parameter not in `known`.
@@ -155,29 +158,6 @@ impl PublisherUrl {
         }
         Ok(())
     }
-}
-
-/// Parse `250`, `250ms`, `5s`, `1.5s`, `2m`, `1h` (a bare number is milliseconds).
-pub(crate) fn parse_duration(v: &str) -> Result<std::time::Duration, String> {
-    let v = v.trim();
-    let split = v
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let num: f64 = num
-        .parse()
-        .map_err(|_| "expected a duration such as 500ms, 5s or 2m".to_string())?;
-    let secs = match unit.trim() {
-        "" | "ms" => num / 1000.0,
-        "s" => num,
-        "m" | "min" => num * 60.0,
-        "h" => num * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 * 365.0 {
-        return Err("must be more than zero and less than a year".into());
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Decode the `%XX` escapes `url` keeps in a user name or password, byte-wise (`+` stays
@@ -394,9 +374,11 @@ fn redact_urls(text: &str) -> String {
 }
 
 /// The name before position `eq` of `text`: letters, digits, `_`, `-`, `.` (and a closing
-/// quote around it).
+/// quote around it, and spaces before the `=`, as in TOML's `key = "value"`).
 fn name_before(text: &str, eq: usize) -> &str {
-    let head = text[..eq].trim_end_matches(['"', '\'']);
+    let head = text[..eq]
+        .trim_end_matches([' ', '\t'])
+        .trim_end_matches(['"', '\'']);
     let start = head
         .char_indices()
         .rev()
@@ -416,13 +398,17 @@ fn redact_pairs(text: &str) -> String {
         if !is_secret_name(name_before(text, eq)) {
             continue;
         }
+        // Spaces after the `=` (`key = "value"`) are kept as they are.
+        let spaces = text[i..].len() - text[i..].trim_start_matches([' ', '\t']).len();
+        out.push_str(&text[i..i + spaces]);
+        i += spaces;
         let rest = &text[i..];
         let (quote, body) = match rest.chars().next() {
             Some(q @ ('"' | '\'')) => (Some(q), &rest[1..]),
             _ => (None, rest),
         };
         let len = match quote {
-            Some(q) => body.find(q).unwrap_or(body.len()),
+            Some(q) => body.find([q, '\n']).unwrap_or(body.len()),
             None => body
                 .find(|c: char| {
                     c.is_whitespace() || matches!(c, '&' | ',' | ';' | ')' | ']' | '}' | '"' | '\'')
@@ -650,6 +636,15 @@ mod tests {
                 "nats://t0k@h:4222 refused",
                 "nats://***@h:4222 refused",
             ),
+            // TOML's spelling, as a parser's error quotes the line.
+            (
+                "2 | admin_token = \"s3c\n  |   ^",
+                "2 | admin_token = \"***\n  |   ^",
+            ),
+            (
+                "password =  s3c, api_key\t= 's3c' next",
+                "password =  ***, api_key\t= '***' next",
+            ),
         ] {
             assert_eq!(redact_secrets(text), want, "{text}");
         }
@@ -667,27 +662,24 @@ mod tests {
     }
 
     #[test]
-    fn parses_durations() {
+    fn duration_params_take_the_one_grammar() {
         use std::time::Duration;
-        assert_eq!(parse_duration("250"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "0", "5x", "s", "-1s", "1..2s"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        let u =
+            parse("nats://h?a=5s&b=1m30s&c=250ms&d=1d&e=5000&f=0&g=forever&h=2d&i=1.5s").unwrap();
+        let d = |name: &str| u.duration_param(name, Duration::from_secs(1));
+        assert_eq!(d("a").unwrap(), Duration::from_secs(5));
+        assert_eq!(d("b").unwrap(), Duration::from_secs(90));
+        assert_eq!(d("c").unwrap(), Duration::from_millis(250));
+        assert_eq!(d("d").unwrap(), Duration::from_secs(86_400));
+        assert_eq!(d("i").unwrap(), Duration::from_millis(1500));
+        assert_eq!(d("nope").unwrap(), Duration::from_secs(1));
+        // A bare number once meant milliseconds: refused, with the spellings to use.
+        let e = d("e").unwrap_err().to_string();
+        assert!(e.contains("`e`") && e.contains("5000ms"), "{e}");
+        for bad in ["f", "g", "h"] {
+            let e = d(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
         }
-        let u = parse("nats://h?ack_timeout=5s&bad=forever").unwrap();
-        assert_eq!(
-            u.duration_param("ack_timeout", Duration::from_secs(1))
-                .unwrap(),
-            Duration::from_secs(5)
-        );
-        assert!(u.duration_param("bad", Duration::from_secs(1)).is_err());
-        assert_eq!(
-            u.duration_param("nope", Duration::from_secs(1)).unwrap(),
-            Duration::from_secs(1)
-        );
     }
 
     #[test]

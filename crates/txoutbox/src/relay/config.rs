@@ -137,47 +137,14 @@ pub enum OnDeadLetter {
     Hold,
 }
 
-/// A duration that is not one, for [`parse_duration`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{input:?} is not a duration like 500ms, 5s or 1m ({reason})")]
-pub struct InvalidDuration {
-    input: String,
-    reason: String,
-}
+pub use crate::duration::{format_duration, InvalidDuration};
+use crate::duration::{Bare, DurationRange};
 
 /// A duration setting as the daemon and its config file take it: `500ms`, `5s`, `1m30s`,
-/// `7d`; a bare number is seconds (`0.5` too). The inverse of [`format_duration`].
+/// `7d`; a bare number is seconds (`0.5` too). The grammar is [`crate::duration`]'s, without
+/// a range; the inverse of [`format_duration`].
 pub fn parse_duration(s: &str) -> Result<Duration, InvalidDuration> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s).map_err(|e| InvalidDuration {
-        input: s.to_string(),
-        reason: e.to_string(),
-    })
-}
-
-/// A duration in the largest unit that holds it whole (`7d`, `1m`, `30s`, `500ms`), as
-/// [`parse_duration`] reads it back; sub-millisecond parts are dropped.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        return "0s".into();
-    }
-    for (unit, len) in [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1000),
-    ] {
-        if ms.is_multiple_of(len) {
-            return format!("{}{unit}", ms / len);
-        }
-    }
-    format!("{ms}ms")
+    crate::duration::parse(s, Bare::Seconds)
 }
 
 /// A [`RelayConfig`] setting out of range: which one (the field's name, which is also the
@@ -207,17 +174,35 @@ impl RelayConfig {
         if !(1..=1_000_000).contains(&self.max_in_flight) {
             return bad("max_in_flight", "must be from 1 to 1000000");
         }
-        if self.lease < Duration::from_secs(1) {
-            return bad("lease", "must be at least 1s");
+        if DurationRange::LEASE.check(self.lease).is_err() {
+            return bad("lease", "must be from 1s to 1d");
         }
-        if self.poll_interval.is_zero() {
-            return bad("poll_interval", "must be more than 0");
+        if DurationRange::POLL_INTERVAL
+            .check(self.poll_interval)
+            .is_err()
+        {
+            return bad("poll_interval", "must be from 10ms to 1h");
         }
         if !(1..=1_000_000).contains(&self.max_attempts) {
             return bad("max_attempts", "must be from 1 to 1000000");
         }
-        if self.partition_lease < Duration::from_secs(2) {
-            return bad("partition_lease", "must be at least 2s");
+        if DurationRange::PARTITION_LEASE
+            .check(self.partition_lease)
+            .is_err()
+        {
+            return bad("partition_lease", "must be from 2s to 1h");
+        }
+        if DurationRange::BACKOFF.check(self.backoff.base).is_err() {
+            return bad("backoff_base", "must be from 1ms to 1d");
+        }
+        if DurationRange::BACKOFF.check(self.backoff.max).is_err() {
+            return bad("backoff_max", "must be from 1ms to 1d");
+        }
+        if DurationRange::SHUTDOWN_TIMEOUT
+            .check(self.shutdown_timeout)
+            .is_err()
+        {
+            return bad("shutdown_timeout", "must be from 0s to 1h");
         }
         if self.relay_id.is_empty() {
             return bad("relay_id", "must not be empty");
@@ -295,6 +280,50 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.validate().unwrap_err().field, "pipeline");
+    }
+
+    /// Each duration setting is refused past either end of its range, and the rule says the
+    /// range's own bounds.
+    #[test]
+    fn duration_settings_keep_to_their_ranges() {
+        type Set = fn(&mut RelayConfig, Duration);
+        let cases: [(&str, DurationRange, Set); 6] = [
+            ("lease", DurationRange::LEASE, |c, d| c.lease = d),
+            ("poll_interval", DurationRange::POLL_INTERVAL, |c, d| {
+                c.poll_interval = d
+            }),
+            ("partition_lease", DurationRange::PARTITION_LEASE, |c, d| {
+                c.partition_lease = d
+            }),
+            ("backoff_base", DurationRange::BACKOFF, |c, d| {
+                c.backoff.base = d
+            }),
+            ("backoff_max", DurationRange::BACKOFF, |c, d| {
+                c.backoff.max = d
+            }),
+            (
+                "shutdown_timeout",
+                DurationRange::SHUTDOWN_TIMEOUT,
+                |c, d| c.shutdown_timeout = d,
+            ),
+        ];
+        for (field, range, set) in cases {
+            let mut c = RelayConfig::default();
+            set(&mut c, range.max + Duration::from_millis(1));
+            if field == "backoff_base" {
+                c.backoff.max = range.max + Duration::from_millis(1);
+            }
+            let e = c.validate().unwrap_err();
+            assert_eq!(
+                (e.field, e.rule.to_string()),
+                (field, format!("must be {range}"))
+            );
+            if let Some(below) = range.min.checked_sub(Duration::from_millis(1)) {
+                let mut c = RelayConfig::default();
+                set(&mut c, below);
+                assert_eq!(c.validate().unwrap_err().field, field);
+            }
+        }
     }
 
     #[test]
