@@ -102,7 +102,9 @@ pub trait Publisher: Send + Sync + 'static {
     /// Does the broker keep the order of one key's messages even when one of them fails and
     /// is retried (e.g. Kafka's idempotent producer)? Then the relay may pipeline an
     /// aggregate's events; otherwise it waits for each acknowledgement before sending the
-    /// aggregate's next event.
+    /// aggregate's next event. A message the broker refuses for good does not stop those sent
+    /// behind it, so with `hold` on a dead letter the relay waits for each acknowledgement
+    /// whatever this says.
     fn keeps_key_order(&self) -> bool {
         false
     }

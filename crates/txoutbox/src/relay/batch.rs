@@ -110,14 +110,9 @@ impl Relay {
         let deadline = claimed_at + held.saturating_sub((held / 5).min(cfg.lease_margin()));
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);
 
-        let ordered = cfg.ordering.is_ordered() && !self.publisher.keeps_key_order();
-        let outcome = if ordered {
-            self.publish_chains(events, deadline, cancel, shutdown_deadline)
-                .await
-        } else {
-            self.publish_pipelined(events, deadline, cancel, shutdown_deadline)
-                .await
-        };
+        let outcome = self
+            .publish(events, deadline, cancel, shutdown_deadline)
+            .await;
 
         let mut published = Vec::new();
         let mut failed = Vec::new();
