@@ -126,6 +126,14 @@ pub trait Publisher: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Does the broker that would take `message` answer? [`check`](Self::check), except for
+    /// a publisher that picks one of several per message ([`Router`]): only that one. The
+    /// relay asks it to learn when events that failed for an outage may go again.
+    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
+        let _ = message;
+        self.check().await
+    }
+
     /// Flush and close. Called once on shutdown.
     async fn close(&self) -> Result<(), PublishError> {
         Ok(())

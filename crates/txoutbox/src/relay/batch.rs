@@ -117,6 +117,7 @@ impl Relay {
         let mut published = Vec::new();
         let mut failed = Vec::new();
         let mut released = Vec::new();
+        let mut unavailable = Vec::new();
         {
             let mut rng = rand::thread_rng();
             for (event, result) in events.iter().zip(outcome) {
@@ -129,6 +130,8 @@ impl Relay {
                         let failure = self.failure(event, &e, &mut rng);
                         if failure.dead {
                             report.dead += 1;
+                        } else if failure.unavailable {
+                            unavailable.push(event);
                         }
                         failed.push(failure);
                     }
@@ -147,6 +150,10 @@ impl Relay {
                 failed: &failed,
             })
             .await?;
+        // Settled with a backoff: sent again as soon as their publisher answers.
+        for event in unavailable {
+            self.outage.note(self.publisher.as_ref(), event);
+        }
         let lost = (published.len() + failed.len())
             .saturating_sub((settled.published + settled.failed) as usize);
         if lost > 0 {

@@ -131,6 +131,7 @@ impl Relay {
             release_wanted: Arc::new(AtomicBool::new(false)),
             instance: self.instance,
             in_flight: Arc::<in_flight::InFlight>::default(),
+            outage: self.outage.clone(),
         };
         let retry = Backoff {
             base: Duration::from_millis(100),

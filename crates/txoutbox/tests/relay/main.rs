@@ -7,6 +7,7 @@ mod deadline;
 mod hold_brokers;
 mod key_order;
 mod ordering_pg;
+mod outage;
 mod pg;
 mod wakeups;
 #[path = "wal_pg.rs"]
