@@ -98,7 +98,7 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Err(e) = crate::admin::install_recorder(&labels) {
         tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
     }
-    let pool = Pool::default();
+    let pool = Pool::for_relay(drain);
     let mut publishers: Vec<Option<Arc<dyn Publisher>>> = Vec::with_capacity(plans.len());
     for p in &plans {
         match p.connect_publisher(&pool).await {

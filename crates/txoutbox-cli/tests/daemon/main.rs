@@ -18,5 +18,6 @@ mod outboxes_cli;
 mod relay_process;
 mod routes_cli;
 mod secrets;
+mod startup;
 mod undecodable_rows;
 mod wal_cli;

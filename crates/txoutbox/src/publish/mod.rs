@@ -13,6 +13,7 @@
 #[cfg(any(feature = "sqs", feature = "sns"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqs", feature = "sns"))))]
 pub mod aws;
+mod deferred;
 mod faulty;
 mod message;
 pub mod route;
@@ -70,6 +71,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub use deferred::Deferred;
 pub use faulty::FaultyPublisher;
 pub use message::Message;
 pub use route::{Matcher, Route, Router};
