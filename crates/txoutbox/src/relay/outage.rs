@@ -2,8 +2,8 @@
 //! again as soon as it answers, rather than after their backoff (up to `backoff.max`).
 //!
 //! After a batch is settled, the relay notes its events that failed as unavailable, grouped
-//! by where they go (the publisher kind and destination of each: with routes, a group per
-//! route's broker). While any are noted, [`watch`] asks the publisher every `every` whether
+//! by where they go (the publisher kind and destination, the event and aggregate types: with
+//! routes, each group within one route). While any are noted, [`watch`] asks the publisher every `every` whether
 //! it answers for each group ([`Publisher::check_for`], with one of the group's messages), and
 //! makes the events of each group whose check failed and now passes due at once
 //! ([`Store::retry_now`]), which also wakes the relays. A group whose first check passes is
@@ -28,8 +28,11 @@ pub(super) const MAX_NOTED: usize = 100_000;
 /// How long one readiness check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where a failed event was going: its publisher's kind and destination.
-type Key = (&'static str, Option<String>);
+/// Where a failed event was going: its publisher's kind and destination, and its event and
+/// aggregate types (what routes pick by, so that two routes to brokers of one kind with one
+/// destination name are not one group; routes that differ only by a header can still share
+/// one, whose probe then speaks for both).
+type Key = (&'static str, Option<String>, String, String);
 
 /// The events waiting for their publisher to answer again, shared by the relay's batches and
 /// its [`watch`].
@@ -60,7 +63,12 @@ impl Outage {
     pub(super) fn note(&self, publisher: &dyn Publisher, event: &OutboxEvent) {
         let mut probe = Message::from_event(event);
         probe.body = Vec::new();
-        let key = (publisher.kind_for(&probe), publisher.destination(&probe));
+        let key = (
+            publisher.kind_for(&probe),
+            publisher.destination(&probe),
+            probe.event_type.clone(),
+            probe.aggregate_type.clone(),
+        );
         let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         if w.count >= MAX_NOTED {
             return;

@@ -142,3 +142,115 @@ async fn after_an_outage_what_failed_for_it_goes_when_the_broker_answers() {
     db.cleanup().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A [`RecordingPublisher`] whose broker can be taken down and brought back: while down, its
+/// sends fail as unavailable and its check says so.
+#[derive(Clone, Default)]
+struct Switch {
+    inner: RecordingPublisher,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    /// Checks that found it down.
+    seen_down: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Switch {
+    fn set_down(&self, down: bool) {
+        self.inner.set_down(down);
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for Switch {
+    fn kind(&self) -> &'static str {
+        "switch"
+    }
+    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
+        self.inner.send(message).await
+    }
+    async fn check(&self) -> Result<(), PublishError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            self.seen_down
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(PublishError::unavailable("test: broker is down"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Two routes, both brokers down; only route `x`'s comes back: its event goes at once, route
+/// `y`'s waits (its broker still does not answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_broker_answers_again_goes_at_once_and_only_it() {
+    use txoutbox::publish::{Matcher, Route, Router};
+
+    let db = PgHarness::new().await;
+    let (x, y) = (Switch::default(), Switch::default());
+    x.set_down(true);
+    y.set_down(true);
+    let route = |name: &str, glob: &str, p: &Switch| {
+        let p: Arc<dyn Publisher> = Arc::new(p.clone());
+        Route::new(name, Matcher::any().event_type(glob).unwrap(), p).unwrap()
+    };
+    let router = Router::new(vec![route("x", "x.*", &x), route("y", "y.*", &y)]).unwrap();
+    let mut cfg = RelayConfig::default();
+    cfg.relay_id = "outage-routes".into();
+    cfg.poll_interval = Duration::from_millis(100);
+    cfg.partition_lease = Duration::from_secs(2);
+    cfg.backoff = Backoff {
+        base: Duration::from_secs(30),
+        max: Duration::from_secs(30),
+        jitter: false,
+    };
+    let relay = Relay::new(db.pool_store(), Box::new(router), cfg).spawn();
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db
+        .outbox()
+        .enqueue_many(
+            &mut *tx,
+            &[
+                NewEvent::new("a", "1", "x.created", &serde_json::json!({})).unwrap(),
+                NewEvent::new("b", "1", "y.created", &serde_json::json!({})).unwrap(),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    wait_until("both events failed as unavailable", || {
+        let db = &db;
+        let ids = ids.clone();
+        async move {
+            db.row(ids[0]).await.attempts_unavailable >= 1
+                && db.row(ids[1]).await.attempts_unavailable >= 1
+        }
+    })
+    .await;
+
+    // The outage lasts until the relay has seen route x's broker down (a broker back before
+    // the relay's first look leaves the event to its backoff: docs/relay.md).
+    wait_until("the relay saw route x's broker down", || {
+        let n = x.seen_down.load(std::sync::atomic::Ordering::SeqCst);
+        async move { n > 0 }
+    })
+    .await;
+    x.set_down(false);
+    wait_until_for(
+        "route x's event delivered well before its 30 s backoff ran out",
+        Duration::from_secs(10),
+        || {
+            let db = &db;
+            let id = ids[0];
+            async move { db.row(id).await.processed_at.is_some() }
+        },
+    )
+    .await;
+    let y_row = db.row(ids[1]).await;
+    assert!(
+        y_row.processed_at.is_none(),
+        "route y's broker is still down"
+    );
+    assert_eq!(y_row.attempts, 1, "route y's event was not sent again");
+    relay.shutdown().await.unwrap();
+    db.cleanup().await;
+}
