@@ -329,6 +329,9 @@ impl Publisher for SharedPublisher {
     async fn check(&self) -> Result<(), PublishError> {
         self.inner.check().await
     }
+    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
+        self.inner.check_for(message).await
+    }
     async fn close(&self) -> Result<(), PublishError> {
         if self.closes {
             self.inner.close().await

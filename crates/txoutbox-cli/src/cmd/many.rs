@@ -98,14 +98,15 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
     if let Err(e) = crate::admin::install_recorder(&labels) {
         tracing::warn!(error = %format!("{e:#}"), "metrics disabled");
     }
-    let pool = Pool::default();
+    let pool = Pool::for_relay(drain);
     let mut publishers: Vec<Option<Arc<dyn Publisher>>> = Vec::with_capacity(plans.len());
     for p in &plans {
         match p.connect_publisher(&pool).await {
             Ok(publisher) => publishers.push(Some(publisher)),
             // A URL that cannot work stops the start, as with one outbox.
             Err(e) if e.downcast_ref::<UsageError>().is_some() => return Err(e),
-            // A broker that does not answer stops this outbox only: it is tried again.
+            // A broker that does not answer (only with --drain: otherwise the pool connects it
+            // in the background) stops this outbox only.
             Err(e) => {
                 tracing::error!(outbox = %p.name, error = %redact(&format!("{e:#}")),
                     "publisher not reachable; the outbox starts once it is");

@@ -77,15 +77,40 @@ pub fn retention(keep: Duration) -> Retention {
     }
 }
 
+/// A relay's publisher. A malformed URL is a usage error (exit 2). A broker that does not
+/// answer: with `--drain`, an error that names it (the job cannot run); otherwise a publisher
+/// that keeps connecting in the background, so that the relay starts, `/readyz` says what is
+/// down and its events wait as *unavailable* (docs/operations.md, "Dependencies down at
+/// start-up").
+pub async fn open_relay_publisher(url: &str, drain: bool) -> anyhow::Result<Box<dyn Publisher>> {
+    match publish::connect(url).await {
+        Err(ConnectError::Publish(e)) if !drain => {
+            tracing::warn!(publisher = %publish::redact_url(url),
+                error = %publish::redact_secrets(&e.chain()),
+                "broker not reachable; starting anyway, connecting in the background");
+            Ok(Box::new(publish::Deferred::connect_in_background(url, &e)))
+        }
+        other => reachable(url, other),
+    }
+}
+
 /// Open a publisher; a malformed URL is a usage error (exit 2), an unreachable broker not.
 pub async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
-    match publish::connect(url).await {
+    reachable(url, publish::connect(url).await)
+}
+
+/// A connected publisher, or the error of its URL (a usage error) or its broker.
+fn reachable(
+    url: &str,
+    connected: Result<Box<dyn Publisher>, ConnectError>,
+) -> anyhow::Result<Box<dyn Publisher>> {
+    match connected {
         Ok(p) => Ok(p),
         Err(ConnectError::Config(e)) => Err(UsageError(format!("--publisher: {e}")).into()),
         Err(ConnectError::Publish(e)) => Err(anyhow::anyhow!(
             "cannot reach the broker at {}: {}",
             publish::redact_url(url),
-            e.chain()
+            publish::redact_secrets(&e.chain())
         )),
     }
 }

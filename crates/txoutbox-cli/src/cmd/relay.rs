@@ -1,10 +1,12 @@
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
-use txoutbox::publish::redact_url;
+use txoutbox::publish::{redact_secrets, redact_url};
 use txoutbox::relay::{Relay, Source};
+use txoutbox::store::Operator;
 
-use super::{open_publisher, relay_config, retention};
+use super::{open_relay_publisher, relay_config, retention};
 use crate::cli::RelayArgs;
 use crate::ctx::{Ctx, Kind, UsageError};
 
@@ -38,8 +40,8 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     }
     // The publisher first: a malformed URL is reported before anything else is touched.
     let mut publisher: Box<dyn txoutbox::publish::Publisher> = match (routes, &a.publisher) {
-        (Some(routes), _) => Box::new(super::routes::connect(routes).await?),
-        (None, Some(url)) => open_publisher(url).await?,
+        (Some(routes), _) => Box::new(super::routes::connect(routes, a.drain).await?),
+        (None, Some(url)) => open_relay_publisher(url, a.drain).await?,
         (None, None) => return Err(UsageError("no publisher given: pass --publisher URL or set TXOUTBOX_PUBLISHER (e.g. nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, stdout:), or give [[route]] entries in the config file".into()).into()),
     };
     if a.tuning.inject_faults > 0.0 {
@@ -54,10 +56,10 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
             seed,
         ));
     }
-    // Claim + settle, the LISTEN connection, and one spare.
-    let db = ctx.db(4).await?;
-    let store = db.relay_store(&ctx.table, retention(keep), db_url, config.source)?;
-    store.check_schema().await?;
+    // The database: with --drain it must answer now; a service waits for it.
+    let Some((db, store)) = open_store(ctx, db_url, keep, config.source, a.drain).await? else {
+        return Ok(ExitCode::SUCCESS); // SIGTERM while waiting
+    };
     tracing::info!(
         table = %ctx.table.display(),
         database = %txoutbox::publish::redact_url(db_url),
@@ -121,6 +123,50 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(super::DRAIN_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits between two attempts to reach the database at start-up.
+const DB_RETRY: txoutbox::retry::Backoff = txoutbox::retry::Backoff {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(30),
+    jitter: false,
+};
+
+/// The database (claim + settle, the LISTEN connection, and one spare) and the relay's store,
+/// its schema checked. One that does not answer (or is not migrated): with `--drain` the
+/// error; otherwise logged and tried again with a backoff, until it answers or SIGTERM
+/// (`None`). A usage error (a malformed URL) is never retried.
+async fn open_store(
+    ctx: &Ctx,
+    db_url: &str,
+    keep: Duration,
+    source: Source,
+    drain: bool,
+) -> anyhow::Result<Option<(crate::ctx::Db, Box<dyn Operator>)>> {
+    let open = || async {
+        let db = ctx.db(4).await?;
+        let store = db.relay_store(&ctx.table, retention(keep), db_url, source)?;
+        store.check_schema().await?;
+        anyhow::Ok((db, store))
+    };
+    let mut failures = 0u32;
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    loop {
+        let e = match open().await {
+            Ok(opened) => return Ok(Some(opened)),
+            Err(e) if drain || e.downcast_ref::<UsageError>().is_some() => return Err(e),
+            Err(e) => e,
+        };
+        failures = failures.saturating_add(1);
+        let wait = DB_RETRY.ceiling(failures);
+        tracing::error!(database = %redact_url(db_url), error = %redact_secrets(&format!("{e:#}")),
+            retry_in = ?wait, "database not reachable; retrying");
+        tokio::select! {
+            _ = &mut signal => return Ok(None),
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
 }
 
 /// `--source wal` needs PostgreSQL, and `--slot` needs `--source wal`: refused before anything

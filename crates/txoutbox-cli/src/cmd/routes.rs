@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use txoutbox::publish::{self, redact_url, Matcher, Publisher, Route, Router};
 
-use super::open_publisher;
+use super::open_relay_publisher;
 use crate::config::RouteSpec;
 use crate::ctx::UsageError;
 
@@ -93,8 +93,8 @@ fn matcher(spec: &RouteSpec) -> Result<Matcher, publish::route::RouteError> {
 
 /// Connect each distinct URL once, in route order, and build the router. A URL that cannot
 /// be used or reached is named by its route.
-pub async fn connect(routes: Vec<Checked>) -> anyhow::Result<Router> {
-    connect_shared(routes, Default::default(), &Publishers::default()).await
+pub async fn connect(routes: Vec<Checked>, drain: bool) -> anyhow::Result<Router> {
+    connect_shared(routes, Default::default(), &Publishers::for_relay(drain)).await
 }
 
 /// [`connect`], taking publishers from `publishers` (and adding those it connects): one
@@ -124,16 +124,28 @@ pub async fn connect_shared(
 /// Publishers by URL, shared: each URL connects once, however many routes or outboxes name
 /// it. No lock is held while connecting (one broker that does not answer holds up no other);
 /// should two connect the same URL at once, the one that comes second is closed again.
+///
+/// A broker that does not answer is connected in the background (the route waits, the others
+/// deliver), except with `--drain` ([`super::open_relay_publisher`]).
 #[derive(Clone, Default)]
-pub struct Publishers(Arc<std::sync::Mutex<HashMap<String, Arc<dyn Publisher>>>>);
+pub struct Publishers(
+    Arc<std::sync::Mutex<HashMap<String, Arc<dyn Publisher>>>>,
+    /// `--drain`: a broker that does not answer is an error.
+    bool,
+);
 
 impl Publishers {
+    /// The publishers of a relay run with `--drain` or not.
+    pub fn for_relay(drain: bool) -> Self {
+        Self(Arc::default(), drain)
+    }
+
     /// The publisher of `url`, connected on first use.
     pub async fn get(&self, url: &str) -> anyhow::Result<Arc<dyn Publisher>> {
         if let Some(p) = self.lookup(url) {
             return Ok(p);
         }
-        let connected: Arc<dyn Publisher> = Arc::from(open_publisher(url).await?);
+        let connected: Arc<dyn Publisher> = Arc::from(open_relay_publisher(url, self.1).await?);
         let first = match self.0.lock() {
             Ok(mut map) => map
                 .entry(url.to_string())
@@ -240,14 +252,17 @@ mod tests {
         let mut a = spec("a");
         a.event_type = Some("a.*".into());
         let checked = check(&[a, spec("b")], Some("null:")).unwrap();
-        let router = connect(checked).await.unwrap();
+        let router = connect(checked, false).await.unwrap();
         assert_eq!(router.routes().len(), 3);
         // All three name `null:`: one publisher, so its kind (not `router`).
         assert_eq!(router.kind(), "null");
 
         let mut bad = spec("kaf");
         bad.publisher = Some("kafka://127.0.0.1:1?nope=1".into());
-        let e = connect(check(&[bad], None).unwrap()).await.err().unwrap();
+        let e = connect(check(&[bad], None).unwrap(), false)
+            .await
+            .err()
+            .unwrap();
         let text = format!("{e:#}");
         assert!(text.starts_with("route `kaf`: "), "{text}");
         assert!(text.contains("nope"), "{text}");

@@ -21,6 +21,7 @@ mod relay_process;
 mod routes_cli;
 mod secrets;
 mod settings_cli;
+mod startup;
 mod undecodable_rows;
 mod wal_cli;
 mod wal_ops_cli;

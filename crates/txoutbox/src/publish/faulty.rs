@@ -86,6 +86,10 @@ impl Publisher for FaultyPublisher {
         self.inner.check().await
     }
 
+    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
+        self.inner.check_for(message).await
+    }
+
     async fn close(&self) -> Result<(), PublishError> {
         self.inner.close().await
     }

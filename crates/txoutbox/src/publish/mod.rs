@@ -13,6 +13,7 @@
 #[cfg(any(feature = "sqs", feature = "sns"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqs", feature = "sns"))))]
 pub mod aws;
+mod deferred;
 mod faulty;
 mod message;
 pub mod route;
@@ -70,6 +71,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub use deferred::Deferred;
 pub use faulty::FaultyPublisher;
 pub use message::Message;
 pub use route::{Matcher, Route, Router};
@@ -102,7 +104,9 @@ pub trait Publisher: Send + Sync + 'static {
     /// Does the broker keep the order of one key's messages even when one of them fails and
     /// is retried (e.g. Kafka's idempotent producer)? Then the relay may pipeline an
     /// aggregate's events; otherwise it waits for each acknowledgement before sending the
-    /// aggregate's next event.
+    /// aggregate's next event. A message the broker refuses for good does not stop those sent
+    /// behind it, so with `hold` on a dead letter the relay waits for each acknowledgement
+    /// whatever this says.
     fn keeps_key_order(&self) -> bool {
         false
     }
@@ -122,6 +126,14 @@ pub trait Publisher: Send + Sync + 'static {
     /// Is the broker reachable? Used for readiness and to wait out an outage.
     async fn check(&self) -> Result<(), PublishError> {
         Ok(())
+    }
+
+    /// Does the broker that would take `message` answer? [`check`](Self::check), except for
+    /// a publisher that picks one of several per message ([`Router`]): only that one. The
+    /// relay asks it to learn when events that failed for an outage may go again.
+    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
+        let _ = message;
+        self.check().await
     }
 
     /// Flush and close. Called once on shutdown.

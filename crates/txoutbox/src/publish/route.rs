@@ -410,6 +410,15 @@ impl Publisher for Router {
         ))
     }
 
+    /// The publisher of `message`'s route only (one route's broker down does not hold back
+    /// the others); an event no route takes needs none.
+    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
+        match self.route_for(message) {
+            Some(route) => route.publisher.check_for(message).await,
+            None => Ok(()),
+        }
+    }
+
     /// Close every publisher once (all of them, even after a failure); the first failure.
     async fn close(&self) -> Result<(), PublishError> {
         let mut first = None;

@@ -110,18 +110,14 @@ impl Relay {
         let deadline = claimed_at + held.saturating_sub((held / 5).min(cfg.lease_margin()));
         let shutdown_deadline = cancel_deadline(cancel, cfg.shutdown_timeout);
 
-        let ordered = cfg.ordering.is_ordered() && !self.publisher.keeps_key_order();
-        let outcome = if ordered {
-            self.publish_chains(events, deadline, cancel, shutdown_deadline)
-                .await
-        } else {
-            self.publish_pipelined(events, deadline, cancel, shutdown_deadline)
-                .await
-        };
+        let outcome = self
+            .publish(events, deadline, cancel, shutdown_deadline)
+            .await;
 
         let mut published = Vec::new();
         let mut failed = Vec::new();
         let mut released = Vec::new();
+        let mut unavailable = Vec::new();
         {
             let mut rng = rand::thread_rng();
             for (event, result) in events.iter().zip(outcome) {
@@ -134,6 +130,8 @@ impl Relay {
                         let failure = self.failure(event, &e, &mut rng);
                         if failure.dead {
                             report.dead += 1;
+                        } else if failure.unavailable {
+                            unavailable.push(event);
                         }
                         failed.push(failure);
                     }
@@ -152,6 +150,10 @@ impl Relay {
                 failed: &failed,
             })
             .await?;
+        // Settled with a backoff: sent again as soon as their publisher answers.
+        for event in unavailable {
+            self.outage.note(self.publisher.as_ref(), event);
+        }
         let lost = (published.len() + failed.len())
             .saturating_sub((settled.published + settled.failed) as usize);
         if lost > 0 {

@@ -3,6 +3,7 @@
 mod batch;
 mod config;
 mod in_flight;
+mod outage;
 mod send;
 #[cfg(feature = "postgres")]
 mod wal;
@@ -55,6 +56,8 @@ pub struct Relay {
     instance: uuid::Uuid,
     /// Claims not yet settled or released, passed to every claim (see [`in_flight`]).
     in_flight: Arc<in_flight::InFlight>,
+    /// Events that failed for their publisher's outage, sent again once it answers.
+    outage: Arc<outage::Outage>,
 }
 
 /// Totals over a relay's life.
@@ -119,6 +122,7 @@ impl Relay {
             release_wanted: Arc::new(AtomicBool::new(false)),
             instance: uuid::Uuid::new_v4(),
             in_flight: Arc::default(),
+            outage: Arc::default(),
         }
     }
 
@@ -203,6 +207,14 @@ impl Relay {
         retry: &Backoff,
     ) -> Result<(), Error> {
         let cfg = &self.config;
+        // Events that fail for their publisher's outage go again once it answers.
+        let _outage_watch = AbortOnDrop(crate::relay::spawn_here(outage::watch(
+            self.store.clone(),
+            self.publisher.clone(),
+            self.outage.clone(),
+            cfg.poll_interval.min(Duration::from_secs(1)),
+            cancel.clone(),
+        )));
         let mut in_flight: JoinSet<Result<BatchReport, Error>> = JoinSet::new();
         let mut errors = 0u32;
         // Claiming ahead pays only while it finds work: in ordered mode with few aggregates,
@@ -379,6 +391,7 @@ impl Relay {
             release_wanted: self.release_wanted.clone(),
             instance: self.instance,
             in_flight: self.in_flight.clone(),
+            outage: self.outage.clone(),
         }
     }
 

@@ -23,15 +23,50 @@ use crate::OutboxEvent;
 pub(super) type Outcomes = Vec<Option<Result<(), PublishError>>>;
 
 impl Relay {
+    /// Publish `events` (in seq order) the way the ordering allows: pipelined, or as one chain
+    /// per aggregate (see [`Relay::pipelines_aggregates`]). Both sources publish through here.
+    pub(super) async fn publish(
+        &self,
+        events: &[OutboxEvent],
+        deadline: Instant,
+        cancel: &CancellationToken,
+        shutdown: impl Future<Output = ()>,
+    ) -> Outcomes {
+        if self.pipelines_aggregates() {
+            self.publish_pipelined(events, deadline, cancel, shutdown)
+                .await
+        } else {
+            self.publish_chains(events, deadline, cancel, shutdown)
+                .await
+        }
+    }
+
+    /// May one aggregate's events be in flight together? Unordered: yes. Ordered: only with a
+    /// publisher that keeps key order ([`Publisher::keeps_key_order`]: Kafka, SQS and SNS
+    /// FIFO), and only in `skip` mode. Such a broker keeps a key's order across *retries*;
+    /// a message it refuses for good (too large, invalid) does not stop the ones already sent
+    /// behind it, which then reach consumers. In `skip` mode that is what must happen anyway;
+    /// in `hold` mode they must wait behind the dead letter, so each waits for the
+    /// acknowledgement of the one before it.
+    ///
+    /// [`Publisher::keeps_key_order`]: crate::publish::Publisher::keeps_key_order
+    pub(super) fn pipelines_aggregates(&self) -> bool {
+        match self.config.ordering {
+            Ordering::Unordered => true,
+            Ordering::Ordered => self.publisher.keeps_key_order(),
+            Ordering::OrderedHold => false,
+        }
+    }
+
     /// Send every event in seq order; acknowledgements are awaited concurrently, up to
     /// `max_in_flight` at once.
     ///
-    /// In ordered mode (a publisher that keeps key order, e.g. Kafka), an aggregate stops at
+    /// In `Ordered` (skip) mode with a publisher that keeps key order (e.g. Kafka), an aggregate stops at
     /// its first failure, as its chain would: once an event of aggregate X failed (in `send`
     /// or through its ack), X's later events of the batch are not sent, and those already
     /// sent are released even if acknowledged, so none counts as delivered ahead of the
-    /// failed one (they are sent again after it). Except a permanent failure in `Ordered`
-    /// (skip) mode: the aggregate goes on past its dead letter.
+    /// failed one (they are sent again after it). Except a permanent failure: the aggregate
+    /// goes on past its dead letter, as `skip` mode wants (`hold` mode never pipelines).
     pub(super) async fn publish_pipelined(
         &self,
         events: &[OutboxEvent],

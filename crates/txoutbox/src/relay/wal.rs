@@ -183,6 +183,7 @@ impl Relay {
             release_wanted: Arc::new(AtomicBool::new(false)),
             instance: self.instance,
             in_flight: Arc::<in_flight::InFlight>::default(),
+            outage: self.outage.clone(),
         };
         let retry = Backoff {
             base: Duration::from_millis(100),
@@ -681,12 +682,7 @@ impl Relay {
         }
         let deadline = Instant::now() + cfg.lease;
         let shutdown = cancel_deadline(stop, cfg.shutdown_timeout);
-        let outcome = if ordered && !self.publisher.keeps_key_order() {
-            self.publish_chains(&send, deadline, stop, shutdown).await
-        } else {
-            self.publish_pipelined(&send, deadline, stop, shutdown)
-                .await
-        };
+        let outcome = self.publish(&send, deadline, stop, shutdown).await;
         let stopping = stop.is_cancelled();
         // The first transaction that is not settled: it and those after are not confirmed.
         let mut unsettled = ends.len();

@@ -284,6 +284,13 @@ pub struct ReleaseParams<'a> {
     pub ids: &'a [Uuid],
 }
 
+/// Make events due now that were backing off for a publisher outage which has ended.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryNowParams<'a> {
+    /// The events (pending ones only are touched: not leased, published or dead).
+    pub ids: &'a [Uuid],
+}
+
 /// What happens to published events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Retention {
@@ -320,6 +327,14 @@ pub trait Store: Send + Sync + 'static {
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error>;
     /// Release claimed events without counting an attempt; fenced by the claim's [`Fence`].
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error>;
+    /// Make the given events due now (`available_at = now`) and wake the relays: their
+    /// publisher was unavailable and answers again, so their backoff has nothing left to wait
+    /// for. Only pending events not leased are touched; returns how many. A store that cannot
+    /// leaves them to their backoff (the default).
+    async fn retry_now(&self, p: RetryNowParams<'_>) -> Result<u64, Error> {
+        let _ = p;
+        Ok(0)
+    }
     /// Is anything unpublished and not dead (pending, backing off or leased)? With
     /// [`Ordering::OrderedHold`], events held behind a dead letter do not count.
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error>;
@@ -354,6 +369,9 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
         (**self).release(p).await
+    }
+    async fn retry_now(&self, p: RetryNowParams<'_>) -> Result<u64, Error> {
+        (**self).retry_now(p).await
     }
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
         (**self).has_unfinished(ordering).await

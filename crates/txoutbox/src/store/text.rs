@@ -27,6 +27,7 @@ pub(crate) struct TextQueries {
     /// `published_mark.sql` or `published_delete.sql`, by retention.
     pub published: String,
     pub release: String,
+    pub retry_now: String,
     pub settle_failed: String,
     pub has_unfinished: String,
     pub has_unfinished_hold: String,
@@ -56,6 +57,7 @@ macro_rules! text_queries {
             published: f.fill(published),
             settle_failed: f.fill(sql_file!($db, "settle_failed")),
             release: f.fill(sql_file!($db, "release")),
+            retry_now: f.fill(sql_file!($db, "retry_now")),
             has_unfinished: f.fill(sql_file!($db, "has_unfinished")),
             has_unfinished_hold: f.fill(sql_file!($db, "has_unfinished_hold")),
             due_in: f.fill(sql_file!($db, "due_in")),
@@ -188,6 +190,20 @@ macro_rules! text_store {
                 let q = ids.iter().fold(sqlx::query(&sql), |q, id| q.bind(id));
                 let done = q.bind(token).execute(&self.pool).await;
                 Ok(done.map_err(|e| self.err(e))?.rows_affected())
+            }
+
+            async fn retry_now(
+                &self,
+                p: $crate::store::RetryNowParams<'_>,
+            ) -> Result<u64, $crate::Error> {
+                if p.ids.is_empty() {
+                    return Ok(0);
+                }
+                let (sql, ids) = self.fenced_ids(&self.q.text.retry_now, p.ids);
+                let q = ids.iter().fold(sqlx::query(&sql), |q, id| q.bind(id));
+                let done = q.execute(&self.pool).await.map_err(|e| self.err(e))?;
+                self.wakeup.fire();
+                Ok(done.rows_affected())
             }
 
             async fn has_unfinished(

@@ -178,6 +178,7 @@ macro_rules! store_conformance {
             enqueue_keeps_slice_order_and_rollback_leaves_nothing,
             claims_are_leased_fenced_and_expire,
             release_gives_rows_back_unattempted,
+            retry_now_makes_only_backing_off_events_due,
             settle_marks_published_and_backs_off_or_buries_failures,
             delete_retention_deletes_on_settle,
             dead_letters_list_retry_and_discard,

@@ -222,6 +222,31 @@ async fn skip_mode_goes_on_past_a_permanent_failure() {
     db.cleanup().await;
 }
 
+/// In `OrderedHold` mode a permanent failure that comes back through the acknowledgement
+/// (the broker refused X1 after X2 was already handed over, as SQS FIFO and Kafka do) must
+/// not let X2 reach the broker: it stays pending behind the dead letter, and only X's
+/// events are held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_mode_sends_nothing_of_an_aggregate_past_a_refusal() {
+    let db = PgHarness::new().await;
+    let (x1, x2, y1) = write(&db).await;
+    let p = KeyOrdered::default();
+    p.inner.set_ack_delay(Duration::from_millis(100));
+    p.inner.fail_id(x1, Fail::Permanent);
+    drain(&db, &p, config("hold", Ordering::OrderedHold)).await;
+
+    let sends = p.all_sends();
+    assert!(
+        !sends.iter().any(|(id, _)| *id == x2),
+        "X2 reached the broker behind X1, which was dead-lettered: {sends:?}"
+    );
+    assert!(db.row(x1).await.dead_at.is_some());
+    let r2 = db.row(x2).await;
+    assert!(r2.processed_at.is_none() && r2.dead_at.is_none(), "X2 held");
+    assert!(db.row(y1).await.processed_at.is_some(), "Y is not held");
+    db.cleanup().await;
+}
+
 /// The relay with the real Kafka publisher, on librdkafka's mock cluster, whose first
 /// ProduceRequest fails: with the gapless guarantee that is a fatal producer error, so every
 /// later message of the batch fails too; the publisher builds a new producer and the relay

@@ -4,9 +4,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod deadline;
+mod hold_brokers;
 mod key_order;
 mod ordering_pg;
 mod payload_pg;
+mod outage;
 mod pg;
 mod wakeups;
 mod wal_encoding_pg;

@@ -220,6 +220,24 @@ impl Store for PgStore {
         Ok(done.rows_affected())
     }
 
+    async fn retry_now(&self, p: crate::store::RetryNowParams<'_>) -> Result<u64, Error> {
+        if p.ids.is_empty() {
+            return Ok(0);
+        }
+        let row = sqlx::query(&self.q.retry_now)
+            .bind(p.ids)
+            .bind(self.table.channel())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let n: i64 = sqlx::Row::try_get(&row, 0).map_err(Error::Database)?;
+        // The unordered claim's cursor may be past them.
+        if let Ok(mut scan) = self.scan.lock() {
+            scan.rewind();
+        }
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
         let sql = if ordering == Ordering::OrderedHold {
             &self.q.has_unfinished_hold

@@ -19,8 +19,10 @@ pub use super::operator::{
 use crate::NewEvent;
 
 mod ordered;
+mod retry;
 mod undecodable;
 pub use ordered::*;
+pub use retry::*;
 pub use undecodable::*;
 
 const LEASE: Duration = Duration::from_secs(30);

@@ -661,6 +661,10 @@ impl Store for TablePath {
         self.0.store.release(p).await
     }
 
+    async fn retry_now(&self, p: crate::store::RetryNowParams<'_>) -> Result<u64, Error> {
+        self.0.store.retry_now(p).await
+    }
+
     async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
         let w = &self.0;
         sqlx::query_scalar(&w.q.unfinished)
