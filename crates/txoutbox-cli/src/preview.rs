@@ -23,20 +23,22 @@ pub struct Preview {
 
 /// At most `max` bytes of `e`'s payload as text.
 pub fn preview(e: &OutboxEvent, max: usize) -> Preview {
-    let (whole, length) = match &e.payload_bytes {
+    // The text in full would be `full` bytes long; only what the preview can show is made.
+    let (whole, length, full) = match &e.payload_bytes {
         Some(bytes) => {
-            // Encode no more than the preview shows (4 characters per 3 bytes).
-            let shown = &bytes[..bytes.len().min(max.div_ceil(4) * 3 + 3)];
-            let b64 = base64::engine::general_purpose::STANDARD.encode(shown);
-            (std::borrow::Cow::Owned(b64), bytes.len())
+            // 4 base64 characters per 3 bytes: encode no more than the preview shows.
+            let shown = max.div_ceil(4).saturating_mul(3).min(bytes.len());
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes[..shown]);
+            let full = bytes.len().div_ceil(3).saturating_mul(4);
+            (std::borrow::Cow::Owned(b64), bytes.len(), full)
         }
-        None => (
-            std::borrow::Cow::Borrowed(e.payload.as_str()),
-            e.payload.as_str().len(),
-        ),
+        None => {
+            let text = e.payload.as_str();
+            (std::borrow::Cow::Borrowed(text), text.len(), text.len())
+        }
     };
     let cut = floor_char_boundary(&whole, max);
-    let truncated = cut < whole.len() || (e.payload_bytes.is_some() && length * 4 > max * 3);
+    let truncated = cut < full;
     Preview {
         text: whole[..cut].to_string(),
         length,
@@ -131,6 +133,10 @@ mod tests {
         assert_eq!(p.length, 10_000);
         let p = preview(&event("null", Some(vec![1, 2, 3])), 256);
         assert_eq!((p.text.as_str(), p.truncated), ("AQID", false));
+        let p = preview(&event("null", Some(vec![1, 2, 3, 4])), usize::MAX);
+        assert_eq!((p.text.as_str(), p.truncated), ("AQIDBA==", false));
+        let p = preview(&event("null", Some(vec![1, 2, 3, 4])), 4);
+        assert_eq!((p.text.as_str(), p.truncated), ("AQID", true));
     }
 
     #[test]

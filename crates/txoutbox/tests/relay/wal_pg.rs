@@ -611,7 +611,8 @@ async fn bytes_come_off_the_stream_as_written() {
     );
     let m = by_id(ids[1]);
     assert_eq!(m.content_type, "application/json");
-    assert_eq!(m.body, br#"{"i":1}"#);
+    // jsonb's own text, as the table source sends it too.
+    assert_eq!(m.body, br#"{"i": 1}"#);
     let m = by_id(plain);
     assert_eq!(
         (m.body, m.content_type.as_str()),
