@@ -357,6 +357,8 @@ async fn json_logs_carry_event_fields_and_no_passwords() {
             "amqp://guest:amqp-s3cr3t@127.0.0.1:1/%2f",
             "--admin-addr",
             "off",
+            // A service would wait for its broker; a drain job says why it cannot run.
+            "--drain",
         ])
         .env("DATABASE_URL", &url)
         .output()
