@@ -8,6 +8,8 @@ mod send;
 #[cfg(feature = "postgres")]
 mod wal;
 #[cfg(feature = "postgres")]
+mod wal_committed;
+#[cfg(feature = "postgres")]
 mod wal_reader;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::batch::cancel_deadline;
+use super::wal_committed::{rows_now, until_visible, AskTable, Fate};
 use super::wal_reader::StreamReader;
 use super::{in_flight, AbortOnDrop, Relay, RelayError, RelayStats};
 use crate::error::Error;
@@ -48,21 +49,12 @@ const IDLE_CONFIRM: Duration = Duration::from_secs(1);
 /// How often the slot's lag, status and safe size are sampled into the metrics.
 const SLOT_SAMPLE: Duration = Duration::from_secs(5);
 
-/// How long a settle waits for its transactions to become visible before it warns, and warns
-/// again (a few milliseconds at most, normally: the commit is in the WAL before the server
-/// has let go of it).
-const VISIBLE_WAIT: Duration = Duration::from_secs(5);
-
-/// While the relay stops, how long a settle still waits for its transactions to become
-/// visible before it leaves them to the next stream.
-const STOPPING_VISIBLE_WAIT: Duration = Duration::from_secs(1);
-
 /// With `exit_when_drained`, how often an idle stream looks whether it is done.
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 /// Why events held back by the stream were handed over.
-const HELD: &str = "handed to the table by the WAL source: an earlier event of its aggregate \
-                    waits there (failed, or not acknowledged in time)";
+const HELD: &str = "handed to the table by the WAL source: not due yet, or an earlier event \
+                    of its aggregate waits there (failed, not due, or not acknowledged in time)";
 
 impl Relay {
     /// [`Relay::run`] with [`Source::Wal`](super::Source::Wal).
@@ -265,6 +257,7 @@ impl Relay {
         let hold = cfg.ordering == Ordering::OrderedHold;
         let mut blocked: HashSet<AggregateKey> = HashSet::new();
         let mut load_blocked = ordered;
+        let mut ask = AskTable::default();
         let mut errors = 0u32;
         // With `exit_when_drained`: a marker written at the start; drained once the stream is
         // past it and the table path has nothing left.
@@ -291,6 +284,7 @@ impl Relay {
             let session = Session {
                 wal,
                 blocked: &mut blocked,
+                ask: &mut ask,
                 ordered,
                 hold,
                 target,
@@ -368,13 +362,37 @@ impl Relay {
                 }
             };
             let started = Instant::now();
+            if s.ordered {
+                s.ask.check(s.wal, s.blocked, cfg.ordering).await?;
+            }
+            // A large transaction comes alone: everything before it settled, it goes to the
+            // table path whole, and is confirmed.
+            if let [large @ WalTx { large: Some(_), .. }] = txs.as_slice() {
+                settler.finish(s.wal, reader).await?;
+                if self.hand_over_large(s.wal, large, stop).await? {
+                    reader.confirm(large.end_lsn);
+                    if s.ordered {
+                        s.ask.set();
+                    }
+                }
+                continue;
+            }
             // Whether an aggregate that waits in the table has caught up is asked of the
             // table: the handoffs before must be in it.
             if s.ordered && touches(s.blocked, &txs) {
                 settler.finish(s.wal, reader).await?;
             }
             let published = self
-                .publish_stream(s.wal, txs, s.blocked, s.ordered, s.hold, stop, stats)
+                .publish_stream(
+                    s.wal,
+                    txs,
+                    s.blocked,
+                    s.ask.is_on(),
+                    s.ordered,
+                    s.hold,
+                    stop,
+                    stats,
+                )
                 .await?;
             // Settled at once if no settle runs (so a caught-up stream is confirmed while
             // idle), else with whatever else is published before that one ends.
@@ -410,6 +428,7 @@ impl Relay {
         let hold = cfg.ordering == Ordering::OrderedHold;
         let mut blocked: HashSet<AggregateKey> = HashSet::new();
         let mut load_blocked = ordered;
+        let mut ask = AskTable::default();
         let mut errors = 0u32;
         let mut confirmed_idle_at: Option<Instant> = None;
         let mut flagged = false;
@@ -450,9 +469,14 @@ impl Relay {
                     wal.clear_waiting(&cfg.relay_id).await?;
                 }
                 let started = Instant::now();
-                let done = self
-                    .stream_batch(wal, txs, &mut blocked, ordered, hold, stop, stats)
-                    .await;
+                let done = async {
+                    if ordered {
+                        ask.check(wal, &mut blocked, cfg.ordering).await?;
+                    }
+                    self.stream_batch(wal, txs, &mut blocked, &mut ask, ordered, hold, stop, stats)
+                        .await
+                }
+                .await;
                 match done {
                     Ok(Some(lsn)) => {
                         if let Err(e) = wal.confirm(lsn).await {
@@ -573,25 +597,50 @@ impl Relay {
         }
     }
 
-    /// Publish one batch of transactions and settle it. Returns the position to confirm: the
-    /// end of the last transaction of the longest prefix whose every event is settled
-    /// (`None`: not even the first one, e.g. shutdown before its acknowledgements).
+    /// Publish one batch of transactions and settle it (a large transaction in it goes to the
+    /// table path whole, after what came before it is settled). Returns the position to
+    /// confirm: the end of the last transaction of the longest prefix whose every event is
+    /// settled (`None`: not even the first one, e.g. shutdown before its acknowledgements).
     #[allow(clippy::too_many_arguments)]
     async fn stream_batch(
         &self,
         wal: &WalStore,
-        txs: Vec<WalTx>,
+        mut txs: Vec<WalTx>,
         blocked: &mut HashSet<AggregateKey>,
+        ask: &mut AskTable,
         ordered: bool,
         hold: bool,
         stop: &CancellationToken,
         stats: &mut RelayStats,
     ) -> Result<Option<Lsn>, Error> {
-        let done = self
-            .publish_stream(wal, txs, blocked, ordered, hold, stop, stats)
-            .await?;
-        // Read through SQL, a transaction is seldom this fresh: settle in one statement.
-        Ok(done.settle(wal, false, stop).await?.confirm)
+        let mut confirm = None;
+        while !txs.is_empty() {
+            let large = txs.iter().position(|t| t.large.is_some());
+            if large == Some(0) {
+                let tx = txs.remove(0);
+                if !self.hand_over_large(wal, &tx, stop).await? {
+                    return Ok(confirm);
+                }
+                if ordered {
+                    ask.set();
+                }
+                confirm = Some(tx.end_lsn);
+                continue;
+            }
+            let rest = txs.split_off(large.unwrap_or(txs.len()));
+            let end = txs.last().map(|t| t.end_lsn);
+            let done = self
+                .publish_stream(wal, txs, blocked, ask.is_on(), ordered, hold, stop, stats)
+                .await?;
+            // Read through SQL, a transaction is seldom this fresh: settle in one statement.
+            let settled = done.settle(wal, false, stop).await?.confirm;
+            confirm = settled.or(confirm);
+            if settled != end {
+                return Ok(confirm);
+            }
+            txs = rest;
+        }
+        Ok(confirm)
     }
 
     /// The first half of [`Relay::stream_batch`]: publish, and say how to settle. An
@@ -605,26 +654,31 @@ impl Relay {
         wal: &WalStore,
         txs: Vec<WalTx>,
         blocked: &mut HashSet<AggregateKey>,
+        ask_table: bool,
         ordered: bool,
         hold: bool,
         stop: &CancellationToken,
         stats: &mut RelayStats,
     ) -> Result<Published, Error> {
         let cfg = &self.config;
-        // Aggregates that waited in the table may have caught up: ask for those of this batch.
-        if ordered && !blocked.is_empty() {
+        // Aggregates that waited in the table may have caught up: ask for those of this batch
+        // (all of them, with `ask_table`: the table may hold events of aggregates not known
+        // here).
+        if ordered && (ask_table || !blocked.is_empty()) {
             let mut keys: Vec<AggregateKey> = txs
                 .iter()
                 .flat_map(|t| &t.events)
                 .map(|e| key(&e.event))
-                .filter(|k| blocked.contains(k))
+                .filter(|k| ask_table || blocked.contains(k))
                 .collect();
             keys.sort_unstable();
             keys.dedup();
             if !keys.is_empty() {
                 let still = wal.blocked(hold, Some(&keys)).await?;
                 for k in keys {
-                    if !still.contains(&k) {
+                    if still.contains(&k) {
+                        blocked.insert(k);
+                    } else {
                         blocked.remove(&k);
                     }
                 }
@@ -637,6 +691,18 @@ impl Relay {
         let mut xids: Vec<u32> = txs.iter().map(|t| t.xid).collect();
         xids.sort_unstable();
         xids.dedup();
+        // What committed: the rows as the table holds them now.
+        let Some(mut now) = rows_now(wal, &txs, &xids, stop).await? else {
+            return Ok(Published {
+                published: Vec::new(),
+                failed: Vec::new(),
+                held: Vec::new(),
+                xids,
+                confirm: None,
+                whole: false,
+                labels: cfg.metric_labels.clone(),
+            });
+        };
         let mut send: Vec<OutboxEvent> = Vec::new();
         // Per send: its transaction.
         let mut tx_of: Vec<usize> = Vec::new();
@@ -647,31 +713,46 @@ impl Relay {
         for (t, tx) in txs.into_iter().enumerate() {
             for we in tx.events {
                 claimed += 1;
-                let event = we.event;
-                if !we.problems.is_empty() {
-                    // A value the relay cannot read: a dead letter, as a claimed row would be.
-                    let error = format!("undecodable row: {}", we.problems.join("; "));
-                    tracing::warn!(event_id = %event.id, error = %error,
-                        "dead-lettering an event that does not decode");
-                    ::metrics::counter!(
-                        m::DEAD_LETTERED_TOTAL,
-                        cfg.metric_labels
-                            .and("event_type", event.event_type.clone())
-                    )
-                    .increment(1);
-                    if hold {
-                        blocked.insert(key(&event));
+                let event = match Fate::of(&mut now, we.event.id, we.event.seq) {
+                    Fate::Send(event) => event,
+                    Fate::Skip { waits_in_table } => {
+                        if let Some(k) = waits_in_table.filter(|_| ordered) {
+                            blocked.insert(k);
+                        }
+                        continue;
                     }
-                    dead += 1;
-                    failed.push(Failure {
-                        id: event.id,
-                        error,
-                        retry_in: Duration::ZERO,
-                        dead: true,
-                        unavailable: false,
-                    });
-                    continue;
-                }
+                    Fate::NotDue(event) => {
+                        // The table path publishes it when due. Its aggregate does not wait
+                        // behind it, as with the table source (only a failed, leased or
+                        // dead event holds its aggregate back).
+                        held.push(event.id);
+                        continue;
+                    }
+                    Fate::Undecodable(event, error) => {
+                        // A value the relay cannot read: a dead letter, as a claimed row
+                        // would be.
+                        tracing::warn!(event_id = %event.id, error = %error,
+                        "dead-lettering an event that does not decode");
+                        ::metrics::counter!(
+                            m::DEAD_LETTERED_TOTAL,
+                            cfg.metric_labels
+                                .and("event_type", event.event_type.clone())
+                        )
+                        .increment(1);
+                        if hold {
+                            blocked.insert(key(&event));
+                        }
+                        dead += 1;
+                        failed.push(Failure {
+                            id: event.id,
+                            error,
+                            retry_in: Duration::ZERO,
+                            dead: true,
+                            unavailable: false,
+                        });
+                        continue;
+                    }
+                };
                 if ordered && !blocked.is_empty() && blocked.contains(&key(&event)) {
                     held.push(event.id);
                     continue;
@@ -820,41 +901,10 @@ impl Published {
         })
     }
 
-    /// Wait until new snapshots see every transaction of the group, however long that takes:
-    /// a committed transaction becomes visible (with synchronous replication, only once the
-    /// standby has answered), and settling before would leave its rows pending for ever
-    /// while the slot is confirmed past them. Warns every [`VISIBLE_WAIT`] meanwhile; the
-    /// stream stops publishing once enough waits to be settled. False: `stop` fired and they
-    /// are still not visible.
+    /// Wait until new snapshots see every transaction of the group (see
+    /// [`until_visible`]). False: `stop` fired and they are still not visible.
     async fn until_visible(&self, wal: &WalStore, stop: &CancellationToken) -> Result<bool, Error> {
-        let started = Instant::now();
-        loop {
-            let stopping = stop.is_cancelled();
-            let wait = if stopping {
-                STOPPING_VISIBLE_WAIT
-            } else {
-                VISIBLE_WAIT
-            };
-            let visible = tokio::select! {
-                v = wal.wait_visible(&self.xids, wait) => v?,
-                // Told to stop meanwhile: a last, short wait.
-                _ = stop.cancelled(), if !stopping => {
-                    wal.wait_visible(&self.xids, STOPPING_VISIBLE_WAIT).await?
-                }
-            };
-            if visible {
-                return Ok(true);
-            }
-            if stop.is_cancelled() {
-                tracing::warn!(xids = ?self.xids, "stopping while streamed transactions are \
-                    still not visible: left unsettled and unconfirmed (the next stream \
-                    delivers them again)");
-                return Ok(false);
-            }
-            tracing::warn!(xids = ?self.xids, waited = ?started.elapsed(),
-                "streamed transactions are committed in the WAL but not yet visible to other \
-                 sessions (a synchronous standby not answering?); their settle waits");
-        }
+        until_visible(wal, &self.xids, stop).await
     }
 }
 
@@ -1020,6 +1070,9 @@ where
 struct Session<'a> {
     wal: &'a Arc<WalStore>,
     blocked: &'a mut HashSet<AggregateKey>,
+    /// Each batch asks the table which of its aggregates wait there (a large transaction
+    /// was handed over).
+    ask: &'a mut AskTable,
     ordered: bool,
     hold: bool,
     target: Option<Lsn>,

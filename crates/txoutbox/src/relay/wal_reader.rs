@@ -94,11 +94,15 @@ impl StreamReader {
                 }
             },
         };
+        // A large transaction (handed to the table path whole) comes alone.
+        if first.large.is_some() {
+            return Ok(vec![first]);
+        }
         let mut events = first.events.len();
         let mut batch = vec![first];
         while events < max_events {
             match self.rx.try_recv().map(|r| self.taken(r)) {
-                Ok(Ok(t)) if events + t.events.len() > max_events => {
+                Ok(Ok(t)) if events + t.events.len() > max_events || t.large.is_some() => {
                     self.next = Some(Ok(t));
                     break;
                 }

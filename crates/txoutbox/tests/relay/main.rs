@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod deadline;
+mod differential_pg;
 mod hold_brokers;
 mod key_order;
 mod ordering_pg;

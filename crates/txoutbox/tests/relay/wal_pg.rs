@@ -551,14 +551,29 @@ async fn shutdown_mid_batch_confirms_only_what_was_settled() {
     let first: HashSet<Uuid> = p.acked_ids().into_iter().collect();
     assert!(first.len() < 40, "the relay was done before the shutdown");
 
-    // The transaction was not confirmed: a new relay gets all of it again.
+    // The transaction was not confirmed: a new relay reads all of it again, and publishes
+    // what the first one did not settle (a row marked published is not sent twice).
+    let settled: HashSet<Uuid> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {} WHERE processed_at IS NOT NULL",
+        h.table.qualified()
+    ))
+    .fetch_all(&h.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
     let p2 = RecordingPublisher::new();
     let relay = start(&h, &p2, cfg);
     wait_until("the rest delivered after the restart", || async {
         let again: HashSet<Uuid> = p2.acked_ids().into_iter().collect();
-        ids.iter().all(|id| again.contains(id))
+        ids.iter()
+            .all(|id| again.contains(id) || settled.contains(id))
     })
     .await;
+    assert!(
+        p2.acked_ids().iter().all(|id| !settled.contains(id)),
+        "an event settled as published went out again"
+    );
     wait_until("all marked published", || async {
         h.processed().await == 40
     })

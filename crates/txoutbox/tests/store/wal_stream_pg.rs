@@ -475,3 +475,43 @@ async fn stream_decode_throughput() {
     }
     h.cleanup().await;
 }
+
+/// Past its bound the assembler keeps no events of a transaction, only the `seq`s of its rows
+/// as ranges (what the relay hands to the table path); a transaction within the bound comes
+/// whole, as before.
+#[tokio::test]
+async fn a_transaction_past_the_bound_comes_as_seq_ranges_without_its_events() {
+    let (h, slot) = prepared().await;
+    let publication = wal::publication_name(&h.table);
+    let outbox = h.outbox();
+    let mut stream = ReplicationStream::start(&config(), &slot, &publication, Lsn(0))
+        .await
+        .unwrap();
+    let mut asm = wal::Transactions::new(h.table.clone()).with_bound(10);
+    let big: Vec<NewEvent> = (0..25).map(|i| event("a", i)).collect();
+    outbox.enqueue_many(&h.pool, &big).await.unwrap();
+    let small = outbox
+        .enqueue_many(&h.pool, &[event("b", 1), event("b", 2)])
+        .await
+        .unwrap();
+    let txs = take(&mut stream, &mut asm, 2).await;
+    let seqs: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT seq FROM {} WHERE aggregate_id = 'a' ORDER BY seq",
+        h.table.qualified()
+    ))
+    .fetch_all(&h.pool)
+    .await
+    .unwrap();
+    let large = txs[0].large.as_ref().expect("the first is past the bound");
+    assert!(txs[0].events.is_empty(), "its events were kept");
+    assert_eq!(large.events(), 25);
+    assert_eq!(
+        large.ranges(),
+        &[(seqs[0], seqs[24])],
+        "one INSERT, one range"
+    );
+    assert!(txs[1].large.is_none());
+    assert_eq!(ids(&txs[1..]), vec![small]);
+    stream.close().await.unwrap();
+    h.cleanup().await;
+}

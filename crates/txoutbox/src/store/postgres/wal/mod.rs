@@ -17,7 +17,9 @@
 //! Needs `wal_level = logical` (a server restart) and a free replication slot; the role needs
 //! the `REPLICATION` attribute (or to be a superuser) for slots.
 
+mod committed;
 mod config;
+mod large;
 pub mod pgoutput;
 mod row;
 mod store;
@@ -28,6 +30,8 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 
+pub(crate) use self::committed::{RowNow, RowsNow};
+pub use self::large::{SeqRanges, LARGE_TX_EVENTS};
 pub use self::pgoutput::{DecodeError, Lsn};
 use self::pgoutput::{Message, Relation};
 use self::row::Layout;
@@ -506,8 +510,12 @@ pub struct WalTx {
     pub end_lsn: Lsn,
     /// When it committed.
     pub commit_time: DateTime<Utc>,
-    /// Its inserts into the outbox table, each decoded or with what did not decode.
+    /// Its inserts into the outbox table, each decoded or with what did not decode (none
+    /// when it is [`large`](WalTx::large)).
     pub events: Vec<WalEvent>,
+    /// Past the assembler's bound ([`LARGE_TX_EVENTS`]): its events were not kept, only the
+    /// `seq`s of its inserts; it goes to the table path whole.
+    pub large: Option<SeqRanges>,
 }
 
 /// An insert, decoded.
@@ -520,10 +528,13 @@ pub struct WalEvent {
 }
 
 /// Turns a slot's `pgoutput` messages, fed in stream order, into committed transactions of
-/// the outbox table's events. Inserts into other tables of the publication are skipped.
+/// the outbox table's events. Inserts into other tables of the publication are skipped. It
+/// holds at most [`LARGE_TX_EVENTS`] events of one transaction (see [`WalTx::large`]).
 #[derive(Debug)]
 pub struct Transactions {
     table: OutboxTable,
+    /// Events of one transaction held at most.
+    bound: usize,
     /// Per relation OID: how to read its rows (`None`: a table that is not the outbox).
     relations: HashMap<u32, Option<Layout>>,
     open: Option<WalTx>,
@@ -536,10 +547,17 @@ impl Transactions {
     pub fn new(table: OutboxTable) -> Self {
         Self {
             table,
+            bound: LARGE_TX_EVENTS,
             relations: HashMap::new(),
             open: None,
             position: Lsn(0),
         }
+    }
+
+    /// Hold at most `events` events of one transaction (instead of [`LARGE_TX_EVENTS`]).
+    pub fn with_bound(mut self, events: usize) -> Self {
+        self.bound = events.max(1);
+        self
     }
 
     /// The end of the last transaction fed whole, whether it inserted outbox events or not
@@ -575,6 +593,7 @@ impl Transactions {
                     end_lsn: final_lsn,
                     commit_time,
                     events: Vec::new(),
+                    large: None,
                 });
             }
             Message::Commit {
@@ -589,7 +608,7 @@ impl Transactions {
                 tx.end_lsn = end_lsn;
                 self.position = self.position.max(end_lsn);
                 tx.commit_time = commit_time;
-                return Ok((!tx.events.is_empty()).then_some(tx));
+                return Ok((!tx.events.is_empty() || tx.large.is_some()).then_some(tx));
             }
             Message::Relation(rel) => {
                 let layout = self.is_outbox(&rel).then(|| Layout::of(&rel));
@@ -603,7 +622,20 @@ impl Transactions {
                     let Some(open) = self.open.as_mut() else {
                         return Err(DecodeError("Insert outside a transaction".into()).into());
                     };
-                    open.events.push(layout.read(&values)?);
+                    let event = layout.read(&values)?;
+                    match &mut open.large {
+                        Some(seqs) => seqs.add(event.event.seq),
+                        None => {
+                            open.events.push(event);
+                            if open.events.len() > self.bound {
+                                let mut seqs = SeqRanges::default();
+                                for e in std::mem::take(&mut open.events) {
+                                    seqs.add(e.event.seq);
+                                }
+                                open.large = Some(seqs);
+                            }
+                        }
+                    }
                 }
             }
             Message::Message { .. } | Message::Skipped(_) => {}

@@ -53,9 +53,11 @@ pub type AggregateKey = (String, String);
 
 /// The statements of a WAL relay for one outbox table.
 #[derive(Debug)]
-struct WalQueries {
+pub(super) struct WalQueries {
     settle: String,
     visible: String,
+    pub(super) read_back: String,
+    pub(super) hand_over: String,
     claim: String,
     due: String,
     unfinished: String,
@@ -85,6 +87,20 @@ impl WalQueries {
                 ],
             ),
             visible: f.fill_with(sql_file!("postgres", "wal_visible"), &[("{{xids}}", "$1")]),
+            read_back: f.fill_with(
+                sql_file!("postgres", "wal_read_back"),
+                &[
+                    ("{{visible}}", sql_file!("postgres", "wal_visible")),
+                    ("{{xids}}", "$2"),
+                ],
+            ),
+            hand_over: f.fill_with(
+                sql_file!("postgres", "wal_hand_over"),
+                &[
+                    ("{{visible}}", sql_file!("postgres", "wal_visible")),
+                    ("{{xids}}", "$4"),
+                ],
+            ),
             claim: f.fill(sql_file!("postgres", "wal_claim")),
             due: f.fill(sql_file!("postgres", "wal_due")),
             unfinished: f.fill(sql_file!("postgres", "wal_unfinished")),
@@ -122,14 +138,14 @@ pub struct StreamSettled {
 /// [`Store::wal`] of a [`PgStore`].
 #[derive(Debug)]
 pub struct WalStore {
-    store: PgStore,
-    q: WalQueries,
+    pub(super) store: PgStore,
+    pub(super) q: WalQueries,
     /// The slot: chosen with [`WalStore::with_slot`], or named by [`WalStore::named`].
     slot: Option<String>,
     /// The replication connection's settings: `None` reads the slot through SQL.
     replication: Option<ReplicationConfig>,
     /// Fired when the stream hands events to the table path, which then looks at once.
-    handed_off: Arc<Notify>,
+    pub(super) handed_off: Arc<Notify>,
 }
 
 impl WalStore {
