@@ -9,7 +9,9 @@ use txoutbox::relay::{format_duration, Mode, OnDeadLetter, RelayConfig, Source};
 use txoutbox::retention::Purger;
 use txoutbox::OutboxTable;
 
-use crate::values::{count, parse_fraction, parse_slot, parse_state, parse_time, within};
+use crate::values::{
+    count, parse_bytes, parse_fraction, parse_slot, parse_state, parse_time, within,
+};
 
 /// The library's defaults, which the flags start from and `--help` shows: defined once, in
 /// `RelayConfig::default()`, `Purger::default()` and `OutboxTable::default()`.
@@ -276,6 +278,19 @@ pub struct RelayTuning {
     /// Messages awaiting broker acknowledgement at once, at most (1 to 1000000)
     #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight, value_parser = count::<usize>(1, 1_000_000))]
     pub max_in_flight: usize,
+    /// Payload bytes one batch claims, at most: a batch stops before the event that would
+    /// pass it, and an event larger goes alone (e.g. 16MiB, 512KiB; 1KiB to 4GiB)
+    #[arg(long, env = "TXOUTBOX_MAX_BATCH_BYTES", default_value = "16MiB", value_parser = parse_bytes)]
+    pub max_batch_bytes: u64,
+    /// Payload bytes of the batches in flight, at most: no batch is claimed while those in
+    /// flight hold this much. With --max-event-bytes it bounds the relay's memory, whatever
+    /// the rows hold (1KiB to 4GiB, at least --max-batch-bytes)
+    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub max_in_flight_bytes: u64,
+    /// An event whose payload is larger is never read: it is dead-lettered at once, its size
+    /// in the error. Raise it for a broker that takes more (1KiB to 4GiB)
+    #[arg(long, env = "TXOUTBOX_MAX_EVENT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub max_event_bytes: u64,
     /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
     #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
     pub poll_interval: Duration,

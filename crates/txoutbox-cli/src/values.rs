@@ -47,6 +47,20 @@ where
     clap::builder::RangedU64ValueParser::<T>::new().range(min..=max)
 }
 
+/// The value parser of a byte-size setting: `16MiB`, `512KiB`, `1GiB`, `64MB` or a bare
+/// number of bytes, from 1KiB to 4GiB (the library's bound, `txoutbox::relay::BYTES_RANGE`).
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    let range = txoutbox::relay::BYTES_RANGE;
+    let size: bytesize::ByteSize = s.trim().parse().map_err(|_| {
+        format!("{s:?} is not a size: e.g. 16MiB, 512KiB, 1GiB or a number of bytes")
+    })?;
+    if range.contains(&size.as_u64()) {
+        Ok(size.as_u64())
+    } else {
+        Err(format!("{s:?} is out of range: must be from 1KiB to 4GiB"))
+    }
+}
+
 /// A number from 0 to 1.
 pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -143,5 +157,37 @@ mod tests {
                 "{flag} {value}: {text}"
             );
         }
+    }
+
+    /// Byte sizes take units, stay within the library's range, and the in-flight budget may
+    /// not be below the batch's: each refusal names the flag.
+    #[test]
+    fn byte_sizes_parse_with_units_and_are_bounded() {
+        use super::parse_bytes;
+        assert_eq!(parse_bytes("16MiB"), Ok(16 * 1024 * 1024));
+        assert_eq!(parse_bytes("512 KiB"), Ok(512 * 1024));
+        assert_eq!(parse_bytes("2048"), Ok(2048));
+        for bad in ["lots", "-1", "1e99"] {
+            assert!(
+                parse_bytes(bad).unwrap_err().contains("not a size"),
+                "{bad}"
+            );
+        }
+        for bad in ["100", "5GiB"] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains("from 1KiB to 4GiB"), "{bad}: {e}");
+        }
+        let e = Cli::command()
+            .mut_subcommand("relay", |s| s.mut_args(|a| a.env(None)))
+            .try_get_matches_from(["txoutbox", "relay", "--max-event-bytes", "12"])
+            .unwrap_err();
+        assert!(e.to_string().contains("--max-event-bytes"), "{e}");
+        let mut c = RelayConfig::default();
+        c.max_in_flight_bytes = c.max_batch_bytes - 1;
+        let e = crate::cmd::in_flags(&c.validate().unwrap_err()).0;
+        assert_eq!(
+            e,
+            "--max-in-flight-bytes must not be less than --max-batch-bytes"
+        );
     }
 }

@@ -254,6 +254,12 @@ impl OutboxEvent {
         }
     }
 
+    /// The payload's size in bytes (`payload` and `payload_bytes`): what the relay's byte
+    /// budgets count.
+    pub fn payload_len(&self) -> usize {
+        self.payload.as_bytes().len() + self.payload_bytes.as_ref().map_or(0, Vec::len)
+    }
+
     /// The body's content type: the stored one, else `application/json`.
     pub fn content_type(&self) -> &str {
         self.content_type.as_deref().unwrap_or(JSON_CONTENT_TYPE)

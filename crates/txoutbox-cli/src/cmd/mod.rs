@@ -29,6 +29,9 @@ pub fn relay_config(t: &RelayTuning, drain: bool) -> anyhow::Result<RelayConfig>
     c.relay_id = t.relay_id.clone().unwrap_or_else(default_relay_id);
     c.batch_size = t.batch_size;
     c.max_in_flight = t.max_in_flight;
+    c.max_batch_bytes = t.max_batch_bytes;
+    c.max_in_flight_bytes = t.max_in_flight_bytes;
+    c.max_event_bytes = t.max_event_bytes;
     c.poll_interval = t.poll_interval;
     c.lease = t.lease;
     c.max_attempts = t.max_attempts;

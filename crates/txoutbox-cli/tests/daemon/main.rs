@@ -13,6 +13,7 @@ mod common;
 mod dashboard_browser;
 mod databases_cli;
 mod drain_cli;
+mod memory_cli;
 mod ops;
 mod ordering_process;
 mod otel;

@@ -13,7 +13,7 @@ use super::Relay;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::publish::{ErrorKind, PublishError};
-use crate::store::{Claim, ClaimParams, Failure, ReleaseParams, SettleParams};
+use crate::store::{Claim, ClaimBytes, ClaimParams, Failure, ReleaseParams, SettleParams};
 use crate::OutboxEvent;
 
 /// What one cycle did.
@@ -55,6 +55,20 @@ impl Relay {
         self.finish_batch(claimed, cancel).await
     }
 
+    /// The byte limits of the next claim: the batch budget, within what the in-flight budget
+    /// has left (the pipeline claims only while some is left).
+    pub(super) fn claim_bytes(&self) -> ClaimBytes {
+        let cfg = &self.config;
+        let left = cfg
+            .max_in_flight_bytes
+            .saturating_sub(self.in_flight.bytes())
+            .max(1);
+        ClaimBytes {
+            batch: cfg.max_batch_bytes.min(left),
+            event: cfg.max_event_bytes,
+        }
+    }
+
     /// Claim up to a batch under a fresh fencing token.
     pub(super) async fn claim_batch(&self) -> Result<Claimed, Error> {
         let cfg = &self.config;
@@ -69,6 +83,7 @@ impl Relay {
                     relay_id: &cfg.relay_id,
                     token,
                     limit: cfg.batch_size,
+                    bytes: self.claim_bytes(),
                     lease: cfg.lease,
                     ordering: cfg.ordering,
                     in_flight: &in_flight,

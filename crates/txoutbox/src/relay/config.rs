@@ -13,6 +13,17 @@ pub struct RelayConfig {
     pub batch_size: usize,
     /// Messages sent but not yet acknowledged by the broker, at most.
     pub max_in_flight: usize,
+    /// Payload bytes one claim takes, at most (default 16 MiB): a batch stops before the
+    /// event that would pass it. An event larger than this still goes, in a batch of its own.
+    pub max_batch_bytes: u64,
+    /// Payload bytes of the batches in flight, at most (default 64 MiB): no batch is claimed
+    /// while those in flight hold this much. With [`max_event_bytes`](Self::max_event_bytes),
+    /// this bounds the relay's memory whatever the rows hold.
+    pub max_in_flight_bytes: u64,
+    /// An event whose payload is larger is never read into memory: it is dead-lettered at
+    /// once, with its size in the last error (default 64 MiB, NATS's ceiling and more than
+    /// Kafka, SQS, SNS and RabbitMQ take by default).
+    pub max_event_bytes: u64,
     /// Fallback poll when no wake-up arrives.
     pub poll_interval: Duration,
     /// How long a claim holds its events. A relay that dies loses them after this.
@@ -77,6 +88,9 @@ impl Default for RelayConfig {
             relay_id: default_relay_id(),
             batch_size: 500,
             max_in_flight: 1000,
+            max_batch_bytes: 16 * MIB,
+            max_in_flight_bytes: 64 * MIB,
+            max_event_bytes: 64 * MIB,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(30),
             max_attempts: 10,
@@ -92,6 +106,12 @@ impl Default for RelayConfig {
         }
     }
 }
+
+const MIB: u64 = 1024 * 1024;
+
+/// The range of the byte settings ([`RelayConfig::max_batch_bytes`] and the others): 1 KiB to
+/// 4 GiB.
+pub const BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=4096 * MIB;
 
 /// `host:pid:xxxx`: unique per process, readable in `locked_by`.
 pub fn default_relay_id() -> String {
@@ -173,6 +193,21 @@ impl RelayConfig {
         }
         if !(1..=1_000_000).contains(&self.max_in_flight) {
             return bad("max_in_flight", "must be from 1 to 1000000");
+        }
+        for (field, v) in [
+            ("max_batch_bytes", self.max_batch_bytes),
+            ("max_in_flight_bytes", self.max_in_flight_bytes),
+            ("max_event_bytes", self.max_event_bytes),
+        ] {
+            if !BYTES_RANGE.contains(&v) {
+                return bad(field, "must be from 1KiB to 4GiB");
+            }
+        }
+        if self.max_in_flight_bytes < self.max_batch_bytes {
+            return bad(
+                "max_in_flight_bytes",
+                "must not be less than max_batch_bytes",
+            );
         }
         if DurationRange::LEASE.check(self.lease).is_err() {
             return bad("lease", "must be from 1s to 1d");

@@ -30,6 +30,12 @@ impl InFlight {
         }
     }
 
+    /// The payload bytes of the claims in flight now.
+    pub(super) fn bytes(&self) -> u64 {
+        let s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_slot.values().map(|c| claim_bytes(c)).sum()
+    }
+
     /// Remember `claim` until the returned guard is dropped (after its settle or release).
     pub(super) fn hold(self: &Arc<Self>, claim: Arc<Claim>) -> Held {
         let mut s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
@@ -46,6 +52,11 @@ impl InFlight {
     fn len(&self) -> usize {
         self.snapshot().len()
     }
+}
+
+/// The payload bytes of a claim's events, as held in memory.
+pub(super) fn claim_bytes(c: &Claim) -> u64 {
+    c.events.iter().map(|e| e.payload_len() as u64).sum()
 }
 
 /// A claim's place in [`InFlight`]; dropping it forgets the claim.

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 pub use batch::BatchReport;
 pub use config::{
     default_relay_id, format_duration, parse_duration, InvalidDuration, InvalidSetting, Mode,
-    OnDeadLetter, RelayConfig, Source,
+    OnDeadLetter, RelayConfig, Source, BYTES_RANGE,
 };
 
 use crate::error::Error;
@@ -252,7 +252,10 @@ impl Relay {
                 continue;
             }
             let pausing = self.release_wanted.load(AtomicOrdering::SeqCst);
-            if busy >= cfg.pipeline.max(1) || (busy > 0 && (!claim_ahead || pausing)) {
+            // The batches in flight hold the in-flight byte budget: claim once one is done.
+            let bytes_full = busy > 0 && self.in_flight.bytes() >= cfg.max_in_flight_bytes;
+            if busy >= cfg.pipeline.max(1) || (busy > 0 && (!claim_ahead || pausing || bytes_full))
+            {
                 tokio::select! {
                     _ = cancel.cancelled() => break Ok(()),
                     Some(joined) = in_flight.join_next() => {

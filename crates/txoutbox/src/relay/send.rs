@@ -41,6 +41,25 @@ impl Relay {
         }
     }
 
+    /// Send `message`, unless `event`'s payload is over the per-event ceiling: then it fails
+    /// for good (dead-lettered, its size in the error). A table claim never hands such an
+    /// event out; the WAL source reads events from the stream, so it is checked here.
+    async fn send_within_ceiling(
+        &self,
+        event: &OutboxEvent,
+        message: &Message,
+    ) -> Result<crate::publish::Ack, PublishError> {
+        let size = event.payload_len() as u64;
+        if size > self.config.max_event_bytes {
+            return Err(PublishError::permanent(format!(
+                "event {}: {}",
+                event.id,
+                crate::store::too_large(size, self.config.max_event_bytes)
+            )));
+        }
+        self.publisher.send(message).await
+    }
+
     /// May one aggregate's events be in flight together? Unordered: yes. Ordered: only with a
     /// publisher that keeps key order ([`Publisher::keeps_key_order`]: Kafka, SQS and SNS
     /// FIFO), and only in `skip` mode. Such a broker keeps a key's order across *retries*;
@@ -102,7 +121,8 @@ impl Relay {
             }
             let mut message = Message::from_event(event);
             let span = PublishSpan::start(self.publisher.as_ref(), &mut message);
-            match tokio::time::timeout_at(deadline, self.publisher.send(&message)).await {
+            match tokio::time::timeout_at(deadline, self.send_within_ceiling(event, &message)).await
+            {
                 Ok(Ok(ack)) => in_flight.push(async move {
                     let r = ack.await;
                     span.end(&r);
@@ -182,18 +202,20 @@ impl Relay {
                         }
                         let mut message = Message::from_event(&events[i]);
                         let span = PublishSpan::start(self.publisher.as_ref(), &mut message);
-                        let result =
-                            match tokio::time::timeout_at(deadline, self.publisher.send(&message))
-                                .await
-                            {
-                                Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
-                                    Ok(r) => r,
-                                    // Not acknowledged in time: unknown, so released.
-                                    Err(_) => return,
-                                },
-                                Ok(Err(e)) => Err(e),
+                        let result = match tokio::time::timeout_at(
+                            deadline,
+                            self.send_within_ceiling(&events[i], &message),
+                        )
+                        .await
+                        {
+                            Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                                Ok(r) => r,
+                                // Not acknowledged in time: unknown, so released.
                                 Err(_) => return,
-                            };
+                            },
+                            Ok(Err(e)) => Err(e),
+                            Err(_) => return,
+                        };
                         span.end(&result);
                         let go_on = match &result {
                             Ok(()) => true,

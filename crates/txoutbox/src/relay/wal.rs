@@ -280,7 +280,12 @@ impl Relay {
                 self.backoff_after(e, &mut errors, retry, stop).await?;
                 continue;
             }
-            let mut reader = StreamReader::start(wal, rcfg.clone(), cfg.batch_size.max(16) * 2);
+            let mut reader = StreamReader::start(
+                wal,
+                rcfg.clone(),
+                cfg.batch_size.max(16) * 2,
+                cfg.max_in_flight_bytes,
+            );
             let session = Session {
                 wal,
                 blocked: &mut blocked,
@@ -349,7 +354,7 @@ impl Relay {
                     settler.kick(s.wal);
                     continue;
                 }
-                b = reader.batch(cfg.batch_size), if !settler.is_full() => Some(b),
+                b = reader.batch(cfg.batch_size, cfg.max_batch_bytes), if !settler.is_full() => Some(b),
                 _ = tokio::time::sleep(DRAIN_CHECK), if s.target.is_some() => None,
             };
             let txs = match got {

@@ -31,10 +31,11 @@ const CLOSE_WAIT: Duration = Duration::from_secs(8);
 /// One replication stream from the slot, read by a task of its own.
 pub(super) struct StreamReader {
     rx: mpsc::UnboundedReceiver<Result<WalTx, Error>>,
-    /// What bounds the channel: a permit per event waiting in it (a transaction larger than
-    /// the bound takes all, and waits alone).
+    /// What bounds the channel: permits for the events and the payload bytes waiting in it
+    /// (see [`permits`]; a transaction larger than the bound takes all, and waits alone).
     room: Arc<Semaphore>,
     capacity: usize,
+    bytes: u64,
     confirm: watch::Sender<Lsn>,
     position: watch::Receiver<Lsn>,
     close: CancellationToken,
@@ -45,13 +46,21 @@ pub(super) struct StreamReader {
 }
 
 impl StreamReader {
-    /// Start streaming `wal`'s slot from its confirmed position; about `capacity` events
-    /// wait in the channel at most (memory stays bounded however large the backlog). A
-    /// failure to connect comes out of [`StreamReader::batch`].
-    pub(super) fn start(wal: &WalStore, cfg: ReplicationConfig, capacity: usize) -> Self {
+    /// Start streaming `wal`'s slot from its confirmed position; about `capacity` events and
+    /// `bytes` payload bytes wait in the channel at most (memory stays bounded however large
+    /// the backlog or its rows; a transaction of more than `bytes` is kept as its `seq`s
+    /// only, see [`Transactions::with_byte_bound`]). A failure to connect comes out of
+    /// [`StreamReader::batch`].
+    pub(super) fn start(
+        wal: &WalStore,
+        cfg: ReplicationConfig,
+        capacity: usize,
+        bytes: u64,
+    ) -> Self {
         let capacity = capacity.max(1);
+        let bytes = bytes.max(1);
         let (tx, rx) = mpsc::unbounded_channel();
-        let room = Arc::new(Semaphore::new(capacity));
+        let room = Arc::new(Semaphore::new(room_units(capacity)));
         let (confirm, confirm_rx) = watch::channel(Lsn(0));
         let (position_tx, position) = watch::channel(Lsn(0));
         let close = CancellationToken::new();
@@ -63,6 +72,7 @@ impl StreamReader {
             tx,
             room: room.clone(),
             capacity,
+            bytes,
             confirm: confirm_rx,
             position: position_tx,
             close: close.clone(),
@@ -71,6 +81,7 @@ impl StreamReader {
             rx,
             room,
             capacity,
+            bytes,
             confirm,
             position,
             close,
@@ -79,10 +90,15 @@ impl StreamReader {
         }
     }
 
-    /// The next batch: whole transactions, at least one, about `max_events` events in all
-    /// (a transaction larger than that comes alone). Waits for the first. An error (the
-    /// stream broke, or never started) ends this reader: start another. Cancel-safe.
-    pub(super) async fn batch(&mut self, max_events: usize) -> Result<Vec<WalTx>, Error> {
+    /// The next batch: whole transactions, at least one, about `max_events` events and
+    /// `max_bytes` payload bytes in all (a transaction larger than that comes alone). Waits
+    /// for the first. An error (the stream broke, or never started) ends this reader: start
+    /// another. Cancel-safe.
+    pub(super) async fn batch(
+        &mut self,
+        max_events: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<WalTx>, Error> {
         let first = match self.next.take() {
             Some(r) => r?,
             None => match self.rx.recv().await {
@@ -99,15 +115,21 @@ impl StreamReader {
             return Ok(vec![first]);
         }
         let mut events = first.events.len();
+        let mut bytes = payload_bytes(&first);
         let mut batch = vec![first];
-        while events < max_events {
+        while events < max_events && bytes < max_bytes {
             match self.rx.try_recv().map(|r| self.taken(r)) {
-                Ok(Ok(t)) if events + t.events.len() > max_events || t.large.is_some() => {
+                Ok(Ok(t))
+                    if events + t.events.len() > max_events
+                        || bytes + payload_bytes(&t) > max_bytes
+                        || t.large.is_some() =>
+                {
                     self.next = Some(Ok(t));
                     break;
                 }
                 Ok(Ok(t)) => {
                     events += t.events.len();
+                    bytes += payload_bytes(&t);
                     batch.push(t);
                 }
                 // The error waits for the next call: this batch is good.
@@ -124,7 +146,8 @@ impl StreamReader {
     /// A message out of the channel: its room is free again.
     fn taken(&self, r: Result<WalTx, Error>) -> Result<WalTx, Error> {
         if let Ok(t) = &r {
-            self.room.add_permits(permits(t, self.capacity) as usize);
+            self.room
+                .add_permits(permits(t, self.capacity, self.bytes) as usize);
         }
         r
     }
@@ -170,6 +193,7 @@ struct Task {
     tx: mpsc::UnboundedSender<Result<WalTx, Error>>,
     room: Arc<Semaphore>,
     capacity: usize,
+    bytes: u64,
     confirm: watch::Receiver<Lsn>,
     position: watch::Sender<Lsn>,
     close: CancellationToken,
@@ -219,7 +243,7 @@ impl Task {
     }
 
     async fn read(&mut self, stream: &mut ReplicationStream) -> Result<Ended, Error> {
-        let mut asm = Transactions::new(self.table.clone());
+        let mut asm = Transactions::new(self.table.clone()).with_byte_bound(self.bytes);
         // The end of the last transaction handed to the relay, and the relay's confirmation.
         let mut forwarded = Lsn(0);
         let mut acked = Lsn(0);
@@ -272,7 +296,7 @@ impl Task {
         stream: &mut ReplicationStream,
         acked: &mut Lsn,
     ) -> Result<Option<Ended>, Error> {
-        let n = permits(&t, self.capacity);
+        let n = permits(&t, self.capacity, self.bytes);
         // Room now (the usual case): no wait, and no timer. (A timer due "now" is due at the
         // timer's next millisecond tick: waiting for one per transaction held the stream to
         // about a thousand transactions a second.)
@@ -316,8 +340,28 @@ impl Task {
     }
 }
 
-/// The channel room a transaction takes: a permit per event, at most all of them (and at
-/// least one).
-fn permits(t: &WalTx, capacity: usize) -> u32 {
-    u32::try_from(t.events.len().clamp(1, capacity)).unwrap_or(u32::MAX)
+/// The units of channel room an event takes: its payload takes its share of the rest.
+const EVENT_UNITS: u128 = 1024;
+
+/// The channel's room, in units: `capacity` events' worth.
+fn room_units(capacity: usize) -> usize {
+    usize::try_from(capacity as u128 * EVENT_UNITS)
+        .unwrap_or(usize::MAX)
+        .min(u32::MAX as usize)
+}
+
+/// The payload bytes of a transaction's events held.
+fn payload_bytes(t: &WalTx) -> u64 {
+    t.events.iter().map(|e| e.event.payload_len() as u64).sum()
+}
+
+/// The channel room a transaction takes, in units of [`room_units`]: [`EVENT_UNITS`] per
+/// event plus its payload's share of the room (`bytes` of payload fill it all), so that the
+/// channel holds at most `capacity` events and at most `bytes` payload bytes; at most all
+/// of the room (and at least one unit).
+fn permits(t: &WalTx, capacity: usize, bytes: u64) -> u32 {
+    let room = room_units(capacity) as u128;
+    let by_bytes = (payload_bytes(t) as u128 * room).div_ceil(u128::from(bytes.max(1)));
+    let cost = (t.events.len() as u128 * EVENT_UNITS + by_bytes).clamp(1, room);
+    u32::try_from(cost).unwrap_or(u32::MAX)
 }

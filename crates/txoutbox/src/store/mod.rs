@@ -26,6 +26,7 @@ pub mod sqlite;
 mod text;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod undecodable;
+pub(crate) use undecodable::too_large;
 pub mod wakeup;
 
 pub use operator::{EventFilter, EventPage, FilterError, Operator, Page};
@@ -49,6 +50,8 @@ pub struct ClaimParams<'a> {
     pub token: Uuid,
     /// At most this many events.
     pub limit: usize,
+    /// At most this many payload bytes, and no event larger than a ceiling.
+    pub bytes: ClaimBytes,
     /// How long the claimed events stay leased; after it another relay may claim them.
     pub lease: Duration,
     /// The relay's mode: which events are claimable.
@@ -61,6 +64,46 @@ pub struct ClaimParams<'a> {
     /// The relay's metric labels, on what the claim counts itself (rows dead-lettered because
     /// they did not decode).
     pub metric_labels: &'a crate::metrics::MetricLabels,
+}
+
+/// The byte limits of one claim, so that what a relay holds is bounded by its settings
+/// whatever the rows hold.
+///
+/// Sizes are of `payload` and `payload_bytes` as stored, uncompressed (on PostgreSQL, a
+/// compressed `jsonb` value is measured as its text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBytes {
+    /// Payload bytes in all, at most: the claim stops before the event that would pass this.
+    /// The first event is taken whatever its size (up to [`event`](Self::event)), so a
+    /// large event still goes, alone.
+    pub batch: u64,
+    /// An event whose payload is larger is not read: the claim dead-letters it at once, with
+    /// its size in the last error (no broker would take it).
+    pub event: u64,
+}
+
+impl ClaimBytes {
+    /// No byte limit (the claim is bounded by its event count alone).
+    pub const UNLIMITED: ClaimBytes = ClaimBytes {
+        batch: u64::MAX,
+        event: u64::MAX,
+    };
+
+    /// [`batch`](Self::batch) as an SQL parameter.
+    pub(crate) fn batch_param(&self) -> i64 {
+        i64::try_from(self.batch).unwrap_or(i64::MAX)
+    }
+
+    /// [`event`](Self::event) as an SQL parameter.
+    pub(crate) fn event_param(&self) -> i64 {
+        i64::try_from(self.event).unwrap_or(i64::MAX)
+    }
+}
+
+impl Default for ClaimBytes {
+    fn default() -> Self {
+        Self::UNLIMITED
+    }
 }
 
 /// A claimed batch: its events, what fences its settle, and how long it may be published.

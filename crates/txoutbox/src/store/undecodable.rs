@@ -32,13 +32,44 @@ pub(crate) struct Decoded {
     pub event_type: Option<String>,
     /// The aggregate as stored, when both parts decoded.
     pub aggregate: Option<(String, String)>,
+    /// Why the event is refused whole, read or not: its payload is larger than the claim's
+    /// [`ClaimBytes::event`](crate::store::ClaimBytes::event) (the claim did not read it).
+    pub too_large: Option<String>,
 }
 
 impl Decoded {
-    /// The last error to dead-letter it with, if it did not decode.
+    /// The last error to dead-letter it with, if it did not decode or is refused.
     pub fn last_error(&self) -> Option<String> {
+        if let Some(e) = &self.too_large {
+            return Some(e.clone());
+        }
         (!self.problems.is_empty()).then(|| format!("{PREFIX}{}", self.problems.join("; ")))
     }
+
+    /// Whether the claim dead-letters this row rather than hand it out.
+    pub fn is_bad(&self) -> bool {
+        self.too_large.is_some() || !self.problems.is_empty()
+    }
+
+    /// Refuse the event if its payload (`size` bytes, as the claim measured it) is over
+    /// `limit`: such a row comes without its payload, so what did not decode for that is moot.
+    pub fn refuse_over(&mut self, size: Option<i64>, limit: u64) {
+        let Some(size) = size.and_then(|s| u64::try_from(s).ok()) else {
+            return;
+        };
+        if size > limit {
+            self.problems.clear();
+            self.too_large = Some(too_large(size, limit));
+        }
+    }
+}
+
+/// The last error of an event whose payload no claim may read.
+pub(crate) fn too_large(size: u64, limit: u64) -> String {
+    format!(
+        "payload of {size} bytes is over the relay's max_event_bytes ({limit} bytes): \
+         dead-lettered unsent (raise --max-event-bytes if the broker takes it)"
+    )
 }
 
 /// Reads the columns of one row, noting each that does not decode instead of stopping at the
@@ -209,6 +240,7 @@ where
             problems: self.problems,
             event_type,
             aggregate,
+            too_large: None,
         }
     }
 }
@@ -278,9 +310,9 @@ pub(crate) fn split(mut rows: Vec<Decoded>, ordering: Ordering) -> Split {
     rows.sort_unstable_by_key(|d| d.event.seq);
     let (mut events, mut bad, mut held) = (Vec::new(), Vec::new(), Vec::new());
     for d in rows {
-        if !d.problems.is_empty() {
+        if d.is_bad() {
             tracing::warn!(seq = d.event.seq, error = %d.last_error().unwrap_or_default(),
-                "dead-lettering a row that does not decode");
+                "dead-lettering a row that does not decode or is too large to send");
             bad.push(d);
             continue;
         }

@@ -197,6 +197,8 @@ macro_rules! store_conformance {
             purge_deletes_published_rows_in_batches,
             byte_payloads_round_trip_beside_json_ones,
             json_payloads_keep_every_digit,
+            claims_stop_at_the_byte_budget,
+            an_event_over_the_ceiling_is_dead_lettered_unread,
         );
     };
     (@tests $harness:ty, $($name:ident),* $(,)?) => {

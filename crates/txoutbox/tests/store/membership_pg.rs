@@ -36,6 +36,7 @@ fn ordered_claim(relay_id: &str, token: Uuid) -> ClaimParams<'_> {
         relay_id,
         token,
         limit: 100,
+        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
         lease: Duration::from_secs(30),
         ordering: Ordering::Ordered,
         in_flight: &[],

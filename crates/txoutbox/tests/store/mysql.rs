@@ -20,6 +20,7 @@ fn claim(relay_id: &str, ordering: Ordering) -> ClaimParams<'_> {
         relay_id,
         token: Uuid::new_v4(),
         limit: 100,
+        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
         lease: Duration::from_secs(30),
         ordering,
         in_flight: &[],

@@ -16,6 +16,7 @@ use crate::OutboxTable;
 pub(super) fn names(t: &OutboxTable) -> Fill {
     let f = Fill::new()
         .fragment("{{claimable}}", sql_file!("mysql", "claimable"))
+        .fragment("{{payload_size}}", sql_file!("mysql", "payload_size"))
         .fragment("{{unfinished}}", sql_file!("mysql", "unfinished"))
         .fragment("{{lease_cleared}}", sql_file!("mysql", "lease_cleared"))
         .name("{{partitions}}", derived(t, "partitions"))
@@ -37,6 +38,8 @@ pub(super) struct Queries {
     pub(super) claim_lease: String,
     /// `{{list}}`: the claimed seqs.
     pub(super) claim_read: String,
+    /// `{{list}}`: the claimed seqs over the per-event ceiling, read without their payloads.
+    pub(super) claim_read_unsent: String,
     pub(super) bury: String,
     /// `{{list}}`: the held seqs.
     pub(super) bury_held: String,
@@ -44,6 +47,14 @@ pub(super) struct Queries {
     pub(super) deregister_partitions: String,
     pub(super) partition_count: String,
     pub(super) heartbeat: HeartbeatSql<Then>,
+}
+
+/// The event's columns without its payload: a claimed event too large to send.
+fn unsent_columns() -> String {
+    crate::store::rows::COLUMNS.replace(
+        "payload, payload_bytes,",
+        "NULL AS payload, NULL AS payload_bytes,",
+    )
 }
 
 impl Queries {
@@ -56,6 +67,10 @@ impl Queries {
             claim_lock: f.fill(sql_file!("mysql", "claim_lock")),
             claim_lease: f.fill(sql_file!("mysql", "claim_lease")),
             claim_read: f.fill(sql_file!("mysql", "claim_read")),
+            claim_read_unsent: f.fill_with(
+                sql_file!("mysql", "claim_read"),
+                &[("{{columns}}", &unsent_columns())],
+            ),
             bury: f.fill(sql_file!("mysql", "bury")),
             bury_held: f.fill(sql_file!("mysql", "bury_held")),
             deregister_held: f.fill(sql_file!("mysql", "deregister_held")),

@@ -62,6 +62,18 @@ impl ScanState {
     }
 }
 
+/// A claim's rows decoded, each event over the claim's per-event ceiling refused (it came
+/// without its payload, with its size in `payload_size`).
+pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<Decoded>, Error> {
+    rows.iter()
+        .map(|r| {
+            let mut d = decode_row(r)?;
+            d.refuse_over(r.try_get("payload_size").ok(), p.bytes.event);
+            Ok(d)
+        })
+        .collect()
+}
+
 impl PgStore {
     /// One unordered claim of up to `limit` rows with `seq > floor` (0: from the start).
     pub(super) async fn claim_unordered(
@@ -76,6 +88,8 @@ impl PgStore {
             .bind(p.relay_id)
             .bind(p.token)
             .bind(floor)
+            .bind(p.bytes.batch_param())
+            .bind(p.bytes.event_param())
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -120,6 +134,8 @@ impl PgStore {
             .bind(p.ordering == Ordering::OrderedHold)
             .bind(&busy)
             .bind(upto)
+            .bind(p.bytes.batch_param())
+            .bind(p.bytes.event_param())
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -137,7 +153,7 @@ impl PgStore {
             .map_err(g)?;
         keys.sort_unstable();
         keys.dedup();
-        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        let rows = decode_claimed(&rows, p)?;
         // Events held behind an undecodable row (`hold`) are simply not handed out: an
         // ordered claim leases nothing.
         let (events, bad, _held) = undecodable::split(rows, p.ordering);

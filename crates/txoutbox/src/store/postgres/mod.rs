@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
 use tokio::sync::Mutex;
 
-mod claim;
+pub(crate) mod claim;
 mod decode;
 mod operator;
 mod partitions;
@@ -24,9 +24,9 @@ use super::{
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
 use claim::ScanState;
-use decode::decode_row;
 pub(crate) use decode::event_from_row;
 use queries::Queries;
+use sqlx::Row;
 
 /// While ordered claims are in flight, the next claim reads at most this many batches' worth
 /// of `seq` past the last event in flight (see `claim_ordered`).
@@ -181,12 +181,25 @@ impl Store for PgStore {
         let started = Instant::now();
         let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
         let mut rows = self.claim_unordered(&p, floor, p.limit).await?;
-        if floor > 0 && rows.len() < p.limit {
-            // The backlog past the cursor ran out: look behind it too, so that a short
-            // claim always means "nothing more is claimable now".
-            rows.extend(self.claim_unordered(&p, 0, p.limit - rows.len()).await?);
+        let used: u64 = rows
+            .iter()
+            .filter_map(|r| r.try_get::<i64, _>("payload_size").ok())
+            .map(|s| u64::try_from(s).unwrap_or(0))
+            .sum();
+        if floor > 0 && rows.len() < p.limit && used < p.bytes.batch {
+            // The backlog past the cursor ran out (not the byte budget): look behind it too,
+            // so that a short claim means "nothing more is claimable now", within what is
+            // left of the budget.
+            let rest = ClaimParams {
+                bytes: crate::store::ClaimBytes {
+                    batch: p.bytes.batch - used,
+                    ..p.bytes
+                },
+                ..p
+            };
+            rows.extend(self.claim_unordered(&rest, 0, p.limit - rows.len()).await?);
         }
-        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        let rows = claim::decode_claimed(&rows, &p)?;
         let (events, bad, _) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(&p, &bad, None).await;

@@ -25,6 +25,8 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
         .name("{{processed_events}}", t.processed_events())
         .name("{{schema}}", t.schema().quoted())
         .name("{{columns}}", COLUMNS)
+        .fragment("{{stored_size}}", sql_file!("postgres", "stored_size"))
+        .fragment("{{within_bytes}}", sql_file!("postgres", "within_bytes"))
         .name("{{insert_columns}}", crate::store::rows::INSERT_COLUMNS)
         .name(
             "{{insert_columns_bytes}}",

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::{id_list, SqliteStore};
@@ -30,10 +31,19 @@ impl SqliteStore {
             .bind(p.relay_id)
             .bind(p.token.hyphenated().to_string())
             .bind(p.ordering == Ordering::OrderedHold)
+            .bind(p.bytes.batch_param())
+            .bind(p.bytes.event_param())
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let decoded = rows.iter().map(decode_text_row).collect::<Result<_, _>>()?;
+        let decoded = rows
+            .iter()
+            .map(|r| {
+                let mut d = decode_text_row(r)?;
+                d.refuse_over(r.try_get("payload_size").ok(), p.bytes.event);
+                Ok(d)
+            })
+            .collect::<Result<_, Error>>()?;
         let (events, bad, held) = undecodable::split(decoded, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(&p, &bad, &held).await;

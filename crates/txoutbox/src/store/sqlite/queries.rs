@@ -31,9 +31,25 @@ pub(super) struct Queries {
     pub(super) relay_gc: String,
 }
 
+/// The claim's `RETURNING` list: the event's columns, but no payload for an event over the
+/// per-event ceiling (?7), and every payload's size.
+fn capped_columns() -> String {
+    const SIZE: &str =
+        "(coalesce(octet_length(payload), 0) + coalesce(octet_length(payload_bytes), 0))";
+    crate::store::rows::COLUMNS.replace(
+        "payload, payload_bytes,",
+        &format!(
+            "CASE WHEN {SIZE} > ?7 THEN NULL ELSE payload END AS payload, \
+             CASE WHEN {SIZE} > ?7 THEN NULL ELSE payload_bytes END AS payload_bytes,"
+        ),
+    ) + &format!(", {SIZE} AS payload_size")
+}
+
 impl Queries {
     pub(super) fn new(t: &OutboxTable, retention: Retention) -> Self {
-        let f = names(t);
+        let f = names(t)
+            .fragment("{{payload_size}}", sql_file!("sqlite", "payload_size"))
+            .name("{{capped_columns}}", capped_columns());
         let claim = sql_file!("sqlite", "claim");
         Self {
             text: text_queries!("sqlite", &f, retention),

@@ -18,9 +18,11 @@ pub use super::operator::{
 };
 use crate::NewEvent;
 
+mod bytes;
 mod ordered;
 mod retry;
 mod undecodable;
+pub use bytes::*;
 pub use ordered::*;
 pub use retry::*;
 pub use undecodable::*;
@@ -42,6 +44,7 @@ fn claim(relay_id: &str, token: Uuid, limit: usize, lease: Duration) -> ClaimPar
         relay_id,
         token,
         limit,
+        bytes: crate::store::ClaimBytes::UNLIMITED,
         lease,
         ordering: Ordering::Unordered,
         in_flight: &[],

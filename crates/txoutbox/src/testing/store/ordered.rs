@@ -25,6 +25,7 @@ pub async fn ordered_claim_never_passes_a_blocked_aggregate<H: Harness>(h: &H) {
         store
             .claim(ClaimParams {
                 limit: 1,
+                bytes: crate::store::ClaimBytes::UNLIMITED,
                 ..ordered("r", token, Ordering::Ordered)
             })
             .await
@@ -80,6 +81,7 @@ pub async fn ordered_claim_never_passes_a_blocked_aggregate<H: Harness>(h: &H) {
     let again = store
         .claim(ClaimParams {
             limit: 1,
+            bytes: crate::store::ClaimBytes::UNLIMITED,
             ..ordered("r", Uuid::new_v4(), Ordering::Ordered)
         })
         .await
@@ -118,6 +120,7 @@ pub async fn hold_mode_keeps_an_aggregate_behind_its_dead_letter<H: Harness>(h: 
     let first = store
         .claim(ClaimParams {
             limit: 1,
+            bytes: crate::store::ClaimBytes::UNLIMITED,
             ..ordered("r", token, Ordering::OrderedHold)
         })
         .await

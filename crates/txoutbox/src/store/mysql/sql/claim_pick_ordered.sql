@@ -1,7 +1,8 @@
 -- Ordered, a plain read (locked afterwards: claim_lock.sql): claimable events with their
 -- aggregates, in the partitions (of ? in all) relay ? owns with a margin on the lease, with
--- no earlier event of their aggregate backing off, leased or (with ?, `hold`) dead; at most ?.
-SELECT e.seq, e.aggregate_type, e.aggregate_id {{claimable}}
+-- no earlier event of their aggregate backing off, leased or (with ?, `hold`) dead; at most ?;
+-- with their payloads' sizes (the claim keeps what fits its byte budget).
+SELECT e.seq, e.aggregate_type, e.aggregate_id, {{payload_size}} AS size {{claimable}}
   AND MOD(e.partition_key, ?) IN (
       SELECT `partition` FROM {{partitions}}
       WHERE owner = ? AND lease_until > {{now_ms}} + {{claim_margin_ms}})

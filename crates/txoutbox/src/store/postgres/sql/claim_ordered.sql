@@ -11,13 +11,17 @@
 -- runs. The walk of the pending index runs only if one of the owned partitions has an event
 -- available at all (an InitPlan, one probe of the partition index per partition): the empty
 -- claim of an idle relay beside another relay's backlog costs next to nothing.
--- $1 limit, $2 relay id, $3 partition count.
-WITH owned AS (
+-- Up to the byte budget (within_bytes.sql; an event over the per-event ceiling comes without
+-- its payload, and its size: the claim dead-letters it).
+-- $1 limit, $2 relay id, $3 partition count, $7 the byte budget, $8 the per-event ceiling.
+WITH RECURSIVE lim AS (SELECT $7::int8 AS batch, $8::int8 AS event),
+owned AS (
    SELECT partition, lease_until, epoch FROM {{partitions}}
    WHERE owner = $2 AND lease_until > now() + interval '{{claim_margin_ms}} milliseconds'
-)
+),
+c AS (
 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.payload_bytes, e.content_type,
-  e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
+  {{stored_size}}, e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at,
   e.processed_at, e.dead_at, e.locked_by, e.locked_until, e.last_error, e.partition_key,
   extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
   (SELECT array_agg(partition ORDER BY partition) FROM owned) AS fence_partitions,
@@ -44,3 +48,13 @@ WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
   )
 ORDER BY e.seq
 LIMIT $1
+),
+{{within_bytes}}
+SELECT c.id, c.seq, c.aggregate_type, c.aggregate_id, c.event_type,
+  CASE WHEN b.size > $8 THEN NULL ELSE c.payload END AS payload,
+  CASE WHEN b.size > $8 THEN NULL ELSE c.payload_bytes END AS payload_bytes, c.content_type,
+  c.headers, c.attempts, c.attempts_unavailable, c.available_at, c.created_at, c.processed_at,
+  c.dead_at, c.locked_by, c.locked_until, c.last_error, c.partition_key, c.lease_left,
+  c.fence_partitions, c.fence_epochs, b.size AS payload_size
+FROM c JOIN b ON b.id = c.id
+ORDER BY c.seq

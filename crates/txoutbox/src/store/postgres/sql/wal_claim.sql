@@ -1,9 +1,11 @@
 -- The table path of a WAL relay: claim handed-off events (see migration 4), leased like the
 -- unordered claim. Ordered ($5), an event waits while an earlier event of its aggregate backs
 -- off, is leased, or (with $6, `hold`) is dead: one short probe of the `blocking` index.
--- $1 limit, $2 lease (ms), $3 relay id, $4 token.
-WITH c AS (
-   SELECT e.id FROM {{table}} e
+-- Up to the byte budget, as claim.sql. $1 limit, $2 lease (ms), $3 relay id, $4 token, $7 the
+-- byte budget, $8 the per-event ceiling.
+WITH RECURSIVE lim AS (SELECT $7::int8 AS batch, $8::int8 AS event),
+c AS (
+   SELECT e.id, e.seq, {{stored_size}} FROM {{table}} e
    WHERE e.handed_off_at IS NOT NULL AND e.processed_at IS NULL AND e.dead_at IS NULL
      AND e.available_at <= now()
      AND (e.locked_until IS NULL OR e.locked_until <= now())
@@ -18,10 +20,13 @@ WITH c AS (
    ORDER BY e.seq
    LIMIT $1
    FOR UPDATE OF e SKIP LOCKED
-)
+),
+{{within_bytes}}
 UPDATE {{table}} AS e
 SET locked_until = now() + $2 * interval '1 millisecond', locked_by = $3, lock_token = $4
-FROM c WHERE e.id = c.id
-RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type, e.payload, e.payload_bytes, e.content_type,
+FROM b WHERE e.id = b.id
+RETURNING e.id, e.seq, e.aggregate_type, e.aggregate_id, e.event_type,
+  CASE WHEN b.size > $8 THEN NULL ELSE e.payload END AS payload,
+  CASE WHEN b.size > $8 THEN NULL ELSE e.payload_bytes END AS payload_bytes, e.content_type,
   e.headers, e.attempts, e.attempts_unavailable, e.available_at, e.created_at, e.processed_at, e.dead_at,
-  e.locked_by, e.locked_until, e.last_error
+  e.locked_by, e.locked_until, e.last_error, b.size AS payload_size

@@ -535,6 +535,10 @@ pub struct Transactions {
     table: OutboxTable,
     /// Events of one transaction held at most.
     bound: usize,
+    /// Payload bytes of one transaction held at most.
+    byte_bound: u64,
+    /// Payload bytes of the open transaction's events held.
+    open_bytes: u64,
     /// Per relation OID: how to read its rows (`None`: a table that is not the outbox).
     relations: HashMap<u32, Option<Layout>>,
     open: Option<WalTx>,
@@ -548,6 +552,8 @@ impl Transactions {
         Self {
             table,
             bound: LARGE_TX_EVENTS,
+            byte_bound: u64::MAX,
+            open_bytes: 0,
             relations: HashMap::new(),
             open: None,
             position: Lsn(0),
@@ -557,6 +563,14 @@ impl Transactions {
     /// Hold at most `events` events of one transaction (instead of [`LARGE_TX_EVENTS`]).
     pub fn with_bound(mut self, events: usize) -> Self {
         self.bound = events.max(1);
+        self
+    }
+
+    /// Hold at most `bytes` payload bytes of one transaction: past them, as past the event
+    /// bound, only its `seq`s are kept (the relay's byte budget, so that a transaction of a
+    /// few huge rows is bounded like one of many small ones).
+    pub fn with_byte_bound(mut self, bytes: u64) -> Self {
+        self.byte_bound = bytes.max(1);
         self
     }
 
@@ -587,6 +601,7 @@ impl Transactions {
                     ))
                     .into());
                 }
+                self.open_bytes = 0;
                 self.open = Some(WalTx {
                     xid,
                     commit_lsn: final_lsn,
@@ -626,8 +641,9 @@ impl Transactions {
                     match &mut open.large {
                         Some(seqs) => seqs.add(event.event.seq),
                         None => {
+                            self.open_bytes += event.event.payload_len() as u64;
                             open.events.push(event);
-                            if open.events.len() > self.bound {
+                            if open.events.len() > self.bound || self.open_bytes > self.byte_bound {
                                 let mut seqs = SeqRanges::default();
                                 for e in std::mem::take(&mut open.events) {
                                     seqs.add(e.event.seq);

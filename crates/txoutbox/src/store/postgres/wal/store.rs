@@ -27,7 +27,6 @@ use super::{
 };
 use crate::error::Error;
 use crate::store::operator::millis;
-use crate::store::postgres::decode::decode_row;
 use crate::store::postgres::queries::names;
 use crate::store::postgres::PgStore;
 use crate::store::sql::sql_file;
@@ -648,10 +647,12 @@ impl Store for TablePath {
             .bind(p.token)
             .bind(p.ordering.is_ordered())
             .bind(p.ordering == Ordering::OrderedHold)
+            .bind(p.bytes.batch_param())
+            .bind(p.bytes.event_param())
             .fetch_all(w.pool())
             .await
             .map_err(|e| w.store.err(e))?;
-        let rows = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        let rows = crate::store::postgres::claim::decode_claimed(&rows, &p)?;
         let (events, bad, held) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
             w.store.bury_undecodable(&p, &bad, None).await;
