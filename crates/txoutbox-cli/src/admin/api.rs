@@ -82,6 +82,8 @@ pub async fn status(
         o.history.slot().as_ref(),
     );
     body["sampled_at"] = json!(latest.at);
+    // While the database's admin queries fail, this reading is the last one: since when.
+    body["stale_since"] = json!(o.history.stale_since());
     if let Some(name) = &o.name {
         body["outbox"] = json!(name);
         body["error"] = json!(o.error().map(|e| s.redact(&e)));
@@ -172,6 +174,26 @@ pub async fn readyz(State(s): State<SharedState>) -> Response {
     (code, Json(body)).into_response()
 }
 
+/// `GET /api/v1/readiness` (`?outbox=NAME` with several): the outbox's readiness as `/readyz`
+/// checks it (`ready`, `database`, `broker`, and `relay` when its relay is not running),
+/// answered 200 whatever it says, for the dashboard's banner; with `stale_since` (the
+/// database's admin queries have failed since then, so the status is an old reading; `null`
+/// while they answer), `last_error` (why its relay is not running, else the failing admin
+/// query's error; `null`) and `checked_at`. Behind the API's token like every `/api/` call.
+pub async fn readiness(
+    State(s): State<SharedState>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<Value>, AppError> {
+    let o = s.outbox(q.as_deref())?;
+    let (_, mut body) = ready(&s, o).await;
+    let down = o.history.queries().down();
+    body["stale_since"] = json!(down.as_ref().map(|d| d.since));
+    let last = o.error().or_else(|| down.map(|d| d.error));
+    body["last_error"] = json!(last.map(|e| s.redact(&e)));
+    body["checked_at"] = json!(chrono::Utc::now());
+    Ok(Json(body))
+}
+
 /// One outbox's readiness: (ready, `{"ready", "database", "broker"}`).
 async fn ready(s: &super::AdminState, o: &super::OutboxAdmin) -> (bool, Value) {
     let database = async {
@@ -251,9 +273,10 @@ pub async fn list_events(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let (f, page) = filter_from_query(q.as_deref())?;
-    Ok(page_body(store.list_events(&f, page).await?))
+    Ok(page_body(o.query(store.list_events(&f, page)).await?))
 }
 
 pub async fn get_event(
@@ -261,9 +284,10 @@ pub async fn get_event(
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<OutboxEvent>, AppError> {
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let id = parse_id(&id)?;
-    match store.get_event(id).await? {
+    match o.query(store.get_event(id)).await? {
         // Serialised as it is: the payload's text goes out raw, every digit kept.
         Some(e) => Ok(Json(e)),
         None => Err(AppError::NotFound(format!("no event with id {id}"))),
@@ -275,10 +299,11 @@ pub async fn list_dead(
     State(s): State<SharedState>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<Value>, AppError> {
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let (mut f, page) = filter_from_query(q.as_deref())?;
     dead_only(&mut f)?;
-    Ok(page_body(store.list_events(&f, page).await?))
+    Ok(page_body(o.query(store.list_events(&f, page)).await?))
 }
 
 fn dead_only(f: &mut EventFilter) -> Result<(), AppError> {
@@ -299,9 +324,10 @@ pub async fn get_dead(
     RawQuery(q): RawQuery,
     Path(id): Path<String>,
 ) -> Result<Json<OutboxEvent>, AppError> {
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let id = parse_id(&id)?;
-    match store.get_event(id).await? {
+    match o.query(store.get_event(id)).await? {
         Some(e) if e.dead_at.is_some() && e.processed_at.is_none() => Ok(Json(e)),
         _ => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
     }
@@ -314,9 +340,10 @@ pub async fn retry_one(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let f = one(&id)?;
-    match store.retry_dead(&f).await? {
+    match o.query(store.retry_dead(&f)).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "retried": n }))),
     }
@@ -329,9 +356,10 @@ pub async fn discard_one(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let f = one(&id)?;
-    match store.discard_dead(&f).await? {
+    match o.query(store.discard_dead(&f)).await? {
         0 => Err(AppError::NotFound(format!("no dead letter with id {id}"))),
         n => Ok(Json(json!({ "discarded": n }))),
     }
@@ -399,9 +427,10 @@ pub async fn retry_many(
     body: Bytes,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let f = bulk_filter(&body)?;
-    let n = store.retry_dead(&f).await?;
+    let n = o.query(store.retry_dead(&f)).await?;
     tracing::info!(retried = n, "dead letters retried through the admin API");
     Ok(Json(json!({ "retried": n })))
 }
@@ -414,9 +443,10 @@ pub async fn discard_many(
     body: Bytes,
 ) -> Result<Json<Value>, AppError> {
     s.auth.mutate(&headers)?;
-    let store = s.outbox(q.as_deref())?.store()?;
+    let o = s.outbox(q.as_deref())?;
+    let store = o.store()?;
     let f = bulk_filter(&body)?;
-    let n = store.discard_dead(&f).await?;
+    let n = o.query(store.discard_dead(&f)).await?;
     tracing::info!(
         discarded = n,
         "dead letters discarded through the admin API"

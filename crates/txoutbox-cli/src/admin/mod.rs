@@ -130,6 +130,27 @@ impl OutboxAdmin {
             .ok_or_else(|| error::AppError::Unavailable(self.not_connected()))
     }
 
+    /// Run an admin query of its database: a failure answers a 500 and is logged once per
+    /// outage (the outage's start, and its end at the next query that answers), by the same
+    /// [`error::Outage`] as the sampler's readings, so the status says its reading is stale.
+    pub async fn query<T>(
+        &self,
+        query: impl std::future::Future<Output = Result<T, txoutbox::Error>>,
+    ) -> Result<T, error::AppError> {
+        match query.await {
+            Ok(v) => {
+                self.history.queries().answered();
+                Ok(v)
+            }
+            Err(e) => {
+                self.history
+                    .queries()
+                    .failed(&format!("{:#}", anyhow::Error::from(e)));
+                Err(error::AppError::QueryFailed)
+            }
+        }
+    }
+
     /// Readiness's connection, once connected.
     fn conn_probe(&self) -> Option<Arc<dyn Operator>> {
         self.conn().map(|c| c.probe)
@@ -199,6 +220,7 @@ pub fn router(state: SharedState) -> Router {
     let api = Router::new()
         .route("/status", get(api::status))
         .route("/outboxes", get(api::outboxes))
+        .route("/readiness", get(api::readiness))
         .route("/history", get(api::history))
         .route("/events", get(api::list_events))
         .route("/events/{id}", get(api::get_event))
@@ -343,3 +365,6 @@ impl Publisher for SharedPublisher {
 
 #[cfg(all(test, feature = "sqlite", feature = "mysql"))]
 mod tests;
+
+#[cfg(all(test, feature = "postgres"))]
+mod outage_tests;

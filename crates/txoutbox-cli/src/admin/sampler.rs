@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use txoutbox::metrics as m;
 use txoutbox::store::Operator;
 
+use super::error::Outage;
 use crate::cmd::slot::{SlotReader, SlotStatus};
 
 /// Samples kept for the dashboard's chart (at 5 s: the last 15 minutes).
@@ -32,12 +33,30 @@ pub struct Sample {
 }
 
 /// The last [`KEEP`] samples, and the last full reading for `/api/v1/status`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct History {
     inner: Mutex<State>,
     latest: Mutex<Option<Latest>>,
     /// The WAL source's replication slot at the last reading (PostgreSQL, when it exists).
     slot: Mutex<Option<SlotStatus>>,
+    /// The admin queries of the outbox's database, the sampler's and the API's: while they
+    /// fail, the last reading is stale (logged once per outage).
+    queries: Outage,
+    /// The slot's readings: a failure keeps the last one (logged once per outage too, unless
+    /// it is part of an outage of `queries`).
+    slot_reads: Outage,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            latest: Mutex::default(),
+            slot: Mutex::default(),
+            queries: Outage::new("admin queries of the database"),
+            slot_reads: Outage::new("reads of the replication slot for the status"),
+        }
+    }
 }
 
 /// The newest reading: what `/api/v1/status` answers with, without a query of its own.
@@ -62,6 +81,17 @@ impl History {
             .lock()
             .map(|s| s.samples.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The admin queries of the outbox's database: whether they fail, since when.
+    pub fn queries(&self) -> &Outage {
+        &self.queries
+    }
+
+    /// Since when the newest reading is stale: the time of the first failure of the outage
+    /// of the database's admin queries under way; `None` while they answer.
+    pub fn stale_since(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.queries.down().map(|d| d.since)
     }
 
     /// The newest reading, if one was taken yet.
@@ -158,6 +188,7 @@ pub async fn refresh(
     let at = chrono::Utc::now();
     match store.counts().await {
         Ok(c) => {
+            history.queries.answered();
             // The relays table is small; a failure there keeps the last list.
             let relays = match store.relays().await {
                 Ok(r) => r,
@@ -182,8 +213,10 @@ pub async fn refresh(
             Some((c, totals))
         }
         Err(e) => {
-            let e = txoutbox::publish::redact_secrets(&e.to_string());
-            tracing::warn!(error = %e, "could not refresh the outbox gauges");
+            // Logged once per outage (the gauges and the status keep the last reading).
+            history
+                .queries
+                .failed(&format!("refreshing the outbox gauges: {e}"));
             None
         }
     }
@@ -227,13 +260,19 @@ impl Progress {
     }
 }
 
-/// Read the replication slot; a failure keeps the last reading.
+/// Read the replication slot; a failure keeps the last reading (logged once per outage).
 pub async fn refresh_slot(slot: &SlotReader, history: &History) {
     match slot.read().await {
-        Ok(s) => history.set_slot(s),
+        Ok(s) => {
+            history.slot_reads.answered();
+            history.set_slot(s);
+        }
+        // While the database's queries fail (the same outage, logged already), quietly.
+        Err(_) if history.queries.down().is_some() => {}
         Err(e) => {
-            let e = txoutbox::publish::redact_secrets(&format!("{e:#}"));
-            tracing::warn!(error = %e, slot = slot.name(), "could not read the replication slot for the status");
+            history
+                .slot_reads
+                .failed(&format!("reading {}: {e:#}", slot.name()));
         }
     }
 }

@@ -508,6 +508,7 @@ async fn every_api_call_needs_the_token_off_loopback<H: Harness>() {
     for uri in [
         "/api/v1/status".to_string(),
         "/api/v1/history".into(),
+        "/api/v1/readiness".into(),
         "/api/v1/events".into(),
         format!("/api/v1/events/{id}"),
         "/api/v1/dead-letters".into(),

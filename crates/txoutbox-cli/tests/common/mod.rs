@@ -268,3 +268,89 @@ impl TestStream {
         let _ = self.js.delete_stream(&self.name).await;
     }
 }
+
+/// A TCP relay on a loopback port of its own to the test database's server: a relay given
+/// [`DbProxy::url`] loses its database when the test calls [`DbProxy::cut`] (the port closed,
+/// every connection through it dropped) and finds it again after [`DbProxy::restore`]. The
+/// shared server itself is never stopped.
+pub struct DbProxy {
+    pub port: u16,
+    target: String,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl DbProxy {
+    pub async fn start() -> Self {
+        let target = database_url()
+            .split('@')
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .expect("DATABASE_URL names a host")
+            .to_string();
+        let mut p = Self {
+            port: free_port(),
+            target,
+            accept: None,
+            conns: Default::default(),
+        };
+        p.restore().await;
+        p
+    }
+
+    /// DATABASE_URL through the proxy.
+    pub fn url(&self) -> String {
+        let real = database_url();
+        let url = real.replace(&self.target, &format!("127.0.0.1:{}", self.port));
+        assert_ne!(url, real);
+        url
+    }
+
+    /// The database goes away: the port closes and every open connection is dropped.
+    pub fn cut(&mut self) {
+        if let Some(a) = self.accept.take() {
+            a.abort();
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    /// The database answers at the port again.
+    pub async fn restore(&mut self) {
+        // A listener aborted just now may hold the port for a moment.
+        let mut tries = 0;
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(l) => break l,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("bind the proxy's port {}: {e}", self.port),
+            }
+        };
+        let target = self.target.clone();
+        let conns = self.conns.clone();
+        self.accept = Some(tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                let mut all = conns.lock().unwrap();
+                all.retain(|c| !c.is_finished());
+                all.push(conn);
+            }
+        }));
+    }
+}
+
+impl Drop for DbProxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}

@@ -11,6 +11,7 @@ mod commands;
 #[path = "../common/mod.rs"]
 mod common;
 mod dashboard_browser;
+mod dashboard_outage;
 mod databases_cli;
 mod drain_cli;
 mod memory_cli;

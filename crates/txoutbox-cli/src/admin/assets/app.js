@@ -53,7 +53,6 @@ async function loadOutboxes() {
   if (!outboxes.length) {
     outbox = null;
     $("outbox-picker").hidden = true;
-    $("outbox-error").hidden = true;
     return;
   }
   if (!outboxes.some((o) => o.name === outbox)) {
@@ -91,16 +90,98 @@ function renderOutboxes() {
   }
   select.value = outbox;
   $("outbox-picker").hidden = false;
-  const o = outboxes.find((x) => x.name === outbox);
-  const down = o !== undefined && !o.running;
-  $("outbox-error").hidden = !down;
-  $("outbox-error").textContent = down
-    ? "Outbox " + o.name + " is not running: " + (o.error || "not connected yet")
-    : "";
-  if (down) {
+  const o = shownOutbox();
+  if (o !== undefined && !o.running) {
     $("table").textContent = o.table;
     $("relay").textContent = o.relay_id ? "relay " + o.relay_id : "";
   }
+  renderBanner();
+}
+
+// The picked outbox's entry of GET /api/v1/outboxes (undefined for a relay of one table).
+function shownOutbox() {
+  return outboxes ? outboxes.find((x) => x.name === outbox) : undefined;
+}
+
+// What the page knows of the relay's health, for the banner and the tiles' freshness:
+// the last answer of GET /api/v1/readiness (or why it failed), why the last poll of the data
+// failed (null: it worked), the reading's own stale_since, and since when the page has shown
+// a stale reading.
+let readiness = null;
+let readinessError = null;
+let pollError = null;
+let serverStale = null;
+let staleSince = null;
+let sampledAt = null;
+
+// One banner, on every page: the database, the broker and the last error, as /readyz checks
+// them; "not running" first for an [[outbox]] whose relay does not run.
+function renderBanner() {
+  const b = $("readiness");
+  const lines = [];
+  const o = shownOutbox();
+  if (o !== undefined && !o.running) {
+    lines.push([["Outbox " + o.name + " is not running: " + (o.error || "not connected yet"), false]]);
+  }
+  if (readinessError) {
+    lines.push([["The relay's admin API does not answer: " + readinessError, false]]);
+  } else if (readiness) {
+    lines.push([
+      [readiness.ready ? "Ready" : "Not ready", readiness.ready],
+      ["Database: " + readiness.database, readiness.database === "ok"],
+      ["Broker: " + readiness.broker, readiness.broker === "ok"],
+    ]);
+    if (readiness.relay) lines.push([["Relay: " + readiness.relay, false]]);
+    if (readiness.last_error) lines.push([["Last error: " + readiness.last_error, false]]);
+  } else {
+    lines.push([["checking readiness…", true]]);
+  }
+  const down = lines.some((line) => line.some(([, ok]) => !ok));
+  b.className = down ? "down" : "";
+  b.setAttribute("role", down ? "alert" : "status");
+  b.replaceChildren();
+  for (const line of lines) {
+    const div = document.createElement("div");
+    line.forEach(([text, ok], i) => {
+      if (i > 0) {
+        const sep = document.createElement("span");
+        sep.className = "sep";
+        sep.textContent = " · ";
+        div.appendChild(sep);
+      }
+      const span = document.createElement("span");
+      span.className = ok ? "ok" : "bad";
+      span.textContent = text;
+      div.appendChild(span);
+    });
+    if (line.length === 1 && !line[0][1]) div.className = "bad";
+    b.appendChild(div);
+  }
+}
+
+// The tiles show the last good reading. While a poll fails, the database's admin queries fail
+// (the status says its reading is stale), or readiness says the database is down, they stay,
+// marked "stale since" the first sign of it.
+function renderFreshness() {
+  const dbDown = readiness && !readinessError && readiness.database !== "ok";
+  // Short: the banner says the rest.
+  const why =
+    pollError ||
+    (serverStale && "the relay's database queries fail") ||
+    (dbDown && "the database is down") ||
+    (readinessError && "the admin API does not answer");
+  const updated = $("updated");
+  if (!why) {
+    staleSince = null;
+    $("cards").classList.remove("stale");
+    updated.className = "muted";
+    updated.textContent = sampledAt ? "updated " + sampledAt.toLocaleTimeString() : "";
+    return;
+  }
+  if (staleSince === null) staleSince = serverStale ? new Date(serverStale) : new Date();
+  $("cards").classList.add("stale");
+  updated.className = "muted stale";
+  updated.textContent = "stale since " + staleSince.toLocaleTimeString() + " (" + why + ")";
 }
 
 // Show another outbox: nothing of the last one stays on the page.
@@ -124,6 +205,9 @@ function clearView() {
   for (const id of ["relays-table", "dead-table"]) $(id).querySelector("tbody").replaceChildren();
   for (const id of ["wal", "no-relays", "no-dead"]) $(id).hidden = true;
   shownDead = "";
+  readiness = readinessError = pollError = serverStale = staleSince = sampledAt = null;
+  $("cards").classList.remove("stale");
+  renderBanner();
 }
 
 function age(secs) {
@@ -144,8 +228,8 @@ function renderStatus(s) {
   $("table").textContent = s.table;
   $("relay").textContent = s.relay_id ? "relay " + s.relay_id : "";
   // The counts are the relay's last reading (every --metrics-interval), not this poll's.
-  const at = s.sampled_at ? new Date(s.sampled_at) : new Date();
-  $("updated").textContent = "updated " + at.toLocaleTimeString();
+  sampledAt = s.sampled_at ? new Date(s.sampled_at) : new Date();
+  serverStale = s.stale_since || null;
 }
 
 // The chart's plot area inside its 800 x 250 viewBox (index.html draws the axes there).
@@ -355,25 +439,58 @@ async function act(action, id) {
   refresh();
 }
 
+// Polls in flight: a poll is not started again before the last one ended (a database that is
+// down can hold a query for the admin pool's acquire timeout).
+let polling = false;
+let checking = false;
+
 async function refresh() {
   if (outboxes === null || outboxes.length) await loadOutboxes();
+  checkReadiness();
+  if (polling) return;
+  polling = true;
   const asked = outbox;
   try {
-    const [status, history, dead] = await Promise.all([
+    const [status, history, dead] = await Promise.allSettled([
       getJson(api("/api/v1/status")),
       getJson(api("/api/v1/history")),
       getJson(api("/api/v1/dead-letters?limit=50")),
     ]);
     if (asked !== outbox) return; // another outbox was picked meanwhile
-    renderStatus(status);
-    renderRelays(status);
-    renderSlot(status);
-    renderHistory(history);
-    renderDead(dead);
+    // Each part that answered is shown; the others keep what they showed.
+    if (status.status === "fulfilled") {
+      renderStatus(status.value);
+      renderRelays(status.value);
+      renderSlot(status.value);
+    }
+    if (history.status === "fulfilled") renderHistory(history.value);
+    if (dead.status === "fulfilled") renderDead(dead.value);
+    const failed = [status, history, dead].find((r) => r.status === "rejected");
+    pollError = failed ? "refresh failed: " + failed.reason.message : null;
+    renderFreshness();
+  } finally {
+    polling = false;
+  }
+}
+
+// Readiness on its own: it answers within the probes' timeout even while queries hang.
+async function checkReadiness() {
+  if (checking) return;
+  checking = true;
+  const asked = outbox;
+  try {
+    const r = await getJson(api("/api/v1/readiness"));
+    if (asked !== outbox) return;
+    readiness = r;
+    readinessError = null;
   } catch (err) {
     if (asked !== outbox) return;
-    $("updated").textContent = "refresh failed: " + err.message;
+    readinessError = err.message;
+  } finally {
+    checking = false;
   }
+  renderBanner();
+  renderFreshness();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
