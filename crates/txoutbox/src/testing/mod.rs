@@ -20,6 +20,8 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;
+#[cfg(feature = "postgres")]
+pub mod table_path;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
