@@ -112,3 +112,58 @@ async fn a_wal_relay_beside_a_table_relay_exits_2_naming_it() {
     stop(table).await;
     db.cleanup().await;
 }
+
+/// The replication connection reads the database URL as the pool does (libpq's rules, in one
+/// place): a URL with neither user nor database takes them from `PGUSER` and `PGDATABASE`.
+/// The slot is created through the pool; the stream then reads the events committed after it
+/// over the replication connection, which finds the slot only in the same database.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stream_reads_the_url_and_the_pg_variables_as_the_pool_does() {
+    let db = TestSchema::migrated().await;
+    let full = url::Url::parse(&database_url()).unwrap();
+    let database = full.path().trim_start_matches('/').to_string();
+    let user = full.username().to_string();
+    assert!(!database.is_empty() && !user.is_empty(), "{full}");
+    let bare = format!(
+        "postgres://{}:{}",
+        full.host_str().unwrap(),
+        full.port().unwrap_or(5432)
+    );
+    let run = |args: &'static [&'static str]| {
+        let mut c = db.command(args);
+        c.env("DATABASE_URL", &bare)
+            .env("PGUSER", &user)
+            .env("PGDATABASE", &database);
+        async move {
+            tokio::time::timeout(Duration::from_secs(120), c.output())
+                .await
+                .expect("command timed out")
+                .expect("run txoutbox")
+        }
+    };
+    let out = run(&["slot", "create"]).await;
+    assert!(out.status.success(), "slot create: {}", stderr(&out));
+    db.insert_events(20, 4).await;
+    let out = run(&[
+        "relay",
+        "--source",
+        "wal",
+        "--publisher",
+        "null:",
+        "--drain",
+        "--retention-period",
+        "1d",
+    ])
+    .await;
+    assert!(out.status.success(), "relay: {}", stderr(&out));
+    let streamed = db
+        .scalar("SELECT count(*) FROM {t} WHERE processed_at IS NOT NULL AND handed_off_at IS NULL")
+        .await;
+    assert_eq!(
+        streamed,
+        20,
+        "all 20 read from the stream: {}",
+        stderr(&out)
+    );
+    db.cleanup().await;
+}
