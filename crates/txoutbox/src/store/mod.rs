@@ -90,11 +90,13 @@ impl ClaimBytes {
     };
 
     /// [`batch`](Self::batch) as an SQL parameter.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn batch_param(&self) -> i64 {
         i64::try_from(self.batch).unwrap_or(i64::MAX)
     }
 
     /// [`event`](Self::event) as an SQL parameter.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn event_param(&self) -> i64 {
         i64::try_from(self.event).unwrap_or(i64::MAX)
     }
