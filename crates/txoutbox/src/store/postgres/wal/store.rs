@@ -349,7 +349,7 @@ impl WalStore {
                 tracing::error!(slot = %self.slot(),
                     "replication slot lost its WAL (wal_status = lost, max_slot_wal_keep_size \
                      passed); creating it again and delivering from the table what it did not");
-                drop_slot(pool, self.slot()).await?;
+                drop_lost_slot(pool, self.slot()).await?;
                 opened.recreated = true;
             }
             Some(info) if info.plugin.as_deref() != Some("pgoutput") => {
@@ -607,6 +607,50 @@ impl WalStore {
         TablePath(self.clone())
     }
 }
+
+/// Drop a slot that lost its WAL, to create it again. The stream that found it lost may still
+/// show as active a moment longer (its walsender ends after the error), and a reader whose
+/// connection went silent (cut, frozen) holds it until the server notices: this relay holds
+/// the reader lock, so no other reader is on it by right. Wait for it to go inactive for up to
+/// [`LOST_SLOT_WAIT`], then end the backend that still holds it.
+async fn drop_lost_slot(pool: &sqlx::PgPool, slot: &str) -> Result<(), Error> {
+    let started = Instant::now();
+    loop {
+        match drop_slot(pool, slot).await {
+            Ok(_) => return Ok(()),
+            Err(WalError::Database(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some("55006") =>
+            {
+                if started.elapsed() >= LOST_SLOT_WAIT {
+                    tracing::warn!(slot, error = %e,
+                        "the lost slot is still held by a backend; ending it to create the slot again");
+                    sqlx::query(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND database = current_database() \
+                           AND active_pid IS NOT NULL",
+                    )
+                    .bind(slot)
+                    .execute(pool)
+                    .await
+                    .map_err(Error::Database)?;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if started.elapsed() >= LOST_SLOT_WAIT * 3 {
+                    return Err(WalError::Setup(format!(
+                        "replication slot {slot} lost its WAL and is still held by another \
+                         backend after {}s: end it (pg_terminate_backend) or drop the slot",
+                        (LOST_SLOT_WAIT * 3).as_secs()
+                    ))
+                    .into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// How long a lost slot may stay active (its stream ending) before the relay ends its backend.
+const LOST_SLOT_WAIT: Duration = Duration::from_secs(5);
 
 /// The session lock that makes a relay the one reader of a slot; released when dropped (its
 /// connection closes) or when the relay's process dies.
