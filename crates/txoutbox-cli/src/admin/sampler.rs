@@ -168,7 +168,7 @@ pub async fn run(
             progress.observe(&counts, totals.0, every);
         }
         if let Some(slot) = &slot {
-            refresh_slot(slot, &history).await;
+            refresh_slot(&*store, slot, &history).await;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -261,7 +261,10 @@ impl Progress {
 }
 
 /// Read the replication slot; a failure keeps the last reading (logged once per outage).
-pub async fn refresh_slot(slot: &SlotReader, history: &History) {
+/// A failure because the database is down is that outage's (logged once, as the queries'):
+/// when the slot read fails, a trivial query on the pool tells which it is, whichever of the
+/// two met the outage first.
+pub async fn refresh_slot(store: &dyn Operator, slot: &SlotReader, history: &History) {
     match slot.read().await {
         Ok(s) => {
             history.slot_reads.answered();
@@ -269,11 +272,18 @@ pub async fn refresh_slot(slot: &SlotReader, history: &History) {
         }
         // While the database's queries fail (the same outage, logged already), quietly.
         Err(_) if history.queries.down().is_some() => {}
-        Err(e) => {
-            history
-                .slot_reads
-                .failed(&format!("reading {}: {e:#}", slot.name()));
-        }
+        Err(e) => match store.ping().await {
+            Err(down) => {
+                history
+                    .queries
+                    .failed(&format!("reading {}: {down}", slot.name()));
+            }
+            Ok(()) => {
+                history
+                    .slot_reads
+                    .failed(&format!("reading {}: {e:#}", slot.name()));
+            }
+        },
     }
 }
 
