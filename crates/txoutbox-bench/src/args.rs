@@ -28,6 +28,12 @@ pub struct BenchArgs {
     /// else `txoutbox` on PATH]
     #[arg(long, env = "TXOUTBOX_BIN", value_name = "PATH")]
     pub txoutbox_bin: Option<PathBuf>,
+    /// drain, scale: also run every configuration with this other `txoutbox` (an older build:
+    /// scripts/bench-compare.sh builds one from a git revision), interleaved with the runs of
+    /// --txoutbox-bin, and add each row's ratio to it. Each run's schema is then migrated by
+    /// the binary that runs it (`txoutbox migrate`), so a build runs on the schema it knows
+    #[arg(long, env = "TXOUTBOX_BENCH_BASELINE_BIN", value_name = "PATH")]
+    pub baseline_bin: Option<PathBuf>,
     /// Publisher URL for the relays; repeat it to compare publishers in drain (latency, write
     /// and scale use the first). null: acknowledges at once: the database side alone.
     /// routes:PATH runs the relays with the `[[route]]` entries of the config file PATH

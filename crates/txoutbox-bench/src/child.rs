@@ -51,12 +51,12 @@ impl RelayChild {
             Some(path) => cmd.arg("--config").arg(path).arg("relay"),
             None => cmd.arg("relay").arg("--publisher").arg(spec.publisher),
         };
-        cmd.arg("--mode")
-            .arg(spec.mode.as_str())
-            .arg("--source")
-            .arg(spec.source.as_str())
-            .arg("--admin-addr")
-            .arg("off");
+        cmd.arg("--mode").arg(spec.mode.as_str());
+        // The table source is the default: a build from before `--source` runs too.
+        if spec.source != Source::Table {
+            cmd.arg("--source").arg(spec.source.as_str());
+        }
+        cmd.arg("--admin-addr").arg("off");
         if spec.drain {
             cmd.arg("--drain");
         }

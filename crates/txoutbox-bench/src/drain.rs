@@ -15,7 +15,42 @@ pub const COLUMNS: &[Column] = &[
     col("peak_rss_mib", "peak RSS", "MiB"),
     col("ratio_to_table", "ratio to table", ""),
     col("handed_off", "via table", "events"),
+    col("ratio_to_baseline", "ratio to baseline", ""),
 ];
+
+/// Which build runs a configuration: the only one, or one of the two that `--baseline-bin`
+/// compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    Only,
+    Current,
+    Baseline,
+}
+
+impl Build {
+    /// The builds to run each configuration with.
+    pub fn all(env: &Env) -> &'static [Build] {
+        if env.baseline.is_some() {
+            &[Build::Current, Build::Baseline]
+        } else {
+            &[Build::Only]
+        }
+    }
+
+    /// The `txoutbox` binary of this build.
+    pub fn binary(self, env: &Env) -> &std::path::Path {
+        match (self, &env.baseline) {
+            (Build::Baseline, Some(b)) => b,
+            _ => &env.txoutbox,
+        }
+    }
+
+    /// The binary that migrates a run's schema: none (the bench's own library) unless two
+    /// builds are compared, when each runs on the schema it knows.
+    pub fn migrator(self, env: &Env) -> Option<(&std::path::Path, &str)> {
+        (self != Build::Only).then(|| (self.binary(env), env.database_url.as_str()))
+    }
+}
 
 pub fn measures(events: u64, aggregates: u64) -> String {
     format!(
@@ -39,32 +74,52 @@ pub struct DrainConfig {
     pub relays: u32,
     pub mode: Mode,
     pub source: Source,
+    pub build: Build,
 }
 
 impl DrainConfig {
     pub fn name(&self) -> String {
         format!(
-            "{} relay{} {} {} -> {}",
+            "{} relay{} {} {} -> {}{}",
             self.relays,
             if self.relays == 1 { "" } else { "s" },
             self.mode.as_str(),
             self.source.as_str(),
-            super::short_url(&self.publisher)
+            super::short_url(&self.publisher),
+            if self.build == Build::Baseline {
+                " (baseline)"
+            } else {
+                ""
+            }
         )
     }
 
     pub fn params(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut p = serde_json::json!({
             "publisher": txoutbox::publish::redact_url(&self.publisher),
             "relays": self.relays,
             "mode": self.mode.as_str(),
             "source": self.source.as_str(),
-        })
+        });
+        if self.build != Build::Only {
+            p["build"] = serde_json::json!(if self.build == Build::Baseline {
+                "baseline"
+            } else {
+                "current"
+            });
+        }
+        p
     }
 }
 
 pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry, cfg.source).await?;
+    let db = BenchDb::create(
+        &env.pool,
+        &env.registry,
+        cfg.source,
+        cfg.build.migrator(env),
+    )
+    .await?;
     let result = measure(env, &db, cfg).await;
     let dropped = db.drop().await;
     let r = result?;
@@ -79,7 +134,7 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
     super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
     let spec = RelaySpec {
-        txoutbox: &env.txoutbox,
+        txoutbox: cfg.build.binary(env),
         database_url: &env.database_url,
         schema: db.schema(),
         publisher: &cfg.publisher,

@@ -78,7 +78,7 @@ impl LatencyConfig {
 }
 
 pub async fn run_once(env: &Env, cfg: &LatencyConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry, cfg.source).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source, None).await?;
     let spec = RelaySpec {
         txoutbox: &env.txoutbox,
         database_url: &env.database_url,

@@ -81,6 +81,9 @@ pub struct Env {
     pub pool: PgPool,
     /// The `txoutbox` binary that runs the relays.
     pub txoutbox: PathBuf,
+    /// Another build to compare with (`--baseline-bin`); then each run's schema is migrated by
+    /// the binary that runs it.
+    pub baseline: Option<PathBuf>,
     pub database_url: String,
     pub registry: Registry,
     pub publishers: Vec<String>,
@@ -152,6 +155,20 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         let _ = publisher.close().await;
     }
     let txoutbox = child::find_txoutbox(a.txoutbox_bin.as_deref())?;
+    let baseline = match &a.baseline_bin {
+        Some(p) if !p.is_file() => {
+            return Err(UsageError(format!("--baseline-bin {}: no such file", p.display())).into())
+        }
+        Some(p) if !matches!(a.scenario, Scenario::Drain | Scenario::Scale) => {
+            return Err(UsageError(format!(
+                "--baseline-bin {}: drain and scale compare builds; {} does not",
+                p.display(),
+                format!("{:?}", a.scenario).to_lowercase()
+            ))
+            .into())
+        }
+        other => other.clone(),
+    };
     let (pool, postgres) = bench_pool(&url, a.writers + 4).await?;
     if a.sources().contains(&Source::Wal) && a.scenario != Scenario::Publish {
         // Before any schema is made: the line that names the fix, not a failed relay's log.
@@ -173,6 +190,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let env = Env {
         pool: pool.clone(),
         txoutbox,
+        baseline,
         database_url: url,
         registry: Registry::default(),
         publishers: a.publishers.clone(),
@@ -300,17 +318,23 @@ async fn open_publisher(url: &str) -> anyhow::Result<Box<dyn Publisher>> {
 
 async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
     let wanted = |s: Scenario| a.scenario == s || a.scenario == Scenario::All;
-    // Each configuration once per source, side by side (table, wal, table, wal, ...).
+    // Each configuration once per source, side by side (table, wal, table, wal, ...), and with
+    // --baseline-bin once per build, the two back to back.
     let sources = a.sources();
+    let builds = drain::Build::all(env);
     let drains: Vec<DrainConfig> = a
         .publishers
         .iter()
         .flat_map(|p| {
-            sources.iter().map(|source| DrainConfig {
-                publisher: p.clone(),
-                relays: 1,
-                mode: a.mode(),
-                source: *source,
+            let sources = &sources;
+            sources.iter().flat_map(move |source| {
+                builds.iter().map(move |build| DrainConfig {
+                    publisher: p.clone(),
+                    relays: 1,
+                    mode: a.mode(),
+                    source: *source,
+                    build: *build,
+                })
             })
         })
         .collect();
@@ -332,11 +356,14 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         .flat_map(|mode| {
             let sources = &sources;
             a.relays.iter().flat_map(move |r| {
-                sources.iter().map(move |source| DrainConfig {
-                    publisher: a.publishers[0].clone(),
-                    relays: *r,
-                    mode,
-                    source: *source,
+                sources.iter().flat_map(move |source| {
+                    builds.iter().map(move |build| DrainConfig {
+                        publisher: a.publishers[0].clone(),
+                        relays: *r,
+                        mode,
+                        source: *source,
+                        build: *build,
+                    })
                 })
             })
         })
@@ -385,6 +412,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         )
         .await?;
         report::add_ratio_to_table(&mut rows, "events_per_s", "ratio_to_table");
+        report::add_ratio_to_baseline(&mut rows, "events_per_s", "ratio_to_baseline");
         sections.push(Section {
             scenario: "drain",
             measures: drain::measures(env.events, env.aggregates),
@@ -438,6 +466,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         )
         .await?;
         report::add_ratio_to_table(&mut rows, "events_per_s", "ratio_to_table");
+        report::add_ratio_to_baseline(&mut rows, "events_per_s", "ratio_to_baseline");
         sections.push(Section {
             scenario: "scale",
             measures: drain::measures(env.events, env.aggregates),

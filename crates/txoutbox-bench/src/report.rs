@@ -113,32 +113,44 @@ impl Row {
 /// interleaved, so run i of every configuration shares round i), as `key`. Rows without such
 /// a partner get no ratio; the table rows that have one get 1.
 pub fn add_ratio_to_table(rows: &mut [Row], metric: &str, key: &str) {
-    let without_source = |r: &Row| {
+    add_ratio_to(rows, metric, key, "source", "table");
+}
+
+/// With `--baseline-bin`: each row's `metric` divided by that of the same configuration run by
+/// the baseline build, run by run, as `key` (the baseline rows get 1).
+pub fn add_ratio_to_baseline(rows: &mut [Row], metric: &str, key: &str) {
+    add_ratio_to(rows, metric, key, "build", "baseline");
+}
+
+/// Each row's `metric` over that of its partner: the row whose parameters are the same but
+/// for `param`, which is `base` there.
+fn add_ratio_to(rows: &mut [Row], metric: &str, key: &str, param: &str, base: &str) {
+    let without_param = |r: &Row| {
         let mut p = r.params.clone();
         if let Some(o) = p.as_object_mut() {
-            o.remove("source");
+            o.remove(param);
         }
         p
     };
-    let is_table = |r: &Row| r.params.get("source").and_then(|s| s.as_str()) == Some("table");
+    let is_base = |r: &Row| r.params.get(param).and_then(|s| s.as_str()) == Some(base);
     let mut ratios: Vec<(usize, Vec<f64>)> = Vec::new();
     for (i, r) in rows.iter().enumerate() {
-        if is_table(r) {
+        if is_base(r) {
             continue;
         }
-        let params = without_source(r);
-        let Some(base) = rows
+        let params = without_param(r);
+        let Some(partner) = rows
             .iter()
-            .position(|b| is_table(b) && without_source(b) == params)
+            .position(|b| is_base(b) && without_param(b) == params)
         else {
             continue;
         };
-        let (Some(v), Some(b)) = (r.stat(metric), rows[base].stat(metric)) else {
+        let (Some(v), Some(b)) = (r.stat(metric), rows[partner].stat(metric)) else {
             continue;
         };
         ratios.push((i, v.runs.iter().zip(&b.runs).map(|(v, b)| v / b).collect()));
-        if !ratios.iter().any(|(j, _)| *j == base) {
-            ratios.push((base, vec![1.0; b.runs.len()]));
+        if !ratios.iter().any(|(j, _)| *j == partner) {
+            ratios.push((partner, vec![1.0; b.runs.len()]));
         }
     }
     for (i, runs) in ratios {

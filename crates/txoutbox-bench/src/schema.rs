@@ -119,6 +119,30 @@ async fn drop_slot(pool: &PgPool, slot: &str) -> anyhow::Result<()> {
     }
 }
 
+/// `txoutbox migrate` of `bin` on `schema`: a build compared with another runs on the schema
+/// it knows (an older one refuses a newer schema).
+async fn migrate_with(
+    bin: &std::path::Path,
+    database_url: &str,
+    schema: &str,
+) -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(bin)
+        .arg("migrate")
+        // The URL goes by environment, not argv, so a password is not in `ps`.
+        .env("DATABASE_URL", database_url)
+        .env("TXOUTBOX_SCHEMA", schema)
+        .env("TXOUTBOX_TABLE", "outbox_events")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("starting it")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::bail!("{}: {}", out.status, err.trim());
+    }
+    Ok(())
+}
+
 /// A migrated outbox in a schema of its own.
 pub struct BenchDb {
     pub pool: PgPool,
@@ -134,15 +158,25 @@ impl BenchDb {
         pool: &PgPool,
         registry: &Registry,
         source: Source,
+        migrator: Option<(&std::path::Path, &str)>,
     ) -> anyhow::Result<Self> {
         let n = registry.next.fetch_add(1, Ordering::Relaxed);
         let schema = format!("txo_bench_{}_{n}", std::process::id());
         let table = OutboxTable::new(&schema, "outbox_events")
             .map_err(|e| anyhow::anyhow!("bench schema name: {e}"))?;
         registry.add(&schema);
-        txoutbox::migrate(pool, &table)
-            .await
-            .with_context(|| format!("migrating the bench schema {schema}"))?;
+        match migrator {
+            None => {
+                txoutbox::migrate(pool, &table)
+                    .await
+                    .with_context(|| format!("migrating the bench schema {schema}"))?;
+            }
+            Some((bin, database_url)) => migrate_with(bin, database_url, &schema)
+                .await
+                .with_context(|| {
+                    format!("migrating the bench schema {schema} with {}", bin.display())
+                })?,
+        }
         if source == Source::Wal {
             wal::ensure_publication(pool, &table)
                 .await

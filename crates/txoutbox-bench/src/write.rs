@@ -106,7 +106,7 @@ impl WriteConfig {
 }
 
 pub async fn run_once(env: &Env, cfg: WriteConfig) -> anyhow::Result<RunResult> {
-    let db = BenchDb::create(&env.pool, &env.registry, cfg.source()).await?;
+    let db = BenchDb::create(&env.pool, &env.registry, cfg.source(), None).await?;
     let result = setup_and_measure(env, &db, cfg).await;
     let dropped = db.drop().await;
     let r = result?;
