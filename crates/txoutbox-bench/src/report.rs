@@ -381,6 +381,30 @@ mod tests {
     }
 
     #[test]
+    fn ratio_to_the_baseline_build_of_the_same_configuration_and_source() {
+        let with_build = |source: &str, build: &str, runs: &[f64]| {
+            let mut r = row(source, "null:", runs);
+            r.params["build"] = serde_json::json!(build);
+            r
+        };
+        let mut rows = vec![
+            with_build("table", "current", &[120.0, 90.0]),
+            with_build("table", "baseline", &[100.0, 100.0]),
+            with_build("wal", "current", &[300.0, 300.0]),
+            with_build("wal", "baseline", &[150.0, 200.0]),
+        ];
+        add_ratio_to_table(&mut rows, "events_per_s", "to_table");
+        add_ratio_to_baseline(&mut rows, "events_per_s", "to_baseline");
+        let ratio = |r: &Row, k: &str| r.stat(k).map(|s| s.runs.clone());
+        assert_eq!(ratio(&rows[0], "to_baseline"), Some(vec![1.2, 0.9]));
+        assert_eq!(ratio(&rows[1], "to_baseline"), Some(vec![1.0, 1.0]));
+        assert_eq!(ratio(&rows[2], "to_baseline"), Some(vec![2.0, 1.5]));
+        // The source ratio pairs each build with its own table row.
+        assert_eq!(ratio(&rows[2], "to_table"), Some(vec![2.5, 300.0 / 90.0]));
+        assert_eq!(ratio(&rows[3], "to_table"), Some(vec![1.5, 2.0]));
+    }
+
+    #[test]
     fn numbers() {
         assert_eq!(fmt_num(123_456.7), "123,457");
         assert_eq!(fmt_num(12.345), "12.3");

@@ -282,7 +282,8 @@ pub struct Failure {
 pub struct SettleParams<'a> {
     /// The claim being settled; its fence decides whether the settle takes effect.
     pub claim: &'a Claim,
-    /// Events the broker acknowledged: marked published (or deleted, with `Retention::Delete`).
+    /// Events of the claim that the broker acknowledged: marked published (or deleted, with
+    /// `Retention::Delete`). An id that is not one of the claim's events changes nothing.
     pub published: &'a [Uuid],
     /// Events that failed: backed off or dead-lettered.
     pub failed: &'a [Failure],

@@ -79,7 +79,7 @@ impl Fill {
 }
 
 /// `sql` without its comment lines and trailing whitespace.
-fn strip(sql: &str) -> String {
+pub(crate) fn strip(sql: &str) -> String {
     let lines: Vec<&str> = sql
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))

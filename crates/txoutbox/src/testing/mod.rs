@@ -183,6 +183,8 @@ macro_rules! store_conformance {
             retry_now_makes_only_backing_off_events_due,
             settle_marks_published_and_backs_off_or_buries_failures,
             delete_retention_deletes_on_settle,
+            a_settle_with_its_claim_changes_exactly_its_rows,
+            a_deleting_settle_with_its_claim_changes_exactly_its_rows,
             dead_letters_list_retry_and_discard,
             counts_reflect_every_state,
             ordered_claim_never_passes_a_blocked_aggregate,

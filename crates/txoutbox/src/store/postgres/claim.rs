@@ -187,26 +187,61 @@ impl PgStore {
         let delays: Vec<i64> = p.failed.iter().map(|f| millis(f.retry_in)).collect();
         let dead: Vec<bool> = p.failed.iter().map(|f| f.dead).collect();
         let unavailable: Vec<bool> = p.failed.iter().map(|f| f.unavailable).collect();
+        // The published rows are found by seq (published_by_seq.sql), in the claim's order;
+        // by id if the claim does not carry all of them (a caller that settles by token alone).
+        let published: std::collections::HashSet<&Uuid> = p.published.iter().collect();
+        let seqs: Vec<i64> = p
+            .claim
+            .events
+            .iter()
+            .filter(|e| published.contains(&e.id))
+            .map(|e| e.seq)
+            .collect();
+        let by_seq = seqs.len() == published.len();
         let query = match &p.claim.fence {
-            Fence::Partitions(fence) => sqlx::query(&self.q.settle_ordered)
-                .bind(p.published)
-                .bind(&ids)
-                .bind(&errs)
-                .bind(&delays)
-                .bind(&fence.relay_id)
-                .bind(&dead)
-                .bind(&unavailable)
-                .bind(self.partition_count().await?)
-                .bind(&fence.partitions)
-                .bind(&fence.epochs),
-            Fence::Lease { token } => sqlx::query(&self.q.settle)
-                .bind(p.published)
-                .bind(&ids)
-                .bind(&errs)
-                .bind(&delays)
-                .bind(token)
-                .bind(&dead)
-                .bind(&unavailable),
+            Fence::Partitions(fence) => {
+                let sql = if by_seq {
+                    &self.q.settle_ordered
+                } else {
+                    &self.q.settle_ordered_by_id
+                };
+                let q = sqlx::query(sql)
+                    .bind(p.published)
+                    .bind(&ids)
+                    .bind(&errs)
+                    .bind(&delays)
+                    .bind(&fence.relay_id)
+                    .bind(&dead)
+                    .bind(&unavailable)
+                    .bind(self.partition_count().await?)
+                    .bind(&fence.partitions)
+                    .bind(&fence.epochs);
+                if by_seq {
+                    q.bind(&seqs)
+                } else {
+                    q
+                }
+            }
+            Fence::Lease { token } => {
+                let sql = if by_seq {
+                    &self.q.settle
+                } else {
+                    &self.q.settle_by_id
+                };
+                let q = sqlx::query(sql)
+                    .bind(p.published)
+                    .bind(&ids)
+                    .bind(&errs)
+                    .bind(&delays)
+                    .bind(token)
+                    .bind(&dead)
+                    .bind(&unavailable);
+                if by_seq {
+                    q.bind(&seqs)
+                } else {
+                    q
+                }
+            }
         };
         let row = query.fetch_one(&self.pool).await.map_err(|e| self.err(e))?;
         let ok: i64 = row.try_get(0).map_err(Error::Database)?;

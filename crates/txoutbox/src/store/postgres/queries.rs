@@ -4,7 +4,7 @@
 
 use super::partitions::heartbeat;
 use crate::store::partitions::HeartbeatSql;
-use crate::store::sql::{sql_file, Fill};
+use crate::store::sql::{sql_file, strip, Fill};
 use crate::store::Retention;
 use crate::OutboxTable;
 
@@ -41,8 +41,12 @@ pub(super) struct Queries {
     pub(super) claim_ordered: String,
     pub(super) has_unfinished_hold: String,
     pub(super) partition_count: String,
+    /// The settles, the published rows found by seq ($8; ordered: $11), or by id
+    /// (`*_by_id`: for a claim that does not carry the events' seqs).
     pub(super) settle: String,
     pub(super) settle_ordered: String,
+    pub(super) settle_by_id: String,
+    pub(super) settle_ordered_by_id: String,
     pub(super) release: String,
     pub(super) retry_now: String,
     pub(super) has_unfinished: String,
@@ -78,19 +82,36 @@ impl Queries {
         // Fragments first (they hold names and other fragments), then the names.
         let f = names(t)
             .fragment("{{due}}", sql_file!("postgres", "due"))
-            .fragment("{{published}}", published)
-            .fragment("{{published_ordered}}", published_ordered)
             .fragment("{{failed}}", sql_file!("postgres", "failed"))
             .fragment("{{failures}}", sql_file!("postgres", "failures"))
             .fragment("{{blocking}}", sql_file!("postgres", "blocking"))
             .fragment("{{unfinished}}", sql_file!("postgres", "unfinished"));
+        let by_seq =
+            |seqs: &str| sql_file!("postgres", "published_by_seq").replace("{{seqs}}", seqs);
+        let by_id = sql_file!("postgres", "published_by_id").to_string();
+        let settle = |f: &Fill, published: &str, rows: String| {
+            let published = published.replace("{{published_rows}}", &strip(&rows));
+            f.fill_with(
+                sql_file!("postgres", "settle"),
+                &[("{{published}}", &published)],
+            )
+        };
+        let settle_ordered = |f: &Fill, published: &str, rows: String| {
+            let published = published.replace("{{published_rows}}", &strip(&rows));
+            f.fill_with(
+                sql_file!("postgres", "settle_ordered"),
+                &[("{{published_ordered}}", &published)],
+            )
+        };
         Self {
             claim: f.fill(sql_file!("postgres", "claim")),
             claim_ordered: f.fill(sql_file!("postgres", "claim_ordered")),
             has_unfinished_hold: f.fill(sql_file!("postgres", "has_unfinished_hold")),
             partition_count: f.fill(sql_file!("postgres", "partition_count")),
-            settle: f.fill(sql_file!("postgres", "settle")),
-            settle_ordered: f.fill(sql_file!("postgres", "settle_ordered")),
+            settle: settle(&f, published, by_seq("$8")),
+            settle_ordered: settle_ordered(&f, published_ordered, by_seq("$11")),
+            settle_by_id: settle(&f, published, by_id.clone()),
+            settle_ordered_by_id: settle_ordered(&f, published_ordered, by_id),
             release: f.fill(sql_file!("postgres", "release")),
             retry_now: f.fill(sql_file!("postgres", "retry_now")),
             has_unfinished: f.fill(sql_file!("postgres", "has_unfinished")),

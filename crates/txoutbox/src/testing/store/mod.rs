@@ -218,6 +218,72 @@ pub async fn claims_are_leased_fenced_and_expire<H: Harness>(h: &H) {
     );
 }
 
+/// A settle with the claim the store returned (which carries its events, as the relay's
+/// does) marks, or deletes, exactly the published ones, backs off the failed one, leaves the
+/// rest leased, and is fenced by the claim like any other; published ids the claim does not
+/// hold change nothing.
+pub async fn a_settle_with_its_claim_changes_exactly_its_rows<H: Harness>(h: &H) {
+    settle_with_its_claim(h, Retention::Mark).await;
+}
+
+/// As [`a_settle_with_its_claim_changes_exactly_its_rows`], deleting on settle.
+pub async fn a_deleting_settle_with_its_claim_changes_exactly_its_rows<H: Harness>(h: &H) {
+    settle_with_its_claim(h, Retention::Delete).await;
+}
+
+async fn settle_with_its_claim<H: Harness>(h: &H, retention: Retention) {
+    {
+        let store = h.store(retention).await;
+        let ids = enqueue_n(h, 6).await;
+        let token = Uuid::new_v4();
+        let got = store.claim(claim("r", token, 5, LEASE)).await.unwrap();
+        assert_eq!(ids_of(&got.events), ids[..5].to_vec());
+        // A stale token changes nothing, with the events or without.
+        let stale = Claim::leased(Uuid::new_v4(), got.events.clone(), got.expires);
+        let out = store
+            .settle(SettleParams {
+                claim: &stale,
+                published: &ids[..2],
+                failed: &[],
+            })
+            .await
+            .unwrap();
+        assert_eq!((out.published, out.failed), (0, 0), "{retention:?}");
+        let out = store
+            .settle(SettleParams {
+                claim: &got,
+                // ids[5] was not claimed: not changed whatever the caller says.
+                published: &[ids[3], ids[1], ids[5]],
+                failed: &[fail(ids[4], "later", Duration::from_secs(60), false)],
+            })
+            .await
+            .unwrap();
+        assert_eq!((out.published, out.failed), (2, 1), "{retention:?}");
+        let rows = h.rows().await;
+        let row = |id: Uuid| rows.iter().find(|r| r.id == id);
+        for id in [ids[1], ids[3]] {
+            match retention {
+                Retention::Mark => assert!(row(id).is_some_and(|r| r.processed_at.is_some())),
+                Retention::Delete => assert!(row(id).is_none(), "{retention:?}: not deleted"),
+            }
+        }
+        for id in [ids[0], ids[2]] {
+            let r = row(id).unwrap();
+            assert!(
+                r.processed_at.is_none() && holds_a_lease(r),
+                "{retention:?}: {r:?}"
+            );
+        }
+        let r = row(ids[4]).unwrap();
+        assert!(r.processed_at.is_none() && r.attempts == 1 && !holds_a_lease(r));
+        let r = row(ids[5]).unwrap();
+        assert!(
+            r.processed_at.is_none() && !holds_a_lease(r),
+            "{retention:?}: {r:?}"
+        );
+    }
+}
+
 /// Any of the row lease's columns is set.
 fn holds_a_lease(r: &RowState) -> bool {
     r.locked_by.is_some() || r.locked_until.is_some() || r.lock_token.is_some()

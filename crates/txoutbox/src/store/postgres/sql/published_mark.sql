@@ -1,4 +1,5 @@
--- Published rows of a row-lease claim ($1 ids, $5 token), kept with `processed_at` set.
+-- Published rows of a row-lease claim (`published_rows`: published_by_seq.sql, or
+-- published_by_id.sql), kept with `processed_at` set, fenced by the claim token ($5).
 UPDATE {{table}} SET processed_at = now(), locked_until = NULL, locked_by = NULL,
   lock_token = NULL, last_error = NULL
-WHERE id = ANY($1) AND lock_token = $5 RETURNING 1
+WHERE {{published_rows}} AND lock_token = $5 RETURNING 1

@@ -1,5 +1,5 @@
--- Published rows of an ordered claim ($1 ids) in the partitions it still holds (`mine`, $8:
--- partition count), kept with `processed_at` set.
+-- Published rows of an ordered claim (`published_rows`, as in published_mark.sql) in the
+-- partitions it still holds (`mine`, $8: partition count), kept with `processed_at` set.
 UPDATE {{table}} SET processed_at = now(), last_error = NULL
-WHERE id = ANY($1) AND processed_at IS NULL
+WHERE {{published_rows}} AND processed_at IS NULL
   AND partition_key % $8 = ANY (ARRAY(SELECT partition FROM mine)) RETURNING 1
