@@ -63,7 +63,9 @@ pub fn measures(events: u64, aggregates: u64) -> String {
          published (processed_at set after the broker's ack). ratio to table (with \
          --source table,wal) = events/s / events/s of the same configuration reading the \
          table, in the same round. via table (wal) = events the WAL relay handed to its table \
-         path instead of publishing them from the stream (0 unless publishes failed).",
+         path instead of publishing them from the stream (0 unless publishes failed). ratio \
+         to baseline (with --baseline-bin) = events/s / events/s of the same configuration run \
+         by the baseline build, in the same round; each build runs on a schema it migrated.",
         per_tx = super::schema::EVENTS_PER_TX
     )
 }

@@ -517,3 +517,78 @@ async fn a_missing_txoutbox_binary_is_named() {
     assert!(err.contains("/nonexistent/txoutbox"), "{err}");
     assert_no_schemas_left(pid).await;
 }
+
+/// `--baseline-bin`: every configuration once per build, back to back, each run's schema
+/// migrated by the binary that runs it, and each row's ratio to the baseline build of the
+/// same configuration (here the same binary both times, on both sources).
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_compares_a_baseline_build_configuration_by_configuration() {
+    let bin = txoutbox();
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "2000",
+        "--source",
+        "table,wal",
+        "--repeats",
+        "1",
+        "--baseline-bin",
+        bin.to_str().unwrap(),
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "drain");
+    let builds: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["params"]["source"].as_str().unwrap(),
+                r["params"]["build"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        builds,
+        [
+            ("table", "current"),
+            ("table", "baseline"),
+            ("wal", "current"),
+            ("wal", "baseline")
+        ],
+        "{rows:?}"
+    );
+    for r in rows {
+        assert!(median(r, "ratio_to_baseline") > 0.0, "{r}");
+        assert!(median(r, "ratio_to_table") > 0.0, "{r}");
+        assert!(median(r, "events_per_s") > 0.0, "{r}");
+    }
+    assert_eq!(median(&rows[1], "ratio_to_baseline"), 1.0);
+    assert_eq!(
+        median(&rows[2], "ratio_to_table"),
+        rows[2]["metrics"]["events_per_s"]["median"]
+            .as_f64()
+            .unwrap()
+            / rows[0]["metrics"]["events_per_s"]["median"]
+                .as_f64()
+                .unwrap()
+    );
+}
+
+/// A baseline that is not there, or one given to a scenario that does not compare builds, is
+/// a usage error before anything is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_baseline_is_a_usage_error() {
+    let (out, pid) = bench(&["drain", "--baseline-bin", "/nonexistent/txoutbox"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/txoutbox"),
+        "{}",
+        stderr(&out)
+    );
+    assert_no_schemas_left(pid).await;
+    let bin = txoutbox();
+    let (out, pid) = bench(&["latency", "--baseline-bin", bin.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("drain and scale"), "{}", stderr(&out));
+    assert_no_schemas_left(pid).await;
+}
