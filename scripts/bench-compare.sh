@@ -33,7 +33,7 @@ if [ ! -x "$baseline" ]; then
   tree="$base_dir/worktree"
   git worktree remove --force "$tree" >/dev/null 2>&1 || rm -rf "$tree"
   git worktree prune
-  git worktree add --detach "$tree" "$commit" >/dev/null
+  git worktree add --quiet --detach "$tree" "$commit"
   echo "bench-compare: building $short in $tree" >&2
   (cd "$tree" && CARGO_TARGET_DIR="$PWD/../target" cargo build -q --release -p txoutbox-cli --bin txoutbox)
   cp "$base_dir/target/release/txoutbox" "$baseline"
