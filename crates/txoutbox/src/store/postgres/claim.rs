@@ -198,51 +198,34 @@ impl PgStore {
             .map(|e| e.seq)
             .collect();
         let by_seq = seqs.len() == published.len();
-        let query = match &p.claim.fence {
-            Fence::Partitions(fence) => {
-                let sql = if by_seq {
-                    &self.q.settle_ordered
-                } else {
-                    &self.q.settle_ordered_by_id
-                };
-                let q = sqlx::query(sql)
-                    .bind(p.published)
-                    .bind(&ids)
-                    .bind(&errs)
-                    .bind(&delays)
-                    .bind(&fence.relay_id)
-                    .bind(&dead)
-                    .bind(&unavailable)
-                    .bind(self.partition_count().await?)
-                    .bind(&fence.partitions)
-                    .bind(&fence.epochs);
-                if by_seq {
-                    q.bind(&seqs)
-                } else {
-                    q
-                }
-            }
-            Fence::Lease { token } => {
-                let sql = if by_seq {
-                    &self.q.settle
-                } else {
-                    &self.q.settle_by_id
-                };
-                let q = sqlx::query(sql)
-                    .bind(p.published)
-                    .bind(&ids)
-                    .bind(&errs)
-                    .bind(&delays)
-                    .bind(token)
-                    .bind(&dead)
-                    .bind(&unavailable);
-                if by_seq {
-                    q.bind(&seqs)
-                } else {
-                    q
-                }
-            }
+        let (settle, settle_ordered) = if by_seq {
+            (&self.q.settle, &self.q.settle_ordered)
+        } else {
+            (&self.q.settle_by_id, &self.q.settle_ordered_by_id)
         };
+        let query = match &p.claim.fence {
+            Fence::Partitions(fence) => sqlx::query(settle_ordered)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(&fence.relay_id)
+                .bind(&dead)
+                .bind(&unavailable)
+                .bind(self.partition_count().await?)
+                .bind(&fence.partitions)
+                .bind(&fence.epochs),
+            Fence::Lease { token } => sqlx::query(settle)
+                .bind(p.published)
+                .bind(&ids)
+                .bind(&errs)
+                .bind(&delays)
+                .bind(token)
+                .bind(&dead)
+                .bind(&unavailable),
+        };
+        // The seqs are the last parameter of both by-seq statements ($11, $8).
+        let query = if by_seq { query.bind(&seqs) } else { query };
         let row = query.fetch_one(&self.pool).await.map_err(|e| self.err(e))?;
         let ok: i64 = row.try_get(0).map_err(Error::Database)?;
         let bad: i64 = row.try_get(1).map_err(Error::Database)?;

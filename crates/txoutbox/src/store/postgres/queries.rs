@@ -88,30 +88,36 @@ impl Queries {
             .fragment("{{unfinished}}", sql_file!("postgres", "unfinished"));
         let by_seq =
             |seqs: &str| sql_file!("postgres", "published_by_seq").replace("{{seqs}}", seqs);
-        let by_id = sql_file!("postgres", "published_by_id").to_string();
-        let settle = |f: &Fill, published: &str, rows: String| {
-            let published = published.replace("{{published_rows}}", &strip(&rows));
-            f.fill_with(
-                sql_file!("postgres", "settle"),
-                &[("{{published}}", &published)],
-            )
+        let by_id = sql_file!("postgres", "published_by_id");
+        // A settle statement (`settle` or `settle_ordered`) with its published fragment
+        // (`tag`), which finds its rows as `rows` says.
+        let settle = |statement: &str, tag: &str, published: &str, rows: &str| {
+            let published = published.replace("{{published_rows}}", &strip(rows));
+            f.fill_with(statement, &[(tag, &published)])
         };
-        let settle_ordered = |f: &Fill, published: &str, rows: String| {
-            let published = published.replace("{{published_rows}}", &strip(&rows));
-            f.fill_with(
-                sql_file!("postgres", "settle_ordered"),
-                &[("{{published_ordered}}", &published)],
-            )
-        };
+        let (unordered, ordered) = (
+            sql_file!("postgres", "settle"),
+            sql_file!("postgres", "settle_ordered"),
+        );
         Self {
             claim: f.fill(sql_file!("postgres", "claim")),
             claim_ordered: f.fill(sql_file!("postgres", "claim_ordered")),
             has_unfinished_hold: f.fill(sql_file!("postgres", "has_unfinished_hold")),
             partition_count: f.fill(sql_file!("postgres", "partition_count")),
-            settle: settle(&f, published, by_seq("$8")),
-            settle_ordered: settle_ordered(&f, published_ordered, by_seq("$11")),
-            settle_by_id: settle(&f, published, by_id.clone()),
-            settle_ordered_by_id: settle_ordered(&f, published_ordered, by_id),
+            settle: settle(unordered, "{{published}}", published, &by_seq("$8")),
+            settle_ordered: settle(
+                ordered,
+                "{{published_ordered}}",
+                published_ordered,
+                &by_seq("$11"),
+            ),
+            settle_by_id: settle(unordered, "{{published}}", published, by_id),
+            settle_ordered_by_id: settle(
+                ordered,
+                "{{published_ordered}}",
+                published_ordered,
+                by_id,
+            ),
             release: f.fill(sql_file!("postgres", "release")),
             retry_now: f.fill(sql_file!("postgres", "retry_now")),
             has_unfinished: f.fill(sql_file!("postgres", "has_unfinished")),
