@@ -107,6 +107,22 @@ pub struct BenchArgs {
     /// the WAL source's own default deletes them) or --relay-arg=--batch-size=1000 (repeatable)
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
+    /// drain, scale: also count what each run costs the database, the same on a busy machine:
+    /// bytes and statements between the relays and PostgreSQL (through a counting proxy in
+    /// this process) and WAL written, per event. The WAL is the whole server's: run nothing
+    /// else on it meanwhile
+    #[arg(long)]
+    pub costs: bool,
+    /// drain, scale: with --costs, fail (exit 1, one line per count) if a configuration's
+    /// count is more than the file's threshold over the count stored for it there; the
+    /// regression gate CI runs (docs/bench/costs.json)
+    #[arg(long, value_name = "PATH")]
+    pub check_costs: Option<PathBuf>,
+    /// drain, scale: with --costs, write the counts of this run to PATH as the baseline for
+    /// --check-costs (threshold: that of the --check-costs file, else that of the file PATH
+    /// replaces, else 10%)
+    #[arg(long, value_name = "PATH")]
+    pub write_costs: Option<PathBuf>,
     /// Print one JSON document on stdout instead of the table (no progress bar)
     #[arg(long)]
     pub json: bool,
@@ -146,6 +162,11 @@ impl BenchArgs {
             }
         }
         out
+    }
+
+    /// Are the costs counted? (`--costs`, or a file to check them against or write them to.)
+    pub fn costs(&self) -> bool {
+        self.costs || self.check_costs.is_some() || self.write_costs.is_some()
     }
 
     /// The modes `scale` compares.

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::child::{RelayChild, RelaySpec};
+use super::cost::{self, WireMeter};
 use super::report::{col, Column, RunResult};
 use super::schema::BenchDb;
 use super::Env;
@@ -16,6 +17,10 @@ pub const COLUMNS: &[Column] = &[
     col("ratio_to_table", "ratio to table", ""),
     col("handed_off", "via table", "events"),
     col("ratio_to_baseline", "ratio to baseline", ""),
+    col("db_bytes_in_per_event", "bytes from db", "/event"),
+    col("db_bytes_out_per_event", "bytes to db", "/event"),
+    col("statements_per_1k", "statements", "/1k events"),
+    col("wal_bytes_per_event", "WAL", "bytes/event"),
 ];
 
 /// Which build runs a configuration: the only one, or one of the two that `--baseline-bin`
@@ -65,7 +70,12 @@ pub fn measures(events: u64, aggregates: u64) -> String {
          table, in the same round. via table (wal) = events the WAL relay handed to its table \
          path instead of publishing them from the stream (0 unless publishes failed). ratio \
          to baseline (with --baseline-bin) = events/s / events/s of the same configuration run \
-         by the baseline build, in the same round; each build runs on a schema it migrated.",
+         by the baseline build, in the same round; each build runs on a schema it migrated. \
+         With --costs, counted rather than timed (the same on a busy machine): bytes from \
+         and to the database and statements run (Sync and Query messages), through a \
+         counting proxy in front of PostgreSQL, per event; WAL = the server's WAL written \
+         from the relays' start to their exit (after a CHECKPOINT, so the full-page images \
+         are alike), per event (server-wide: run nothing else meanwhile).",
         per_tx = super::schema::EVENTS_PER_TX
     )
 }
@@ -135,9 +145,24 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
         .await?;
     super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
+    // --costs: the relays reach the database through a counting proxy.
+    let meter = if env.costs {
+        Some(WireMeter::start(&env.database_url).await?)
+    } else {
+        None
+    };
+    let relay_url = match &meter {
+        Some(m) => m.url(&env.database_url)?,
+        None => env.database_url.clone(),
+    };
+    let wal_before = if env.costs {
+        Some(cost::wal_position(&env.pool).await?)
+    } else {
+        None
+    };
     let spec = RelaySpec {
         txoutbox: cfg.build.binary(env),
-        database_url: &env.database_url,
+        database_url: &relay_url,
         schema: db.schema(),
         publisher: &cfg.publisher,
         mode: cfg.mode,
@@ -154,6 +179,10 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
     for o in outcomes {
         o?;
     }
+    let wal = match wal_before {
+        Some(before) => Some(cost::wal_position(&env.pool).await? - before),
+        None => None,
+    };
     let left = db.unpublished().await?;
     if left > 0 {
         let dead = db.dead().await?;
@@ -168,6 +197,17 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
         .value("events_per_s", env.events as f64 / elapsed)
         .value("seconds", elapsed)
         .value("peak_rss_mib", peak as f64 / 1024.0);
+    let r = match (&meter, wal) {
+        (Some(m), Some(wal)) => {
+            let w = m.read();
+            let n = env.events as f64;
+            r.value("db_bytes_in_per_event", w.from_db as f64 / n)
+                .value("db_bytes_out_per_event", w.to_db as f64 / n)
+                .value("statements_per_1k", w.statements as f64 * 1000.0 / n)
+                .value("wal_bytes_per_event", wal as f64 / n)
+        }
+        _ => r,
+    };
     Ok(match cfg.source {
         Source::Wal => r.value("handed_off", db.handed_off().await? as f64),
         Source::Table => r,

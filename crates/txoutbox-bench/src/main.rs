@@ -10,6 +10,7 @@
 mod args;
 mod chart;
 mod child;
+mod cost;
 mod drain;
 mod latency;
 mod publish;
@@ -95,6 +96,8 @@ pub struct Env {
     pub writers: u32,
     pub mode: Mode,
     pub relay_args: Vec<String>,
+    /// Count bytes, statements and WAL per event (`--costs`).
+    pub costs: bool,
     bar: ProgressBar,
 }
 
@@ -169,6 +172,20 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         other => other.clone(),
     };
+    if a.costs() && !matches!(a.scenario, Scenario::Drain | Scenario::Scale) {
+        return Err(UsageError(format!(
+            "--costs, --check-costs and --write-costs count what a drain costs: drain and \
+             scale only, not {}",
+            format!("{:?}", a.scenario).to_lowercase()
+        ))
+        .into());
+    }
+    // The baseline is read before anything runs: a missing or malformed file is the first
+    // thing said, not the last.
+    let cost_baseline = match &a.check_costs {
+        Some(path) => Some(cost::Baseline::read(path).map_err(|e| UsageError(format!("{e:#}")))?),
+        None => None,
+    };
     let (pool, postgres) = bench_pool(&url, a.writers + 4).await?;
     if a.sources().contains(&Source::Wal) && a.scenario != Scenario::Publish {
         // Before any schema is made: the line that names the fix, not a failed relay's log.
@@ -202,6 +219,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         writers: a.writers,
         mode: a.mode(),
         relay_args: a.relay_args.clone(),
+        costs: a.costs(),
         bar: bar.clone(),
     };
     let started_at = chrono::Utc::now();
@@ -242,6 +260,39 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.json_file {
         std::fs::write(path, report.json()? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let cost_rows: Vec<Row> = report
+        .sections
+        .iter()
+        .filter(|s| s.scenario == "drain" || s.scenario == "scale")
+        .flat_map(|s| s.rows.iter().cloned())
+        .collect();
+    if let Some(path) = &a.write_costs {
+        // The threshold of the file checked against, else of the file rewritten.
+        let threshold = cost_baseline
+            .as_ref()
+            .map(|b| b.threshold)
+            .or_else(|| cost::Baseline::read(path).ok().map(|b| b.threshold))
+            .unwrap_or(cost::DEFAULT_THRESHOLD);
+        cost::Baseline::from_rows(&cost_rows, threshold).write(path)?;
+    }
+    if let Some(baseline) = &cost_baseline {
+        let failures = baseline.check(&cost_rows);
+        if !failures.is_empty() {
+            for f in &failures {
+                eprintln!("cost regression: {f}");
+            }
+            eprintln!(
+                "error: {} count(s) over {} (if the change is worth it, write a new baseline \
+                 with --write-costs and say why in the commit)",
+                failures.len(),
+                a.check_costs
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
     }
     if let Some(path) = &a.chart {
         chart::write(&report, path)?;

@@ -388,6 +388,93 @@ async fn drain_fails_when_events_do_not_arrive() {
     assert_no_schemas_left(pid).await;
 }
 
+/// `--costs` counts through its proxy (bytes, statements, WAL); `--write-costs` stores them and
+/// `--check-costs` fails on a count over the stored one by more than the threshold. Other tests
+/// write WAL meanwhile, so only the bytes are compared exactly here.
+#[tokio::test(flavor = "multi_thread")]
+async fn costs_are_counted_and_a_count_over_its_baseline_fails() {
+    let file = std::env::temp_dir().join(format!("{}.json", unique("txo_bench_costs")));
+    let path = file.to_str().unwrap().to_string();
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "2000",
+        "--repeats",
+        "1",
+        "--json",
+        "--write-costs",
+        &path,
+    ])
+    .await;
+    let row = &section(&report, "drain")[0];
+    // Every event's ~200-byte payload comes from the database once, at least.
+    assert!(median(row, "db_bytes_in_per_event") > 200.0, "{row}");
+    assert!(median(row, "db_bytes_out_per_event") > 0.0, "{row}");
+    assert!(median(row, "statements_per_1k") > 0.0, "{row}");
+    assert!(median(row, "wal_bytes_per_event") > 0.0, "{row}");
+    let mut stored: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let config = row["config"].as_str().unwrap().to_string();
+    assert_eq!(stored["threshold"], 0.1);
+    let bytes = &mut stored["configurations"][&config]["db_bytes_in_per_event"];
+    assert_eq!(bytes.as_f64(), Some(median(row, "db_bytes_in_per_event")));
+
+    // A baseline at half today's bytes: the bytes fail, named.
+    *bytes = serde_json::json!(bytes.as_f64().unwrap() / 2.0);
+    stored["threshold"] = serde_json::json!(100.0); // WAL and statements: anything passes
+    std::fs::write(&file, stored.to_string()).unwrap();
+    let (out, pid) = bench(&[
+        "drain",
+        "--events",
+        "2000",
+        "--repeats",
+        "1",
+        "--check-costs",
+        &path,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("db_bytes_in_per_event"),
+        "{}",
+        stderr(&out)
+    );
+    assert_no_schemas_left(pid).await;
+
+    // Within the threshold: passes.
+    stored["configurations"][&config]["db_bytes_in_per_event"] =
+        serde_json::json!(median(row, "db_bytes_in_per_event"));
+    std::fs::write(&file, stored.to_string()).unwrap();
+    let (out, _) = bench(&[
+        "drain",
+        "--events",
+        "2000",
+        "--repeats",
+        "1",
+        "--check-costs",
+        &path,
+    ])
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("bytes from db"), "{}", stdout(&out));
+    let _ = std::fs::remove_file(&file);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cost_baseline_that_cannot_be_read_is_a_usage_error_before_anything_runs() {
+    let (out, _) = bench(&["drain", "--check-costs", "/nonexistent/costs.json"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("/nonexistent/costs.json"), "{err}");
+    let (out, _) = bench(&["latency", "--costs"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("drain and scale only"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_publisher_is_a_usage_error() {
     let (out, _) = bench(&["drain", "--publisher", "carrier-pigeon://coop"]).await;
