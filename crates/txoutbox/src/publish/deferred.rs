@@ -137,7 +137,7 @@ impl Publisher for NotConnected {
     }
 }
 
-/// The connected publisher once there is one, else [`NotConnected`].
+/// The connected publisher once there is one, else `NotConnected` (unavailable).
 #[async_trait::async_trait]
 impl super::Forward for Deferred {
     type Inner = dyn Publisher;
@@ -160,7 +160,7 @@ impl super::Forward for Deferred {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::publish::tests::{forwards_everything, message, Probe};
+    use crate::publish::forward::tests::{forwards_everything, message, Probe};
     use crate::publish::ErrorKind;
 
     /// Not connected: its kind from the URL, no key order, no destination, and unavailable;
