@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use txoutbox::publish::{Ack, Message, PublishError, Publisher};
+use txoutbox::publish::{PublishError, Publisher};
 use txoutbox::store::Operator;
 use txoutbox::OutboxTable;
 
@@ -299,67 +299,23 @@ pub async fn serve(
         .await
 }
 
-/// A publisher shared with others: the admin listener's readiness check, or other outboxes'
-/// relays. The relay closes its publisher when it stops; a lent one is not closed then (its
-/// owner closes it once, after every relay that uses it has stopped).
-pub struct SharedPublisher {
-    inner: Arc<dyn Publisher>,
-    closes: bool,
-}
-
-impl SharedPublisher {
-    /// A publisher for the relay, and a handle on the same one for readiness checks.
-    pub fn split(p: Box<dyn Publisher>) -> (Box<dyn Publisher>, Arc<dyn Publisher>) {
-        let shared: Arc<dyn Publisher> = Arc::from(p);
-        (Box::new(Self::new(shared.clone())), shared)
-    }
-
-    /// `inner`, closed when this is.
-    pub fn new(inner: Arc<dyn Publisher>) -> Self {
-        Self {
-            inner,
-            closes: true,
-        }
-    }
-
-    /// `inner`, lent: closing this leaves it open.
-    pub fn lent(inner: Arc<dyn Publisher>) -> Self {
-        Self {
-            inner,
-            closes: false,
-        }
-    }
-}
+/// A publisher lent to a relay by its owner (the process's pool of publishers, shared by
+/// several outboxes' relays): the relay closes its publisher when it stops, and closing this
+/// leaves the lent one open; its owner closes it once, after every relay that uses it has
+/// stopped. Everything else is the lent publisher's.
+pub struct Lent(pub Arc<dyn Publisher>);
 
 #[async_trait::async_trait]
-impl Publisher for SharedPublisher {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+impl txoutbox::publish::Forward for Lent {
+    type Inner = dyn Publisher;
+
+    fn inner(&self) -> &dyn Publisher {
+        &*self.0
     }
-    fn kind_for(&self, message: &Message) -> &'static str {
-        self.inner.kind_for(message)
-    }
-    fn keeps_key_order(&self) -> bool {
-        self.inner.keeps_key_order()
-    }
-    fn destination(&self, message: &Message) -> Option<String> {
-        self.inner.destination(message)
-    }
-    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        self.inner.send(message).await
-    }
-    async fn check(&self) -> Result<(), PublishError> {
-        self.inner.check().await
-    }
-    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
-        self.inner.check_for(message).await
-    }
+
+    /// Not closed here: its owner closes it.
     async fn close(&self) -> Result<(), PublishError> {
-        if self.closes {
-            self.inner.close().await
-        } else {
-            Ok(())
-        }
+        Ok(())
     }
 }
 

@@ -635,11 +635,13 @@ async fn publisher_errors_reach_last_error_and_the_api_redacted<H: Harness>() {
     db.cleanup().await;
 }
 
-/// The relay's handle on the shared publisher answers what the publisher answers: behind a
-/// wrapper that said "no" to `keeps_key_order`, Kafka lost its ordered pipelining.
-#[test]
-fn the_shared_publisher_forwards_what_the_relay_asks() {
-    struct KeyOrdered;
+/// The relay's handle on a shared or a lent publisher answers what the publisher answers:
+/// behind a wrapper that said "no" to `keeps_key_order`, Kafka lost its ordered pipelining.
+/// Closing the lent one leaves the publisher open for its owner to close.
+#[tokio::test]
+async fn a_shared_or_lent_publisher_forwards_what_the_relay_asks() {
+    #[derive(Default)]
+    struct KeyOrdered(std::sync::atomic::AtomicUsize);
     #[async_trait::async_trait]
     impl Publisher for KeyOrdered {
         fn kind(&self) -> &'static str {
@@ -654,9 +656,13 @@ fn the_shared_publisher_forwards_what_the_relay_asks() {
         async fn send(&self, _: &Message) -> Result<Ack, PublishError> {
             Err(PublishError::unavailable("not used"))
         }
+        async fn close(&self) -> Result<(), PublishError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
     }
-    let (relay_side, _) = SharedPublisher::split(Box::new(KeyOrdered));
-    assert!(relay_side.keeps_key_order());
+    let inner = Arc::new(KeyOrdered::default());
+    let shared: Arc<dyn Publisher> = inner.clone();
     let m = Message {
         id: uuid::Uuid::now_v7(),
         seq: 1,
@@ -669,7 +675,26 @@ fn the_shared_publisher_forwards_what_the_relay_asks() {
         created_at: chrono::Utc::now(),
         attempt: 1,
     };
-    assert_eq!(relay_side.destination(&m).as_deref(), Some("topic.order"));
+    let relay_sides: [Box<dyn Publisher>; 2] =
+        [Box::new(shared.clone()), Box::new(Lent(shared.clone()))];
+    for relay_side in &relay_sides {
+        assert_eq!(relay_side.kind(), "kafka");
+        assert!(relay_side.keeps_key_order());
+        assert_eq!(relay_side.destination(&m).as_deref(), Some("topic.order"));
+    }
+    let [owned, lent] = relay_sides;
+    lent.close().await.unwrap();
+    assert_eq!(
+        inner.0.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "lent: left open"
+    );
+    owned.close().await.unwrap();
+    assert_eq!(
+        inner.0.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "shared: closed once"
+    );
 }
 
 /// A raw GET: status and body bytes, unparsed.

@@ -276,18 +276,13 @@ struct Recording {
 }
 
 #[async_trait::async_trait]
-impl Publisher for Recording {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn keeps_key_order(&self) -> bool {
-        self.inner.keeps_key_order()
-    }
-    fn destination(&self, message: &Message) -> Option<String> {
-        self.inner.destination(message)
+impl txoutbox::publish::Forward for Recording {
+    type Inner = dyn Publisher;
+    fn inner(&self) -> &dyn Publisher {
+        &*self.inner
     }
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        let ack = self.inner.send(message).await?;
+        let ack = self.inner.as_ref().send(message).await?;
         let delivered = self.delivered.clone();
         let id = message.id;
         Ok(ack
@@ -300,11 +295,5 @@ impl Publisher for Recording {
                 r
             })
             .boxed())
-    }
-    async fn check(&self) -> Result<(), PublishError> {
-        self.inner.check().await
-    }
-    async fn close(&self) -> Result<(), PublishError> {
-        self.inner.close().await
     }
 }

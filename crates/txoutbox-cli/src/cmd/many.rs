@@ -25,7 +25,7 @@ use txoutbox::store::Operator;
 use super::routes::Checked;
 use super::{relay_config, retention};
 use crate::admin::ops::{Ops, OpsConfig};
-use crate::admin::{OutboxAdmin, SharedPublisher};
+use crate::admin::{Lent, OutboxAdmin};
 use crate::cli::RelayArgs;
 use crate::cmd::slot::SlotReader;
 use crate::ctx::{Ctx, UsageError};
@@ -330,7 +330,7 @@ impl Plan {
         if rate > 0.0 {
             tracing::warn!(outbox = %self.name, rate, "injecting publish faults (--inject-faults)");
             return Ok(Arc::new(txoutbox::publish::FaultyPublisher::new(
-                Box::new(SharedPublisher::new(publisher)),
+                Box::new(publisher),
                 rate,
                 u64::from(std::process::id()),
             )));
@@ -433,11 +433,7 @@ impl Supervisor {
                         retention_period = %txoutbox::relay::format_duration(self.plan.keep),
                         "starting relay"
                     );
-                    let relay = Relay::new(
-                        store,
-                        Box::new(SharedPublisher::lent(publisher)),
-                        config.clone(),
-                    );
+                    let relay = Relay::new(store, Box::new(Lent(publisher)), config.clone());
                     let ran = std::time::Instant::now();
                     let result = relay.run(self.cancel.clone()).await;
                     stop.cancel();

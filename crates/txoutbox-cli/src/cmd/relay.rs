@@ -1,8 +1,9 @@
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use txoutbox::publish::{redact_secrets, redact_url};
+use txoutbox::publish::{redact_secrets, redact_url, Publisher};
 use txoutbox::relay::{Relay, Source};
 use txoutbox::store::Operator;
 
@@ -79,11 +80,13 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>(),
     )?;
     ops_config.slot.clone_from(&a.slot);
-    let (publisher, broker) = crate::admin::SharedPublisher::split(publisher);
-    let ops = crate::admin::ops::start_for_relay(ctx, &db, ops_config, broker).await?;
+    // The relay owns the publisher (it closes it when it stops); the admin listener's
+    // readiness check shares it.
+    let broker: Arc<dyn Publisher> = Arc::from(publisher);
+    let ops = crate::admin::ops::start_for_relay(ctx, &db, ops_config, broker.clone()).await?;
     // --- end operations ---------------------------------------------------------------------
     let ordering = config.ordering;
-    let handle = Relay::new(store, publisher, config).spawn();
+    let handle = Relay::new(store, Box::new(broker), config).spawn();
     let cancel = handle.cancel_token();
     let interrupted = handle.cancel_token();
     let signals = tokio::spawn(async move {

@@ -18,12 +18,20 @@ const RECONNECT: Backoff = Backoff {
 
 /// A publisher being connected in the background (see the module docs).
 pub struct Deferred {
+    /// What answers until it is connected.
+    pending: NotConnected,
+    inner: Arc<OnceLock<Box<dyn Publisher>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What a [`Deferred`] is until it is connected: its kind from the URL's scheme, no
+/// destination, and every `send` and `check` failing as *unavailable*, naming why. Nor does it
+/// keep key order: an aggregate's events wait for each acknowledgement.
+struct NotConnected {
     kind: &'static str,
     url: String,
-    inner: Arc<OnceLock<Box<dyn Publisher>>>,
     /// Why it is not connected yet (the last attempt's error).
     why: Arc<Mutex<String>>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Deferred {
@@ -68,10 +76,12 @@ impl Deferred {
             })
         };
         Self {
-            kind: kind_of(url),
-            url: shown,
+            pending: NotConnected {
+                kind: kind_of(url),
+                url: shown,
+                why,
+            },
             inner,
-            why,
             task,
         }
     }
@@ -80,7 +90,9 @@ impl Deferred {
     pub fn is_connected(&self) -> bool {
         self.inner.get().is_some()
     }
+}
 
+impl NotConnected {
     fn not_yet(&self) -> PublishError {
         let why = self.why.lock().map(|w| w.clone()).unwrap_or_default();
         PublishError::unavailable(format!(
@@ -113,43 +125,68 @@ impl Drop for Deferred {
 }
 
 #[async_trait::async_trait]
-impl Publisher for Deferred {
+impl Publisher for NotConnected {
     fn kind(&self) -> &'static str {
-        self.inner.get().map_or(self.kind, |p| p.kind())
+        self.kind
     }
-    fn kind_for(&self, message: &Message) -> &'static str {
-        self.inner.get().map_or(self.kind, |p| p.kind_for(message))
-    }
-    /// Not before it is connected: an aggregate's events wait for each acknowledgement.
-    fn keeps_key_order(&self) -> bool {
-        self.inner.get().is_some_and(|p| p.keeps_key_order())
-    }
-    fn destination(&self, message: &Message) -> Option<String> {
-        self.inner.get().and_then(|p| p.destination(message))
-    }
-    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        match self.inner.get() {
-            Some(p) => p.send(message).await,
-            None => Err(self.not_yet()),
-        }
+    async fn send(&self, _message: &Message) -> Result<Ack, PublishError> {
+        Err(self.not_yet())
     }
     async fn check(&self) -> Result<(), PublishError> {
+        Err(self.not_yet())
+    }
+}
+
+/// The connected publisher once there is one, else `NotConnected` (unavailable).
+#[async_trait::async_trait]
+impl super::Forward for Deferred {
+    type Inner = dyn Publisher;
+
+    fn inner(&self) -> &dyn Publisher {
         match self.inner.get() {
-            Some(p) => p.check().await,
-            None => Err(self.not_yet()),
+            Some(p) => &**p,
+            None => &self.pending,
         }
     }
-    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
-        match self.inner.get() {
-            Some(p) => p.check_for(message).await,
-            None => Err(self.not_yet()),
-        }
-    }
+
+    /// Stop connecting; close the publisher if it is connected.
     async fn close(&self) -> Result<(), PublishError> {
         self.task.abort();
-        match self.inner.get() {
-            Some(p) => p.close().await,
-            None => Ok(()),
-        }
+        super::Forward::inner(self).close().await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::publish::forward::tests::{forwards_everything, message, Probe};
+    use crate::publish::ErrorKind;
+
+    /// Not connected: its kind from the URL, no key order, no destination, and unavailable;
+    /// connected: the publisher's answer to every method.
+    #[tokio::test]
+    async fn forwards_once_connected() {
+        let d = Deferred::connect_in_background(
+            "kafka://127.0.0.1:1?topic=t",
+            &PublishError::unavailable("refused"),
+        );
+        let m = message();
+        assert_eq!(d.kind(), "kafka");
+        assert_eq!(d.kind_for(&m), "kafka");
+        assert!(!d.keeps_key_order());
+        assert_eq!(d.destination(&m), None);
+        let e = d.send(&m).await.err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.chain().contains("refused"), "{}", e.chain());
+        assert_eq!(
+            d.check_for(&m).await.unwrap_err().kind(),
+            ErrorKind::Unavailable
+        );
+
+        let probe = Arc::new(Probe::default());
+        assert!(d.inner.set(Box::new(probe.clone())).is_ok());
+        assert!(d.is_connected());
+        forwards_everything(&d, &probe).await;
     }
 }

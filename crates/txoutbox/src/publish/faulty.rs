@@ -38,21 +38,11 @@ impl FaultyPublisher {
 }
 
 #[async_trait::async_trait]
-impl Publisher for FaultyPublisher {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
+impl super::Forward for FaultyPublisher {
+    type Inner = dyn Publisher;
 
-    fn kind_for(&self, message: &Message) -> &'static str {
-        self.inner.kind_for(message)
-    }
-
-    fn keeps_key_order(&self) -> bool {
-        self.inner.keeps_key_order()
-    }
-
-    fn destination(&self, message: &Message) -> Option<String> {
-        self.inner.destination(message)
+    fn inner(&self) -> &dyn Publisher {
+        &*self.inner
     }
 
     async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
@@ -67,7 +57,7 @@ impl Publisher for FaultyPublisher {
                 message.id
             )));
         }
-        let ack = self.inner.send(message).await?;
+        let ack = self.inner.as_ref().send(message).await?;
         if draw < self.rate {
             self.injected.fetch_add(1, Ordering::Relaxed);
             let id = message.id;
@@ -80,17 +70,5 @@ impl Publisher for FaultyPublisher {
                 .boxed());
         }
         Ok(ack)
-    }
-
-    async fn check(&self) -> Result<(), PublishError> {
-        self.inner.check().await
-    }
-
-    async fn check_for(&self, message: &Message) -> Result<(), PublishError> {
-        self.inner.check_for(message).await
-    }
-
-    async fn close(&self) -> Result<(), PublishError> {
-        self.inner.close().await
     }
 }

@@ -15,6 +15,7 @@
 pub mod aws;
 mod deferred;
 mod faulty;
+mod forward;
 mod message;
 pub mod route;
 mod simple;
@@ -61,10 +62,10 @@ pub mod nats;
 pub mod redis;
 #[cfg(feature = "sns")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sns")))]
-pub mod sns;
+pub use aws::sns;
 #[cfg(feature = "sqs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs")))]
-pub mod sqs;
+pub use aws::sqs;
 
 use std::fmt;
 use std::time::Duration;
@@ -73,6 +74,7 @@ use futures::future::BoxFuture;
 
 pub use deferred::Deferred;
 pub use faulty::FaultyPublisher;
+pub use forward::Forward;
 pub use message::Message;
 pub use route::{Matcher, Route, Router};
 pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
@@ -136,7 +138,12 @@ pub trait Publisher: Send + Sync + 'static {
         self.check().await
     }
 
-    /// Flush and close. Called once on shutdown.
+    /// Flush and close. Called once, on shutdown, by the publisher's owner: whoever was
+    /// handed it (a [`Relay`](crate::relay::Relay) closes the one it was given when it stops).
+    /// A wrapper ([`Forward`], and so `Box` and `Arc`) closes the publisher it wraps; a
+    /// publisher shared by several users is closed by whoever shared it out, once every user
+    /// has stopped, never by each user (lend it to them behind a wrapper whose `close` leaves
+    /// it open).
     async fn close(&self) -> Result<(), PublishError> {
         Ok(())
     }

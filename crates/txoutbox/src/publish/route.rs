@@ -334,6 +334,9 @@ fn same_publisher(a: &Arc<dyn Publisher>, b: &Arc<dyn Publisher>) -> bool {
     std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
+/// Every method is the router's own (the lint makes sure a method added to [`Publisher`] is
+/// too, rather than its default).
+#[deny(clippy::missing_trait_methods)]
 #[async_trait::async_trait]
 impl Publisher for Router {
     /// The publisher's kind when every route uses one publisher, `router` otherwise (the

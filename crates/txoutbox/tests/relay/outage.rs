@@ -50,25 +50,6 @@ impl Drop for NatsServer {
     }
 }
 
-/// The test's own handle on the relay's publisher: it forwards everything.
-struct Lent(Arc<dyn Publisher>);
-
-#[async_trait::async_trait]
-impl Publisher for Lent {
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        self.0.send(message).await
-    }
-    async fn check(&self) -> Result<(), PublishError> {
-        self.0.check().await
-    }
-    async fn close(&self) -> Result<(), PublishError> {
-        self.0.close().await
-    }
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -101,7 +82,7 @@ async fn after_an_outage_what_failed_for_it_goes_when_the_broker_answers() {
         max: Duration::from_secs(30),
         jitter: false,
     };
-    let relay = Relay::new(db.pool_store(), Box::new(Lent(publisher.clone())), cfg).spawn();
+    let relay = Relay::new(db.pool_store(), Box::new(publisher.clone()), cfg).spawn();
 
     server.stop();
     let mut tx = db.pool.begin().await.unwrap();

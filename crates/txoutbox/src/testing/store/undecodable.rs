@@ -221,7 +221,7 @@ pub async fn hold_mode_keeps_an_aggregate_behind_an_undecodable_row<H: Harness>(
 struct Recorder(Mutex<Vec<Uuid>>);
 
 #[async_trait::async_trait]
-impl crate::publish::Publisher for std::sync::Arc<Recorder> {
+impl crate::publish::Publisher for Recorder {
     fn kind(&self) -> &'static str {
         "recorder"
     }

@@ -35,11 +35,11 @@
 //! On a FIFO queue, `MessageGroupId` = the aggregate id (or `sha256-` and its hex SHA-256 when
 //! it is not 1 to 128 printable ASCII characters) and `MessageDeduplicationId` = the event id:
 //! SQS keeps each aggregate's order and drops a redelivery within its 5-minute window, so the
-//! relay may pipeline an aggregate's events ([`Publisher::keeps_key_order`]). A standard queue
+//! relay may pipeline an aggregate's events ([`Publisher::keeps_key_order`](crate::publish::Publisher::keeps_key_order)). A standard queue
 //! keeps no order: the relay's ordered mode waits for each acknowledgement.
 //!
 //! Messages go out with `SendMessageBatch`, up to 10 (and at most `max_message_bytes`) a call,
-//! one call at a time; each [`Ack`] resolves from its own entry of the answer. On a FIFO queue
+//! one call at a time; each [`Ack`](crate::publish::Ack) resolves from its own entry of the answer. On a FIFO queue
 //! a call carries one message per group, and a message that fails fails its group's messages
 //! sent behind it, so that none overtakes it.
 //!
@@ -47,35 +47,18 @@
 //! throttling is *transient*; an unreachable endpoint, a timeout, refused credentials or
 //! permissions, a missing queue or a failure on the service's side is *unavailable*.
 
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::QueueAttributeName;
 
-use super::aws::{self, Common, Prepared, SendBatch, Sender};
-use super::cloudevents::CloudEvents;
-use super::url::PublisherUrl;
-use super::{Ack, ConfigError, ConnectError, Message, PublishError, Publisher};
+use super::{Common, Destination, Prepared, Results, Service};
+use crate::publish::url::PublisherUrl;
+use crate::publish::{aws, ConfigError, ConnectError, PublishError};
 
 /// Longest queue name SQS accepts (`.fifo` included).
 pub const MAX_QUEUE_NAME: usize = 80;
 
-/// Sends every event to one SQS queue.
-pub struct SqsPublisher {
-    client: aws_sdk_sqs::Client,
-    queue_url: String,
-    queue: String,
-    fifo: bool,
-    cloudevents: Option<CloudEvents>,
-    max_message_bytes: usize,
-    sender: Sender,
-}
-
-impl std::fmt::Debug for SqsPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqsPublisher")
-            .field("queue_url", &self.queue_url)
-            .field("fifo", &self.fifo)
-            .finish_non_exhaustive()
-    }
-}
+/// Sends every event to one SQS queue. It is a [`Publisher`](crate::publish::Publisher), with
+/// `is_fifo()`: is it a FIFO queue (its name ends in `.fifo`)?
+pub type SqsPublisher = Destination<aws_sdk_sqs::Client>;
 
 /// SQS's rule for queue names: 1 to 80 of ASCII letters, digits, `-` and `_`, `.fifo` at the
 /// end of a FIFO queue's.
@@ -200,137 +183,38 @@ impl SqsPublisher {
             }
             Target::Url { url, name, .. } => (url, name),
         };
-        let publisher = Self {
-            sender: Sender::spawn(
-                SqsBatch {
-                    client: client.clone(),
-                    queue_url: queue_url.clone(),
-                    queue: queue.clone(),
-                },
-                queue.ends_with(".fifo"),
-                common.max_message_bytes,
-            ),
-            client,
-            fifo: queue.ends_with(".fifo"),
-            queue_url,
-            queue,
-            cloudevents: common.cloudevents,
-            max_message_bytes: common.max_message_bytes,
-        };
-        publisher.check().await?;
-        tracing::info!(queue_url = %publisher.queue_url, fifo = publisher.fifo, "SQS publisher ready");
+        let what = format!("SQS queue {queue:?}");
+        let publisher = Destination::open(client, queue_url, queue, what, common).await?;
+        tracing::info!(queue_url = %publisher.queue_url(), fifo = publisher.is_fifo(), "SQS publisher ready");
         Ok(publisher)
     }
 
     /// The queue's URL.
     pub fn queue_url(&self) -> &str {
-        &self.queue_url
-    }
-
-    /// Is it a FIFO queue (its name ends in `.fifo`)?
-    pub fn is_fifo(&self) -> bool {
-        self.fifo
+        self.target()
     }
 }
 
-struct SqsBatch {
-    client: aws_sdk_sqs::Client,
-    queue_url: String,
-    queue: String,
-}
-
+/// A queue, by its URL and name.
 #[async_trait::async_trait]
-impl SendBatch for SqsBatch {
-    async fn send_batch(
-        &self,
-        entries: &[Prepared],
-    ) -> Result<Vec<Result<(), PublishError>>, PublishError> {
-        let what = format!("SQS: send to queue {:?}", self.queue);
-        let mut batch = Vec::with_capacity(entries.len());
-        for (i, p) in entries.iter().enumerate() {
-            let attributes = aws::attribute_map(p, |v| {
-                MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(v)
-                    .build()
-                    .ok()
-            });
-            let entry = SendMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .message_body(&p.body)
-                .set_message_attributes(attributes)
-                .set_message_group_id(p.group_id.clone())
-                .set_message_deduplication_id(p.dedup_id.clone())
-                .build()
-                .map_err(|e| PublishError::transient(format!("{what}: {e}")))?;
-            batch.push(entry);
-        }
-        let out = self
-            .client
-            .send_message_batch()
-            .queue_url(&self.queue_url)
-            .set_entries(Some(batch))
-            .send()
-            .await
-            .map_err(|e| aws::call_error(&what, &e))?;
-        Ok(aws::settle(
-            entries.len(),
-            out.successful().iter().map(|s| s.id().to_string()),
-            out.failed().iter().map(|f| {
-                aws::failed_entry(
-                    entries,
-                    &what,
-                    f.id(),
-                    f.code(),
-                    f.message(),
-                    f.sender_fault(),
-                )
-            }),
-        ))
-    }
-}
+impl Service for aws_sdk_sqs::Client {
+    const NAMES: (&'static str, &'static str, &'static str) = ("sqs", "SqsPublisher", "queue_url");
 
-#[async_trait::async_trait]
-impl Publisher for SqsPublisher {
-    fn kind(&self) -> &'static str {
-        "sqs"
-    }
-
-    fn keeps_key_order(&self) -> bool {
-        // A FIFO queue keeps each message group's order, and the sender never lets a group's
-        // message overtake an earlier one that failed.
-        self.fifo
-    }
-
-    fn destination(&self, _message: &Message) -> Option<String> {
-        Some(self.queue.clone())
-    }
-
-    async fn send(&self, message: &Message) -> Result<Ack, PublishError> {
-        let prepared = aws::prepare(
-            message,
-            self.cloudevents.as_ref(),
-            self.fifo,
-            self.max_message_bytes,
-            &format!("SQS queue {:?}", self.queue),
-        )?;
-        self.sender.send(message, prepared)
-    }
-
-    async fn check(&self) -> Result<(), PublishError> {
-        self.client
-            .get_queue_attributes()
-            .queue_url(&self.queue_url)
+    async fn check(&self, queue_url: &str) -> Result<(), PublishError> {
+        let call = self.get_queue_attributes().queue_url(queue_url);
+        let answer = call
             .attribute_names(QueueAttributeName::QueueArn)
             .send()
-            .await
-            .map_err(|e| aws::call_error(&format!("SQS: queue {}", self.queue_url), &e))?;
-        Ok(())
+            .await;
+        let what = format!("SQS: queue {queue_url}");
+        answer.map(drop).map_err(|e| aws::call_error(&what, &e))
     }
 
-    async fn close(&self) -> Result<(), PublishError> {
-        self.sender.flush().await;
-        Ok(())
+    async fn send_batch(&self, queue_url: &str, queue: &str, entries: &[Prepared]) -> Results {
+        let what = format!("SQS: send to queue {queue:?}");
+        let batch = aws::entries! { aws_sdk_sqs, SendMessageBatchRequestEntry.message_body, entries, &what };
+        let call = self.send_message_batch().queue_url(queue_url);
+        aws::settle! { entries, &what, call.set_entries(Some(batch)).send().await, |s| Some(s.id()) }
     }
 }
 
@@ -340,7 +224,7 @@ mod tests {
     use super::*;
 
     fn t(raw: &str, endpoint: Option<&str>) -> Result<Target, ConfigError> {
-        target(&super::super::url::parse(raw).unwrap(), endpoint)
+        target(&crate::publish::url::parse(raw).unwrap(), endpoint)
     }
 
     #[test]

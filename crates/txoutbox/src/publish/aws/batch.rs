@@ -1,0 +1,398 @@
+//! The sender task: it sends up to 10 messages a call, one call at a time, and settles each
+//! one's [`Ack`] from its own entry in the answer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::Prepared;
+use crate::publish::{Ack, ErrorKind, Message, PublishError};
+
+/// Entries in one `SendMessageBatch` or `PublishBatch` call.
+pub const MAX_BATCH: usize = 10;
+
+/// Sends one batch of up to [`MAX_BATCH`] entries; the answer has one result per entry, in
+/// order, or one error for the whole call.
+#[async_trait::async_trait]
+pub(crate) trait SendBatch: Send + Sync + 'static {
+    async fn send_batch(&self, entries: &[Prepared]) -> Results;
+}
+
+/// The answer to one batch call: one result per entry, in order, or one error for the call.
+pub(crate) type Results = Result<Vec<Result<(), PublishError>>, PublishError>;
+
+struct Pending {
+    prepared: Prepared,
+    /// The message group, and the event's seq, for the FIFO order rules.
+    group: Option<String>,
+    seq: i64,
+    /// The how-manieth message handed over.
+    index: u64,
+    done: oneshot::Sender<Result<(), PublishError>>,
+}
+
+enum Command {
+    Send(Box<Pending>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// A group whose message failed: its later messages that were handed over before the failure
+/// was reported fail too, with the same kind, so that none of them reaches the queue ahead of
+/// the failed one's retry (the relay pipelines a FIFO destination's aggregates).
+struct Failed {
+    seq: i64,
+    until_index: u64,
+    kind: ErrorKind,
+}
+
+/// The sender: `send` queues a message; one task sends the queue in calls of up to
+/// [`MAX_BATCH`] entries (and at most `max_bytes` in all), one call at a time, so that what
+/// queues up during a call goes in the next. For a FIFO destination a call carries at most
+/// one message of each group, and a failed message fails its group's messages queued behind
+/// it (see [`Failed`]), so one aggregate's messages reach the queue in the order sent.
+pub(crate) struct Sender {
+    tx: mpsc::UnboundedSender<Command>,
+    handed: Arc<AtomicU64>,
+}
+
+impl Sender {
+    pub(crate) fn spawn(backend: impl SendBatch, fifo: bool, max_bytes: usize) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let handed = Arc::new(AtomicU64::new(0));
+        tokio::spawn(run(backend, rx, fifo, max_bytes, handed.clone()));
+        Self { tx, handed }
+    }
+
+    pub(crate) fn send(&self, m: &Message, prepared: Prepared) -> Result<Ack, PublishError> {
+        let (done, rx) = oneshot::channel();
+        let pending = Pending {
+            group: prepared.group_id.clone(),
+            prepared,
+            seq: m.seq,
+            index: self.handed.fetch_add(1, Ordering::SeqCst),
+            done,
+        };
+        self.tx
+            .send(Command::Send(Box::new(pending)))
+            .map_err(|_| PublishError::unavailable("the sender task has stopped"))?;
+        Ok(Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(PublishError::unavailable(
+                    "the sender task stopped before the service answered",
+                ))
+            })
+        }))
+    }
+
+    /// Wait until everything handed over so far has its answer.
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+fn copy_error(e: &PublishError) -> PublishError {
+    PublishError::new(e.kind(), e.chain())
+}
+
+async fn run(
+    backend: impl SendBatch,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    fifo: bool,
+    max_bytes: usize,
+    handed: Arc<AtomicU64>,
+) {
+    let mut queue: VecDeque<Box<Pending>> = VecDeque::new();
+    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut failed: HashMap<String, Failed> = HashMap::new();
+    let mut open = true;
+    loop {
+        if queue.is_empty() {
+            for f in flushes.drain(..) {
+                let _ = f.send(());
+            }
+            if !open {
+                return;
+            }
+            match rx.recv().await {
+                Some(Command::Send(p)) => queue.push_back(p),
+                Some(Command::Flush(f)) => {
+                    flushes.push(f);
+                    continue;
+                }
+                None => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Command::Send(p)) => queue.push_back(p),
+                Ok(Command::Flush(f)) => flushes.push(f),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        // Pick the batch, front to back.
+        let mut batch: Vec<Box<Pending>> = Vec::new();
+        let mut bytes = 0;
+        let mut rest = VecDeque::with_capacity(queue.len());
+        let mut taken_groups: Vec<String> = Vec::new();
+        while let Some(p) = queue.pop_front() {
+            if let Some(g) = &p.group {
+                if let Some(f) = failed.get(g) {
+                    if p.index >= f.until_index {
+                        failed.remove(g);
+                    } else if p.seq > f.seq {
+                        let e = PublishError::new(
+                            f.kind,
+                            format!(
+                                "not sent: an earlier message of group {g:?} (seq {}) failed, and this one must not overtake it",
+                                f.seq
+                            ),
+                        );
+                        let _ = p.done.send(Err(e));
+                        continue;
+                    }
+                }
+            }
+            if batch.len() == MAX_BATCH || bytes + p.prepared.size > max_bytes {
+                // Full: this one and all behind it wait for the next call.
+                rest.push_back(p);
+                rest.extend(queue.drain(..));
+                break;
+            }
+            // A FIFO group already in this call waits for the next.
+            if fifo
+                && p.group
+                    .as_ref()
+                    .is_some_and(|g| taken_groups.iter().any(|t| t == g))
+            {
+                rest.push_back(p);
+                continue;
+            }
+            bytes += p.prepared.size;
+            if let Some(g) = &p.group {
+                taken_groups.push(g.clone());
+            }
+            batch.push(p);
+        }
+        queue = rest;
+        if batch.is_empty() {
+            continue;
+        }
+        let entries: Vec<Prepared> = batch.iter().map(|p| p.prepared.clone()).collect();
+        let results = match backend.send_batch(&entries).await {
+            Ok(results) => results.into_iter().map(Some).collect::<Vec<_>>(),
+            // One entry can make the whole call invalid: each alone then, so that only the
+            // guilty one is dead-lettered.
+            Err(e) if e.is_permanent() && entries.len() > 1 => {
+                let mut results = Vec::with_capacity(entries.len());
+                for entry in &entries {
+                    results.push(Some(
+                        match backend.send_batch(std::slice::from_ref(entry)).await {
+                            Ok(mut r) if r.len() == 1 => r.remove(0),
+                            Ok(_) => Err(PublishError::transient(
+                                "the service's answer did not mention this message",
+                            )),
+                            Err(e) => Err(e),
+                        },
+                    ));
+                }
+                results
+            }
+            Err(e) => batch
+                .iter()
+                .map(|_| Some(Err(copy_error(&e))))
+                .collect::<Vec<_>>(),
+        };
+        let until_index = handed.load(Ordering::SeqCst);
+        for (p, result) in batch
+            .into_iter()
+            .zip(results.into_iter().chain(std::iter::repeat_with(|| None)))
+        {
+            let result = result.unwrap_or_else(|| {
+                Err(PublishError::transient(
+                    "the service's answer did not mention this message",
+                ))
+            });
+            if let (Err(e), Some(g), true) = (&result, &p.group, fifo) {
+                if !e.is_permanent() {
+                    failed.entry(g.clone()).or_insert(Failed {
+                        seq: p.seq,
+                        until_index,
+                        kind: e.kind(),
+                    });
+                }
+            }
+            let _ = p.done.send(result);
+        }
+    }
+}
+
+/// The results of a batch call, one per entry in order, from the ids (`0`..`n`) of the
+/// successful and the failed entries; an entry named by neither is an error.
+pub(crate) fn settle(
+    n: usize,
+    successful: impl IntoIterator<Item = String>,
+    failed: impl IntoIterator<Item = (String, PublishError)>,
+) -> Vec<Result<(), PublishError>> {
+    let mut out: Vec<Option<Result<(), PublishError>>> = (0..n).map(|_| None).collect();
+    for id in successful {
+        if let Some(slot) = id.parse::<usize>().ok().and_then(|i| out.get_mut(i)) {
+            *slot = Some(Ok(()));
+        }
+    }
+    for (id, e) in failed {
+        if let Some(slot) = id.parse::<usize>().ok().and_then(|i| out.get_mut(i)) {
+            *slot = Some(Err(e));
+        }
+    }
+    out.into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(PublishError::transient(
+                    "the service's answer did not mention this message",
+                ))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::publish::aws::message::prepare;
+    use crate::publish::aws::message::tests::message;
+    use crate::publish::aws::DEFAULT_MAX_MESSAGE_BYTES;
+
+    /// A backend that fails the entries whose body is `fail` and records what it was sent.
+    struct Scripted(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
+
+    #[async_trait::async_trait]
+    impl SendBatch for Scripted {
+        async fn send_batch(&self, entries: &[Prepared]) -> Results {
+            self.0
+                .lock()
+                .unwrap()
+                .push(entries.iter().map(|e| e.body.clone()).collect());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(entries
+                .iter()
+                .map(|e| {
+                    if e.body.starts_with("fail") {
+                        Err(PublishError::transient("scripted"))
+                    } else {
+                        Ok(())
+                    }
+                })
+                .collect())
+        }
+    }
+
+    /// Refuses a whole call that holds a body `bad`, as a service refuses an invalid request.
+    struct WholeCall(Arc<std::sync::Mutex<usize>>);
+
+    #[async_trait::async_trait]
+    impl SendBatch for WholeCall {
+        async fn send_batch(&self, entries: &[Prepared]) -> Results {
+            *self.0.lock().unwrap() += 1;
+            if entries.iter().any(|e| e.body == "bad") {
+                return Err(PublishError::permanent("InvalidParameterValue"));
+            }
+            Ok(entries.iter().map(|_| Ok(())).collect())
+        }
+    }
+
+    /// A call refused as a whole for good is sent again entry by entry: only the guilty
+    /// entry fails.
+    #[tokio::test]
+    async fn a_call_refused_for_good_is_split() {
+        let calls = Arc::new(std::sync::Mutex::new(0));
+        let s = Sender::spawn(WholeCall(calls.clone()), false, DEFAULT_MAX_MESSAGE_BYTES);
+        let mut acks = Vec::new();
+        for body in ["a", "bad", "c"] {
+            let (m, p) = entry(body, "g", 1);
+            acks.push(s.send(&m, p).unwrap());
+        }
+        let mut results = Vec::new();
+        for a in acks {
+            results.push(a.await.map_err(|e| e.kind()));
+        }
+        assert_eq!(results[1], Err(ErrorKind::Permanent));
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[2], Ok(()));
+        assert!(*calls.lock().unwrap() >= 2);
+    }
+
+    fn entry(body: &str, group: &str, seq: i64) -> (Message, Prepared) {
+        let mut m = message(&[]);
+        m.seq = seq;
+        m.aggregate_id = group.into();
+        m.body = body.as_bytes().to_vec();
+        let p = prepare(&m, None, true, DEFAULT_MAX_MESSAGE_BYTES, "q").unwrap();
+        (m, p)
+    }
+
+    /// A FIFO call carries one message per group; a failed message fails the messages of its
+    /// group handed over before the failure was known, and only those.
+    #[tokio::test]
+    async fn fifo_batches_keep_each_group_in_order() {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = Sender::spawn(Scripted(calls.clone()), true, DEFAULT_MAX_MESSAGE_BYTES);
+        let mut acks = Vec::new();
+        for (body, group, seq) in [
+            ("a1", "a", 1),
+            ("b1", "b", 2),
+            ("a2", "a", 3),
+            ("fail-b2", "b", 4),
+            ("a3", "a", 5),
+            ("b3", "b", 6),
+        ] {
+            let (m, p) = entry(body, group, seq);
+            acks.push((body, s.send(&m, p).unwrap()));
+        }
+        let mut results = BTreeMap::new();
+        for (body, a) in acks {
+            results.insert(body, a.await.map_err(|e| e.kind()));
+        }
+        assert_eq!(results["a1"], Ok(()));
+        assert_eq!(results["a3"], Ok(()));
+        assert_eq!(results["fail-b2"], Err(ErrorKind::Transient));
+        assert_eq!(
+            results["b3"],
+            Err(ErrorKind::Transient),
+            "must not overtake b2"
+        );
+        let calls = calls.lock().unwrap().clone();
+        for call in &calls {
+            let mut groups: Vec<char> = call
+                .iter()
+                .map(|b| b.trim_start_matches("fail-").chars().next().unwrap_or(' '))
+                .collect();
+            groups.sort_unstable();
+            groups.dedup();
+            assert_eq!(groups.len(), call.len(), "one per group in {call:?}");
+        }
+        assert!(
+            !calls.iter().flatten().any(|b| b == "b3"),
+            "b3 was never sent"
+        );
+        // The retry (handed over after the failure was reported) goes through, and so does
+        // what follows it.
+        let (m, p) = entry("b2", "b", 4);
+        s.send(&m, p).unwrap().await.unwrap();
+        let (m, p) = entry("b3", "b", 6);
+        s.send(&m, p).unwrap().await.unwrap();
+        s.flush().await;
+    }
+}
