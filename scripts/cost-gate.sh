@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The counted regression gate (docs/performance.md#the-counted-gate): what draining 20,000
-# events costs the database, per event (bytes and statements between the relay and PostgreSQL,
+# events costs the database, per event (bytes and round trips between the relay and PostgreSQL,
 # WAL written), for each source and mode, against the counts stored in docs/bench/costs.json.
 # Counts, not times: the same on a busy machine, so CI runs it. It fails when a count is more
 # than the file's threshold over its stored value.

@@ -54,7 +54,7 @@ if [ $# -eq 0 ] && [ "${CHAOS:-1}" != 0 ]; then
   scripts/chaos.sh
   scripts/chaos.sh --source wal
 fi
-# The counted regression gate (docs/performance.md#the-counted-gate): bytes, statements and WAL
+# The counted regression gate (docs/performance.md#the-counted-gate): bytes, round trips and WAL
 # per event of a drain against docs/bench/costs.json. Last and alone: the WAL count is the
 # server's. Skipped when arguments pick tests.
 if [ $# -eq 0 ]; then

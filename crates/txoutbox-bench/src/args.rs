@@ -108,11 +108,15 @@ pub struct BenchArgs {
     #[arg(long = "relay-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub relay_args: Vec<String>,
     /// drain, scale: also count what each run costs the database, the same on a busy machine:
-    /// bytes and statements between the relays and PostgreSQL (through a counting proxy in
+    /// bytes and round trips between the relays and PostgreSQL (through a counting proxy in
     /// this process) and WAL written, per event. The WAL is the whole server's: run nothing
     /// else on it meanwhile
     #[arg(long)]
     pub costs: bool,
+    /// drain, scale: count the costs (as --costs) and print, after each run, every distinct
+    /// statement the relays ran (the start of its text) and how many times, to stderr
+    #[arg(long)]
+    pub statements: bool,
     /// drain, scale: with --costs, fail (exit 1, one line per count) if a configuration's
     /// count is more than the file's threshold over the count stored for it there; the
     /// regression gate CI runs (docs/bench/costs.json)
@@ -166,7 +170,7 @@ impl BenchArgs {
 
     /// Are the costs counted? (`--costs`, or a file to check them against or write them to.)
     pub fn costs(&self) -> bool {
-        self.costs || self.check_costs.is_some() || self.write_costs.is_some()
+        self.costs || self.statements || self.check_costs.is_some() || self.write_costs.is_some()
     }
 
     /// The modes `scale` compares.

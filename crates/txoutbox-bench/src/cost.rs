@@ -1,13 +1,15 @@
 //! What a drain costs the database, counted rather than timed (`--costs`): the bytes and the
-//! statements on the wire between the relay and PostgreSQL, and the WAL the drain wrote. The
+//! round trips on the wire between the relay and PostgreSQL, and the WAL the drain wrote. The
 //! counts depend on the SQL and the schema, not on how busy the machine is, so a stored
 //! baseline with a threshold (`--check-costs`) is a regression gate that a shared CI machine
 //! can run: the speed lost since `78ab07f` came from a claim that sent its fence on every row
 //! (bytes from the database) and a settle that paid for one more index (WAL).
 //!
 //! The relays reach PostgreSQL through [`WireMeter`], a TCP proxy in this process that counts
-//! both directions and the frontend's `Sync` and `Query` messages (one per statement it runs:
-//! the extended protocol ends each with a `Sync`, the simple one sends one `Query`).
+//! both directions and the frontend's `Sync` and `Query` messages: the round trips (the client
+//! waits for the server's answer to each; a statement is one, its first preparation on a
+//! connection another, and so is sqlx's ping of a pooled connection). It also tallies the
+//! statements run (`Bind` of a prepared text, or `Query`) by their text.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,11 +27,11 @@ use tokio::task::JoinHandle;
 
 use crate::report::Row;
 
-/// The cost columns of a drain row, per event (statements per 1,000 events).
+/// The cost columns of a drain row, per event (round trips per 1,000 events).
 pub const METRICS: &[&str] = &[
     "db_bytes_in_per_event",
     "db_bytes_out_per_event",
-    "statements_per_1k",
+    "round_trips_per_1k",
     "wal_bytes_per_event",
 ];
 
@@ -42,8 +44,13 @@ pub const DEFAULT_THRESHOLD: f64 = 0.10;
 struct Counters {
     to_db: AtomicU64,
     from_db: AtomicU64,
-    statements: AtomicU64,
+    round_trips: AtomicU64,
+    /// Executions per statement text (its start: [`TEXT_PREFIX`] bytes).
+    texts: std::sync::Mutex<BTreeMap<String, u64>>,
 }
+
+/// How much of a statement's text names it in [`WireMeter::statements`].
+const TEXT_PREFIX: usize = 160;
 
 /// A snapshot of the counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,8 +59,8 @@ pub struct Wire {
     pub to_db: u64,
     /// Bytes from PostgreSQL to the relay.
     pub from_db: u64,
-    /// `Sync` and `Query` messages from the relay: statements run.
-    pub statements: u64,
+    /// `Sync` and `Query` messages from the relay: round trips.
+    pub round_trips: u64,
 }
 
 /// A counting TCP proxy in front of PostgreSQL, for the relays of one run.
@@ -115,11 +122,24 @@ impl WireMeter {
         Ok(u.into())
     }
 
+    /// Each distinct statement the relays ran (the start of its text, whitespace folded)
+    /// and how many times, most frequent first.
+    pub fn statements(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .counters
+            .texts
+            .lock()
+            .map(|t| t.iter().map(|(k, n)| (k.clone(), *n)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
     pub fn read(&self) -> Wire {
         Wire {
             to_db: self.counters.to_db.load(Ordering::Relaxed),
             from_db: self.counters.from_db.load(Ordering::Relaxed),
-            statements: self.counters.statements.load(Ordering::Relaxed),
+            round_trips: self.counters.round_trips.load(Ordering::Relaxed),
         }
     }
 }
@@ -147,8 +167,15 @@ async fn forward(client: TcpStream, server: TcpStream, c: Arc<Counters>) {
                     Ok(n) => n,
                 };
                 c.to_db.fetch_add(n as u64, Ordering::Relaxed);
-                c.statements
+                c.round_trips
                     .fetch_add(frames.feed(&buf[..n]), Ordering::Relaxed);
+                if !frames.ran.is_empty() {
+                    if let Ok(mut t) = c.texts.lock() {
+                        for text in frames.ran.drain(..) {
+                            *t.entry(text).or_default() += 1;
+                        }
+                    }
+                }
                 if sw.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
@@ -181,20 +208,47 @@ struct Frontend {
     typed: bool,
     header: Vec<u8>,
     skip: usize,
+    /// The type of the message being read, and the start of its body (`P`, `B`, `Q`).
+    kind: u8,
+    body: Vec<u8>,
+    /// This connection's prepared statements: name -> text.
+    prepared: std::collections::HashMap<Vec<u8>, String>,
+    /// Texts of the statements run since the counters last took them.
+    ran: Vec<String>,
+}
+
+/// The `i`th NUL-terminated string of a message body (the last may be cut short: only the
+/// start of a body is kept).
+fn cstr(body: &[u8], i: usize) -> Option<&[u8]> {
+    body.split(|b| *b == 0).nth(i)
+}
+
+/// A statement's text for the tally: the start, whitespace folded.
+fn fold(text: &[u8]) -> String {
+    let t = String::from_utf8_lossy(text);
+    let folded = t.split_whitespace().collect::<Vec<_>>().join(" ");
+    folded.chars().take(TEXT_PREFIX).collect()
 }
 
 /// `SSLRequest` and `GSSENCRequest`: the start-up packet comes after them.
 const ENCRYPTION_REQUESTS: [u32; 2] = [80_877_103, 80_877_104];
 
 impl Frontend {
-    /// Read `data`; returns the statements that ended in it.
+    /// Read `data`; returns the round trips that ended in it (`Sync`, `Query`).
     fn feed(&mut self, mut data: &[u8]) -> u64 {
         let mut counted = 0;
         while !data.is_empty() {
             if self.skip > 0 {
                 let n = self.skip.min(data.len());
+                if matches!(self.kind, b'P' | b'B' | b'Q') {
+                    let room = (4 * TEXT_PREFIX).saturating_sub(self.body.len());
+                    self.body.extend_from_slice(&data[..n.min(room)]);
+                }
                 self.skip -= n;
                 data = &data[n..];
+                if self.skip == 0 {
+                    self.message_read();
+                }
                 continue;
             }
             let need = if self.typed { 5 } else { 8 };
@@ -215,7 +269,12 @@ impl Frontend {
                 if matches!(self.header[0], b'S' | b'Q') {
                     counted += 1;
                 }
+                self.kind = self.header[0];
+                self.body.clear();
                 self.skip = len.saturating_sub(4);
+                if self.skip == 0 {
+                    self.message_read();
+                }
             } else {
                 let code = u32::from_be_bytes([
                     self.header[4],
@@ -226,11 +285,40 @@ impl Frontend {
                 // The start-up packet proper is followed by typed messages; a request for
                 // encryption by another start-up packet (the server answered `N`).
                 self.typed = !ENCRYPTION_REQUESTS.contains(&code);
+                self.kind = 0;
                 self.skip = len.saturating_sub(8);
             }
             self.header.clear();
         }
         counted
+    }
+}
+
+impl Frontend {
+    /// A whole message was read: a `Parse` names a statement, a `Bind` runs one, a `Query` is
+    /// one.
+    fn message_read(&mut self) {
+        match self.kind {
+            b'P' => {
+                if let (Some(name), Some(text)) = (cstr(&self.body, 0), cstr(&self.body, 1)) {
+                    self.prepared.insert(name.to_vec(), fold(text));
+                }
+            }
+            b'B' => {
+                if let Some(name) = cstr(&self.body, 1) {
+                    let text = self.prepared.get(name).cloned();
+                    self.ran
+                        .push(text.unwrap_or_else(|| "(unknown statement)".into()));
+                }
+            }
+            b'Q' => {
+                if let Some(text) = cstr(&self.body, 0) {
+                    self.ran.push(fold(text));
+                }
+            }
+            _ => {}
+        }
+        self.kind = 0;
     }
 }
 
@@ -342,23 +430,33 @@ mod tests {
     }
 
     #[test]
-    fn statements_are_counted_across_any_split_of_the_stream() {
+    fn round_trips_and_statements_are_counted_across_any_split_of_the_stream() {
         let mut stream = startup(80_877_103, b""); // SSLRequest, refused
         stream.extend(startup(196_608, b"user\0postgres\0\0"));
         stream.extend(message(b'p', b"password"));
         stream.extend(message(b'Q', b"BEGIN\0"));
-        // A body that holds bytes which look like message types.
-        stream.extend(message(b'P', b"\0SELECT 'S' Q\0\0\0"));
-        stream.extend(message(b'B', &[b'S'; 300]));
-        stream.extend(message(b'E', b"\0\0\0\0\0"));
+        // Bodies that hold bytes which look like message types.
+        stream.extend(message(b'P', b"s1\0SELECT  'S'\n  Q\0\0\0"));
         stream.extend(message(b'S', b""));
+        let mut bind = b"\0s1\0".to_vec();
+        bind.extend([b'S'; 3000]);
+        for _ in 0..2 {
+            stream.extend(message(b'B', &bind));
+            stream.extend(message(b'E', b"\0\0\0\0\0"));
+            stream.extend(message(b'S', b""));
+        }
         stream.extend(message(b'd', &[b'Q'; 70_000]));
         stream.extend(message(b'Q', b"COMMIT\0"));
         stream.extend(message(b'X', b""));
         for chunk in [1, 2, 3, 5, 7, 64, 4096, stream.len()] {
             let mut f = Frontend::default();
             let n: u64 = stream.chunks(chunk).map(|c| f.feed(c)).sum();
-            assert_eq!(n, 3, "chunks of {chunk}");
+            assert_eq!(n, 5, "chunks of {chunk}");
+            assert_eq!(
+                f.ran,
+                ["BEGIN", "SELECT 'S' Q", "SELECT 'S' Q", "COMMIT"],
+                "chunks of {chunk}"
+            );
         }
     }
 

@@ -19,7 +19,7 @@ pub const COLUMNS: &[Column] = &[
     col("ratio_to_baseline", "ratio to baseline", ""),
     col("db_bytes_in_per_event", "bytes from db", "/event"),
     col("db_bytes_out_per_event", "bytes to db", "/event"),
-    col("statements_per_1k", "statements", "/1k events"),
+    col("round_trips_per_1k", "round trips", "/1k events"),
     col("wal_bytes_per_event", "WAL", "bytes/event"),
 ];
 
@@ -72,8 +72,8 @@ pub fn measures(events: u64, aggregates: u64) -> String {
          to baseline (with --baseline-bin) = events/s / events/s of the same configuration run \
          by the baseline build, in the same round; each build runs on a schema it migrated. \
          With --costs, counted rather than timed (the same on a busy machine): bytes from \
-         and to the database and statements run (Sync and Query messages), through a \
-         counting proxy in front of PostgreSQL, per event; WAL = the server's WAL written \
+         and to the database and round trips (the client's Sync and Query messages, each \
+         answered before the next), through a counting proxy in front of PostgreSQL, per event; WAL = the server's WAL written \
          from the relays' start to their exit (after a CHECKPOINT, so the full-page images \
          are alike), per event (server-wide: run nothing else meanwhile).",
         per_tx = super::schema::EVENTS_PER_TX
@@ -200,10 +200,20 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
     let r = match (&meter, wal) {
         (Some(m), Some(wal)) => {
             let w = m.read();
+            if env.statements {
+                let list: Vec<String> = m
+                    .statements()
+                    .iter()
+                    .map(|(text, n)| format!("{n:>8}  {text}"))
+                    .collect();
+                env.bar.suspend(|| {
+                    eprintln!("statements of {}:\n{}", cfg.name(), list.join("\n"));
+                });
+            }
             let n = env.events as f64;
             r.value("db_bytes_in_per_event", w.from_db as f64 / n)
                 .value("db_bytes_out_per_event", w.to_db as f64 / n)
-                .value("statements_per_1k", w.statements as f64 * 1000.0 / n)
+                .value("round_trips_per_1k", w.round_trips as f64 * 1000.0 / n)
                 .value("wal_bytes_per_event", wal as f64 / n)
         }
         _ => r,

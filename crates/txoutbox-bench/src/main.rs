@@ -98,6 +98,8 @@ pub struct Env {
     pub relay_args: Vec<String>,
     /// Count bytes, statements and WAL per event (`--costs`).
     pub costs: bool,
+    /// Print each run's statements (`--statements`).
+    pub statements: bool,
     bar: ProgressBar,
 }
 
@@ -174,7 +176,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     if a.costs() && !matches!(a.scenario, Scenario::Drain | Scenario::Scale) {
         return Err(UsageError(format!(
-            "--costs, --check-costs and --write-costs count what a drain costs: drain and \
+            "--costs, --statements, --check-costs and --write-costs count what a drain costs: drain and \
              scale only, not {}",
             format!("{:?}", a.scenario).to_lowercase()
         ))
@@ -220,6 +222,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         mode: a.mode(),
         relay_args: a.relay_args.clone(),
         costs: a.costs(),
+        statements: a.statements,
         bar: bar.clone(),
     };
     let started_at = chrono::Utc::now();

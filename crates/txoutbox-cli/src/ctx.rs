@@ -8,7 +8,7 @@ use std::time::Duration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use anyhow::Context;
 #[cfg(feature = "postgres")]
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 #[cfg(feature = "postgres")]
 use sqlx::PgPool;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -319,7 +319,7 @@ impl Db {
 /// A MySQL pool, probed first for an error that says why, not just "timed out".
 #[cfg(feature = "mysql")]
 async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::MySqlPool> {
-    use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    use sqlx::mysql::MySqlConnectOptions;
     let opts = MySqlConnectOptions::from_str(url).map_err(|e| {
         UsageError(format!(
             "invalid database URL {}: {}",
@@ -335,7 +335,7 @@ async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::
         .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
         .with_context(context)?;
     let _ = probe.close().await;
-    Ok(MySqlPoolOptions::new()
+    Ok(txoutbox::store::relay_pool_options::<sqlx::MySql>()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(opts))
@@ -361,7 +361,7 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
         .with_context(context)?;
     let _ = probe.close().await;
-    Ok(PgPoolOptions::new()
+    Ok(txoutbox::store::relay_pool_options::<sqlx::Postgres>()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(opts))
@@ -382,7 +382,7 @@ pub fn connect_lazy(
             strip_secret(&e.to_string(), url)
         ))
     })?;
-    Ok(PgPoolOptions::new()
+    Ok(txoutbox::store::relay_pool_options::<sqlx::Postgres>()
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)

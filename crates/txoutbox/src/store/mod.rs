@@ -12,6 +12,8 @@ pub mod mysql;
 pub mod operator;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod partitions;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+mod pool;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -30,6 +32,12 @@ pub(crate) use undecodable::too_large;
 pub mod wakeup;
 
 pub use operator::{EventFilter, EventPage, FilterError, Operator, Page};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use pool::{relay_pool_options, PING_IDLE_AFTER};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
