@@ -388,6 +388,20 @@ async fn drain_fails_when_events_do_not_arrive() {
     assert_no_schemas_left(pid).await;
 }
 
+/// A 2,000-event drain checked against the cost baseline at `path`.
+async fn check_costs(path: &str) -> (Output, u32) {
+    let args = [
+        "drain",
+        "--events",
+        "2000",
+        "--repeats",
+        "1",
+        "--check-costs",
+        path,
+    ];
+    bench(&args).await
+}
+
 /// `--costs` counts through its proxy (bytes, statements, WAL); `--write-costs` stores them and
 /// `--check-costs` fails on a count over the stored one by more than the threshold. Other tests
 /// write WAL meanwhile, so only the bytes are compared exactly here.
@@ -423,16 +437,7 @@ async fn costs_are_counted_and_a_count_over_its_baseline_fails() {
     let half = bytes.as_f64().unwrap() / 2.0;
     stored["configurations"][&config] = serde_json::json!({ "db_bytes_in_per_event": half });
     std::fs::write(&file, stored.to_string()).unwrap();
-    let (out, pid) = bench(&[
-        "drain",
-        "--events",
-        "2000",
-        "--repeats",
-        "1",
-        "--check-costs",
-        &path,
-    ])
-    .await;
+    let (out, pid) = check_costs(&path).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("db_bytes_in_per_event"),
@@ -445,16 +450,7 @@ async fn costs_are_counted_and_a_count_over_its_baseline_fails() {
     stored["configurations"][&config]["db_bytes_in_per_event"] =
         serde_json::json!(median(row, "db_bytes_in_per_event"));
     std::fs::write(&file, stored.to_string()).unwrap();
-    let (out, _) = bench(&[
-        "drain",
-        "--events",
-        "2000",
-        "--repeats",
-        "1",
-        "--check-costs",
-        &path,
-    ])
-    .await;
+    let (out, _) = check_costs(&path).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("bytes from db"), "{}", stdout(&out));
     let _ = std::fs::remove_file(&file);
