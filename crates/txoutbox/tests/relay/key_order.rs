@@ -251,8 +251,15 @@ async fn hold_mode_sends_nothing_of_an_aggregate_past_a_refusal() {
 /// ProduceRequest fails: with the gapless guarantee that is a fatal producer error, so every
 /// later message of the batch fails too; the publisher builds a new producer and the relay
 /// delivers everything, X1's first copy in the topic ahead of every copy of X2.
+///
+/// Ignored in the main run, run on its own by `scripts/test.sh` (up to three tries), for the
+/// reason given at the publisher's gap test (`publish::kafka`): the mock broker writes a
+/// successor already in flight, where a real broker refuses it as out of sequence. In a full
+/// suite run on the 2-core CI machine X2 once got through on the mock ahead of X1's retry
+/// (topic order X2, Y1, X1, X2).
 #[cfg(feature = "kafka")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-dependent on librdkafka's mock broker; scripts/test.sh runs it on its own"]
 async fn kafka_relay_recovers_from_a_fatal_producer_error_in_order() {
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::{Headers, Message as _};
