@@ -82,6 +82,7 @@ impl Cluster {
         std::fs::write(
             data.join("pg_hba.conf"),
             "hostssl all certuser 127.0.0.1/32 cert\n\
+             hostssl all md5user 127.0.0.1/32 md5\n\
              hostssl all all 127.0.0.1/32 scram-sha-256\n",
         )
         .unwrap();
@@ -89,7 +90,8 @@ impl Cluster {
         let options = format!(
             "-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c ssl=on \
              -c ssl_cert_file={cert} -c ssl_key_file={key} -c ssl_ca_file={ca} \
-             -c shared_buffers=16MB -c max_connections=20 -c fsync=off",
+             -c shared_buffers=16MB -c max_connections=20 -c fsync=off \
+             -c wal_level=logical -c max_wal_senders=4 -c max_replication_slots=4",
             dir = pki.dir.display(),
             cert = pki.server_cert.display(),
             key = pki.server_key.display(),
@@ -214,4 +216,63 @@ async fn postgres_client_certificate_authenticates() {
         .await
         .unwrap_err();
     assert!(e.contains("certificate"), "{e}");
+}
+
+/// The WAL source's replication client authenticates as the server asks: SCRAM-SHA-256 (the
+/// cluster's default) and MD5 (a role whose password is stored as MD5), over verify-full TLS;
+/// a wrong password is refused, naming the cause and never the password.
+#[cfg(feature = "wal")]
+#[tokio::test]
+async fn the_replication_client_authenticates_with_scram_and_md5() {
+    use txoutbox::store::postgres::wal::{self, stream::ReplicationConfig};
+    use txoutbox::store::postgres::wal::{stream::ReplicationStream, Lsn};
+
+    let c = Cluster::start();
+    let ca = c.pki.path(&c.pki.ca);
+    let tls = format!("sslmode=verify-full&sslrootcert={ca}");
+    let pool = sqlx::PgPool::connect(&c.url(&format!("postgres:{PASSWORD}"), &tls))
+        .await
+        .unwrap();
+    let table = txoutbox::OutboxTable::new("public", "auth_outbox").unwrap();
+    txoutbox::migrate(&pool, &table).await.unwrap();
+    wal::ensure_publication(&pool, &table).await.unwrap();
+    let publication = wal::publication_name(&table);
+    wal::ensure_slot(&pool, "auth_slot").await.unwrap();
+    const MD5_PASSWORD: &str = "md5-Secret-2c9e";
+    sqlx::raw_sql(&format!(
+        "SET password_encryption = 'md5'; \
+         CREATE ROLE md5user LOGIN REPLICATION PASSWORD '{MD5_PASSWORD}'"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let stored: String =
+        sqlx::query_scalar("SELECT rolpassword FROM pg_authid WHERE rolname = 'md5user'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        stored.starts_with("md5"),
+        "md5user's password is stored as MD5"
+    );
+
+    let start = |user_pw: String| {
+        let cfg = ReplicationConfig::from_url(&c.url(&user_pw, &tls)).unwrap();
+        let publication = publication.clone();
+        async move { ReplicationStream::start(&cfg, "auth_slot", &publication, Lsn(0)).await }
+    };
+    for (user, password) in [("postgres", PASSWORD), ("md5user", MD5_PASSWORD)] {
+        let stream = start(format!("{user}:{password}"))
+            .await
+            .unwrap_or_else(|e| panic!("{user} could not start streaming: {e}"));
+        stream.close().await.unwrap();
+        let e = start(format!("{user}:not-{password}")).await.unwrap_err();
+        let text = format!("{e} {e:?}");
+        assert!(
+            text.contains("password authentication failed"),
+            "{user} with a wrong password: {text}"
+        );
+        assert!(!text.contains(password), "the password leaked: {text}");
+    }
+    pool.close().await;
 }
