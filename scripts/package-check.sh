@@ -7,6 +7,7 @@
 #   build (the test run builds the same code);
 # - the workspace's rust-version is not below what any dependency of the published crates
 #   declares (clippy's incompatible_msrv lint keeps our own code within it).
+# - `cargo add txoutbox` with its default features builds no C code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "package-check: $*" >&2; exit 1; }
@@ -29,6 +30,13 @@ for crate in txoutbox txoutbox-cli; do
   echo "package-check: $crate: $(wc -l <<<"$list") files" >&2
 done
 cargo package -p txoutbox -p txoutbox-cli --no-verify --allow-dirty --quiet
+# `cargo add txoutbox` with its default features (none) builds no C code: no build script in
+# its tree compiles C (cc, cmake) or looks for a system library (pkg-config).
+if c=$(cargo tree -p txoutbox -e normal,build --prefix none --format '{p}' \
+    | grep -E '^(cc|cmake|pkg-config) ' | sort -u | tr '\n' ' '); [ -n "$c" ]; then
+  fail "txoutbox with default features builds C code (through: $c); see cargo tree -p txoutbox -i <crate>"
+fi
+echo "package-check: txoutbox with default features builds no C code" >&2
 # rust-version: one value for the workspace, not below what any normal or build dependency of
 # the published crates declares (clippy's incompatible_msrv lint, run with -D warnings, keeps
 # our own code within it).

@@ -95,7 +95,7 @@ pub enum Error {
     Database(#[source] sqlx::Error),
     /// The WAL source (`relay --source wal`): the server is not set up for it (the message
     /// names the fix), or its stream did not decode.
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "wal")]
     #[error(transparent)]
     Wal(#[from] crate::store::postgres::wal::WalError),
 }
@@ -118,7 +118,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient_sqlx(e),
-            #[cfg(feature = "postgres")]
+            #[cfg(feature = "wal")]
             Error::Wal(e) => e.is_transient(),
             _ => false,
         }
@@ -130,9 +130,9 @@ impl Error {
     pub fn sql_state(&self) -> Option<String> {
         let e = match self {
             Error::Database(e) => e,
-            #[cfg(feature = "postgres")]
+            #[cfg(feature = "wal")]
             Error::Wal(crate::store::postgres::wal::WalError::Database(e)) => e,
-            #[cfg(feature = "postgres")]
+            #[cfg(feature = "wal")]
             Error::Wal(crate::store::postgres::wal::WalError::Server { code, .. }) => {
                 return Some(code.clone())
             }

@@ -25,13 +25,22 @@
 //! (`sqlx::SqlitePool`, [`store::sqlite`]): every function that takes your pool or
 //! transaction takes any of them.
 //!
-//! Cargo features: `postgres`, `mysql`, `sqlite` (the stores), `nats`, `amqp`, `redis`, `mqtt`,
-//! `http`, `kafka`, `sqs`, `sns` (publishers), `otel` (W3C trace context from the writer's span through the
-//! relay's publish span to the broker message, see [`otel`]), `testing` (the store conformance
-//! suite, for a backend's tests), `clap` (`clap::ValueEnum` on [`relay::Mode`] and
-//! [`relay::OnDeadLetter`], for command lines that take them).
+//! Cargo features, none on by default (each database and broker is a dependency tree of its
+//! own, and several build C code): `postgres`, `mysql`, `sqlite` (the stores), `wal` (the WAL
+//! source on PostgreSQL, [`relay::Source::Wal`]), `nats`, `amqp`, `redis`, `mqtt`, `http`,
+//! `kafka`, `sqs`, `sns` (publishers), `otel` (W3C trace context from the writer's span through
+//! the relay's publish span to the broker message, see [`otel`]), `testing` (the store
+//! conformance suite, for a backend's tests), `clap` (`clap::ValueEnum` on [`relay::Mode`] and
+//! [`relay::OnDeadLetter`], for command lines that take them). `cargo add txoutbox -F
+//! postgres,nats` is a typical pick.
 //! `stdout:`, `file:` and `null:` publishers are always there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// With no database feature (the default) the crate is its types, the relay and the
+// publishers; the store plumbing the three databases share is there but unused.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "mysql")),
+    allow(dead_code)
+)]
 #![warn(missing_docs)]
 
 pub mod backend;

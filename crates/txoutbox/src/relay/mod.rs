@@ -5,11 +5,11 @@ mod config;
 mod in_flight;
 mod outage;
 mod send;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "wal")]
 mod wal;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "wal")]
 mod wal_committed;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "wal")]
 mod wal_reader;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -138,12 +138,12 @@ impl Relay {
     pub async fn run(&self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
         self.config.validate().map_err(RelayError::Config)?;
         if self.config.source == Source::Wal {
-            #[cfg(feature = "postgres")]
+            #[cfg(feature = "wal")]
             return self.run_wal(cancel).await;
-            #[cfg(not(feature = "postgres"))]
+            #[cfg(not(feature = "wal"))]
             return Err(RelayError::Config(InvalidSetting {
                 field: "source",
-                rule: "wal needs PostgreSQL (this build has no postgres feature)",
+                rule: "wal needs the `wal` feature of txoutbox (PostgreSQL only), which this build lacks",
             }));
         }
         let cfg = &self.config;

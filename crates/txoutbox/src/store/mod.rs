@@ -28,8 +28,15 @@ pub mod sqlite;
 mod text;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod undecodable;
-pub(crate) use undecodable::too_large;
 pub mod wakeup;
+
+/// The last error of an event whose payload no claim may read.
+pub(crate) fn too_large(size: u64, limit: u64) -> String {
+    format!(
+        "payload of {size} bytes is over the relay's max_event_bytes ({limit} bytes): \
+         dead-lettered unsent (raise --max-event-bytes if the broker takes it)"
+    )
+}
 
 pub use operator::{EventFilter, EventPage, FilterError, Operator, Page};
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -405,7 +412,7 @@ pub trait Store: Send + Sync + 'static {
     async fn counts(&self) -> Result<Counts, Error>;
     /// The WAL source over this store's database (`relay --source wal`), where it has one:
     /// PostgreSQL's store. `None` for every other.
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "wal")]
     fn wal(&self) -> Option<postgres::wal::WalStore> {
         None
     }
@@ -442,7 +449,7 @@ impl<S: Store + ?Sized> Store for Box<S> {
     async fn counts(&self) -> Result<Counts, Error> {
         (**self).counts().await
     }
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "wal")]
     fn wal(&self) -> Option<postgres::wal::WalStore> {
         (**self).wal()
     }

@@ -15,6 +15,7 @@
 //! - dead: `dead_at` set and not published.
 
 mod filter;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod text;
@@ -27,6 +28,7 @@ pub use filter::{
     parse_limit, parse_state, parse_time, EventFilter, EventPage, FilterError, Page, DEFAULT_PAGE,
     FILTER_PARAMS, MAX_PAGE,
 };
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(crate) use sql::{millis, state_sql, Dialect, FilterValue, Marks, DEAD};
 #[cfg(feature = "postgres")]
 pub(crate) use sql::{PUBLISHED, UNFINISHED};

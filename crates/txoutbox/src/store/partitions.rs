@@ -279,7 +279,7 @@ impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
 
     /// One heartbeat of a WAL relay reading `slot` ([`rebalance_as`]): registered, no
     /// partitions.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(feature = "wal"), allow(dead_code))]
     pub(crate) async fn register_wal(
         tx: Transaction<'c, DB>,
         table: &'a OutboxTable,

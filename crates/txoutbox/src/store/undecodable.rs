@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::metrics as m;
-use crate::store::Ordering;
+use crate::store::{too_large, Ordering};
 use crate::{JsonPayload, OutboxEvent};
 
 /// The prefix of the last error of a row dead-lettered because it did not decode.
@@ -62,14 +62,6 @@ impl Decoded {
             self.too_large = Some(too_large(size, limit));
         }
     }
-}
-
-/// The last error of an event whose payload no claim may read.
-pub(crate) fn too_large(size: u64, limit: u64) -> String {
-    format!(
-        "payload of {size} bytes is over the relay's max_event_bytes ({limit} bytes): \
-         dead-lettered unsent (raise --max-event-bytes if the broker takes it)"
-    )
 }
 
 /// Reads the columns of one row, noting each that does not decode instead of stopping at the

@@ -20,7 +20,7 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "wal")]
 pub mod table_path;
 
 use std::future::Future;

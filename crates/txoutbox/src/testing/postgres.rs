@@ -47,6 +47,7 @@ pub struct PgHarness {
 async fn drop_schema(pool: &PgPool, schema: &str) {
     // The WAL source's slot and publication of the test's table are objects of the database,
     // not of the schema: a slot left behind would keep the server's WAL for ever.
+    #[cfg(feature = "wal")]
     if let Ok(table) = OutboxTable::new(schema, "outbox_events") {
         // The table's slot in this database, under this release's name and an older one's.
         let database: String = sqlx::query_scalar("SELECT current_database()::text")
@@ -118,6 +119,7 @@ impl PgHarness {
 
     /// The name of the test table's replication slot in the test database (what a WAL relay
     /// reads without `--slot`).
+    #[cfg(feature = "wal")]
     pub async fn slot(&self) -> String {
         crate::store::postgres::wal::default_slot(&self.pool, &self.table)
             .await
@@ -138,10 +140,13 @@ impl PgHarness {
 
     /// [`PgHarness::pool_store`] with the given retention.
     pub fn pool_store_with(&self, retention: Retention) -> PgStore {
-        self.pool_store_sql(retention).with_replication(
+        let store = self.pool_store_sql(retention);
+        #[cfg(feature = "wal")]
+        let store = store.with_replication(
             crate::store::postgres::wal::stream::ReplicationConfig::from_url(&database_url())
                 .expect("DATABASE_URL is a valid replication URL"),
-        )
+        );
+        store
     }
 
     /// [`PgHarness::pool_store_with`] without replication settings: a WAL relay on it reads

@@ -11,6 +11,8 @@ mod operator;
 mod partitions;
 mod queries;
 pub(crate) mod schema;
+#[cfg(feature = "wal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wal")))]
 pub mod wal;
 pub(crate) mod write;
 
@@ -81,8 +83,11 @@ pub struct PgStore {
     pool: PgPool,
     table: OutboxTable,
     q: Queries,
+    /// What a WAL relay's handoff to the table does with published rows.
+    #[cfg(feature = "wal")]
     retention: Retention,
     /// How a WAL relay opens its replication stream (see [`PgStore::with_replication`]).
+    #[cfg(feature = "wal")]
     replication: Option<wal::stream::ReplicationConfig>,
     listener: Mutex<Option<PgListener>>,
     partitions: std::sync::OnceLock<i32>,
@@ -102,7 +107,9 @@ impl PgStore {
     pub fn with_retention(pool: PgPool, table: OutboxTable, retention: Retention) -> Self {
         Self {
             q: Queries::new(&table, retention),
+            #[cfg(feature = "wal")]
             retention,
+            #[cfg(feature = "wal")]
             replication: None,
             pool,
             table,
@@ -117,6 +124,7 @@ impl PgStore {
         }
     }
 
+    #[cfg(feature = "wal")]
     /// Let a WAL relay (`--source wal`) stream its slot over a replication connection made
     /// with `cfg` (usually [`ReplicationConfig::from_url`](wal::stream::ReplicationConfig::from_url)
     /// of the pool's own URL): the server pushes each transaction as it commits. Without
@@ -383,6 +391,7 @@ impl Store for PgStore {
         rows::counts(&r)
     }
 
+    #[cfg(feature = "wal")]
     fn wal(&self) -> Option<wal::WalStore> {
         Some(wal::WalStore::new(
             self.pool.clone(),

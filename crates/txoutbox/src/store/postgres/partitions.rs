@@ -80,6 +80,7 @@ impl PgStore {
     /// One heartbeat of a WAL relay reading `slot`: registered as `wal:<slot>`, which a
     /// table relay of this table, or a WAL relay of another slot, conflicts with
     /// ([`Error::SourceConflict`]); no partitions.
+    #[cfg(feature = "wal")]
     pub(crate) async fn register_wal(
         &self,
         p: RebalanceParams<'_>,
