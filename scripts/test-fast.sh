@@ -12,11 +12,8 @@
 # name says sqlite must not need a server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-features=testing,postgres,sqlite,mysql
-# The WAL source's feature, where the crate has one: the store and relay binaries need it.
-if grep -qE '^wal *=' crates/txoutbox/Cargo.toml; then
-  features+=,wal
-fi
+# The store and relay binaries need the WAL source's feature too.
+features=testing,postgres,wal,sqlite,mysql
 cargo test -p txoutbox --no-default-features --features "$features" "$@" --lib
 cargo test -p txoutbox --no-default-features --features "$features" "$@" \
   --test store --test relay -- sqlite
