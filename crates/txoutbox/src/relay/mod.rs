@@ -5,12 +5,9 @@ mod config;
 mod in_flight;
 mod outage;
 mod send;
+mod source;
 #[cfg(feature = "wal")]
 mod wal;
-#[cfg(feature = "wal")]
-mod wal_committed;
-#[cfg(feature = "wal")]
-mod wal_reader;
 
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::Arc;
@@ -77,6 +74,17 @@ pub struct RelayStats {
     pub released: u64,
 }
 
+impl std::ops::AddAssign for RelayStats {
+    /// Totals of two parts of one relay (the WAL source's stream and its table path).
+    fn add_assign(&mut self, other: RelayStats) {
+        self.batches += other.batches;
+        self.published += other.published;
+        self.failed += other.failed;
+        self.dead += other.dead;
+        self.released += other.released;
+    }
+}
+
 impl RelayStats {
     fn add(&mut self, r: &BatchReport) {
         self.batches += 1;
@@ -134,47 +142,81 @@ impl Relay {
     }
 
     /// Run until `cancel` fires (or, with `exit_when_drained`, until nothing is left).
-    /// On cancel: stop claiming, finish and settle what is in flight, release leases.
+    /// On cancel: stop reading, finish and settle what is in flight, release leases. The
+    /// publisher is closed when the relay stops, however it stops.
     pub async fn run(&self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
-        self.config.validate().map_err(RelayError::Config)?;
-        if self.config.source == Source::Wal {
-            #[cfg(feature = "wal")]
-            return self.run_wal(cancel).await;
-            #[cfg(not(feature = "wal"))]
-            return Err(RelayError::Config(InvalidSetting {
-                field: "source",
-                rule: "wal needs the `wal` feature of txoutbox (PostgreSQL only), which this build lacks",
-            }));
+        let result = self.run_open(&cancel).await;
+        if let Err(e) = self.publisher.close().await {
+            tracing::warn!(error = %e, "publisher did not close cleanly");
         }
+        result
+    }
+
+    /// [`Relay::run`] up to closing the publisher: the source picked by the settings, run.
+    async fn run_open(&self, cancel: &CancellationToken) -> Result<RelayStats, RelayError> {
+        self.config.validate().map_err(RelayError::Config)?;
+        match self.config.source {
+            Source::Table => {
+                let store = self.store.clone();
+                self.run_source(&source::TableSource { store }, cancel)
+                    .await
+            }
+            #[cfg(feature = "wal")]
+            Source::Wal => match wal::WalSource::open(self, cancel).await? {
+                Some(wal) => self.run_source(&wal, cancel).await,
+                None => Ok(RelayStats::default()),
+            },
+            #[cfg(not(feature = "wal"))]
+            Source::Wal => Err(RelayError::Config(InvalidSetting {
+                field: "source",
+                rule: "wal needs the `wal` feature of txoutbox (PostgreSQL only), which this \
+                       build lacks",
+            })),
+        }
+    }
+
+    /// The one lifecycle of both sources: register (and, ordered on the table, take a share of
+    /// the partitions) before reading, heartbeat while reading, then deregister and say so.
+    async fn run_source(
+        &self,
+        source: &dyn source::EventSource,
+        cancel: &CancellationToken,
+    ) -> Result<RelayStats, RelayError> {
         let cfg = &self.config;
-        let mut stats = RelayStats::default();
-        let retry = Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(10).min(cfg.poll_interval.max(Duration::from_secs(1)) * 5),
-            jitter: true,
+        let registry = source.registry();
+        let membership = if source.waits_out_outages() {
+            let registering = || self.register(registry.as_ref());
+            match source::until_up(cancel, "registering the relay", registering).await? {
+                Some(m) => m,
+                None => return Ok(RelayStats::default()),
+            }
+        } else {
+            self.register(registry.as_ref())
+                .await
+                .map_err(RelayError::Store)?
         };
-        // Join the live relays (and, ordered, take a share of the partitions) before claiming.
-        let membership = self.rebalance().await.map_err(RelayError::Store)?;
-        tracing::info!(relay_id = %cfg.relay_id, publisher = self.publisher.kind(),
-            mode = cfg.ordering.mode_name(), partitions = membership.owned.len(), "relay started");
-        let heartbeat_stop = cancel.child_token();
-        // The pipeline stops on the caller's cancel, and when a heartbeat finds that this
-        // relay must not run (another mode on the table, its relay id held by another process).
+        // The heartbeat runs until reading has ended (a shutdown that settles what is in
+        // flight keeps its partitions and registration renewed meanwhile).
+        let heartbeat_stop = CancellationToken::new();
+        // Reading stops on the caller's cancel, and when a heartbeat finds that this relay
+        // must not run (another mode or source on the table, its relay id held by another
+        // process).
         let stop = cancel.child_token();
         // Aborted when dropped: if this future is dropped (an embedder gives up on it, or the
         // task is aborted), the heartbeat must stop too, or a dead relay's partitions would
         // stay renewed forever.
         let heartbeat = AbortOnDrop(crate::relay::spawn_here(heartbeat_loop(
-            self.store.clone(),
+            registry.clone(),
             self.claim_lock.clone(),
             self.release_wanted.clone(),
             cfg.clone(),
             self.instance,
-            membership,
+            membership.clone(),
             heartbeat_stop.clone(),
             stop.clone(),
         )));
-        let result = self.pipeline(&stop, &mut stats, &retry).await;
+        let mut stats = RelayStats::default();
+        let result = source.read(self, &membership, &stop, &mut stats).await;
         heartbeat_stop.cancel();
         let conflict = heartbeat.join().await.flatten();
         // Whatever happened, give back what we hold and stop asking writers to notify us.
@@ -182,18 +224,26 @@ impl Relay {
             relay_id: &cfg.relay_id,
             instance: self.instance,
         };
-        if let Err(e) = self.store.deregister(leaving).await {
+        if let Err(e) = registry.deregister(leaving).await {
             tracing::warn!(error = %e, "could not release leases on exit; they expire by themselves");
         }
-        if let Err(e) = self.publisher.close().await {
-            tracing::warn!(error = %e, "publisher did not close cleanly");
-        }
-        tracing::info!(relay_id = %cfg.relay_id, published = stats.published, failed = stats.failed,
-            dead = stats.dead, "relay stopped");
+        tracing::info!(relay_id = %cfg.relay_id, source = source.name(),
+            published = stats.published, failed = stats.failed, dead = stats.dead,
+            "relay stopped");
         if let Some(e) = conflict {
             return Err(RelayError::Store(e));
         }
         result.map(|_| stats).map_err(RelayError::Store)
+    }
+
+    /// How the loops back off after a database error.
+    fn retry(&self) -> Backoff {
+        Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(10)
+                .min(self.config.poll_interval.max(Duration::from_secs(1)) * 5),
+            jitter: true,
+        }
     }
 
     /// The main loop: claim batches and hand each to a task of its own that publishes and
@@ -402,10 +452,36 @@ impl Relay {
 
     /// One heartbeat: renew, and move towards a fair share of the partitions.
     async fn rebalance(&self) -> Result<Membership, Error> {
+        self.register(self.store.as_ref()).await
+    }
+
+    /// [`Relay::rebalance`] on `registry` (the store the source registers with), with no
+    /// claim in flight.
+    async fn register(&self, registry: &dyn Store) -> Result<Membership, Error> {
         let _guard = self.claim_lock.write().await;
-        let m = rebalance(self.store.as_ref(), &self.config, self.instance, true).await?;
+        let m = rebalance(registry, &self.config, self.instance, true).await?;
         self.release_wanted.store(false, AtomicOrdering::SeqCst);
         Ok(m)
+    }
+
+    /// A relay over `store` with this relay's publisher, instance and outage watch, and
+    /// claims of its own: the WAL source's table path. It never stops by itself when drained
+    /// (the WAL source decides that).
+    #[cfg(feature = "wal")]
+    fn table_path(&self, store: Arc<dyn Store>) -> Relay {
+        Relay {
+            store,
+            publisher: self.publisher.clone(),
+            config: RelayConfig {
+                exit_when_drained: false,
+                ..self.config.clone()
+            },
+            claim_lock: Arc::new(tokio::sync::RwLock::new(())),
+            release_wanted: Arc::new(AtomicBool::new(false)),
+            instance: self.instance,
+            in_flight: Arc::default(),
+            outage: self.outage.clone(),
+        }
     }
 
     /// Run on a task of its own. The handle stops it gracefully.

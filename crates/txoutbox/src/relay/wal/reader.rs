@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::AbortOnDrop;
 use crate::error::Error;
+use crate::relay::AbortOnDrop;
 use crate::store::postgres::wal::stream::{ReplicationConfig, ReplicationStream};
 use crate::store::postgres::wal::{Lsn, Transactions, WalStore, WalTx};
 use crate::OutboxTable;

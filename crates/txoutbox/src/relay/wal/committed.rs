@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::Relay;
 use crate::error::Error;
 use crate::metrics as m;
+use crate::relay::Relay;
 use crate::store::postgres::wal::{AggregateKey, RowNow, RowsNow, WalStore, WalTx};
 use crate::store::{Ordering, Store};
 use crate::OutboxEvent;
