@@ -18,35 +18,26 @@ mod queries;
 pub(crate) mod schema;
 pub(crate) mod write;
 
+use std::future::Future;
 use std::sync::OnceLock;
 
-use sqlx::mysql::{MySqlConnection, MySqlPool};
-use sqlx::{Connection, MySql, Transaction};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlRow};
+use sqlx::{Connection, MySql, Row, Transaction};
 use uuid::Uuid;
 
 pub use crate::store::wakeup::Wakeup;
 
 use self::queries::Queries;
 use self::schema::NOW_MS;
-use super::operator::text_operator;
 use super::partitions::count_once;
-use super::sql::{marks, with_list};
-use super::text::text_store;
-use super::wakeup::AdaptivePoll;
-use super::DeregisterParams;
+use super::sql::{marks, with_list, Fill};
+use super::text::{text_files, TextBackend, TextFiles, TextQueries, TextStore};
+use super::{Claim, ClaimParams, DeregisterParams, Membership, RebalanceParams, Retention};
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
 
 /// The outbox on MySQL or MariaDB. See the module docs.
-#[derive(Debug)]
-pub struct MySqlStore {
-    pool: MySqlPool,
-    table: OutboxTable,
-    q: Queries,
-    wakeup: Wakeup,
-    poll: AdaptivePoll,
-    partitions: OnceLock<i64>,
-}
+pub type MySqlStore = TextStore<MySql>;
 
 /// A transaction in which each statement sees what committed before it, and that takes no
 /// gap locks (writers inserting new events never wait for it).
@@ -66,18 +57,7 @@ impl MySqlStore {
     async fn partition_count(&self) -> Result<i64, Error> {
         let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
         let read = async { Ok(read.await.map_err(|e| self.err(e))?.max(1)) };
-        count_once(&self.partitions, read).await
-    }
-
-    /// The transaction of a settle.
-    async fn begin_write(&self) -> Result<Transaction<'_, MySql>, sqlx::Error> {
-        self.pool.begin().await
-    }
-
-    /// A statement over ids: its `{{list}}` a mark per id, and the ids as text.
-    fn fenced_ids(&self, sql: &str, ids: &[Uuid]) -> (String, Vec<String>) {
-        let values = ids.iter().map(|id| id.hyphenated().to_string()).collect();
-        (with_list(sql, &marks(ids.len())), values)
+        count_once(&self.own, read).await
     }
 
     async fn deregister_relay(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
@@ -109,5 +89,70 @@ impl MySqlStore {
     }
 }
 
-text_store!(MySqlStore, MySqlPool, { partitions: OnceLock::new() });
-text_operator!(MySqlStore, NOW_MS);
+/// MySQL's own ways: ids in an `IN` list, transactions at `READ COMMITTED` where they must
+/// see what committed before each statement, partitions leased through `_partitions`.
+impl TextBackend for MySql {
+    type Queries = Queries;
+    /// The partition count, read once.
+    type Own = OnceLock<i64>;
+    const FILES: TextFiles = text_files!("mysql");
+    const NOW_MS: &'static str = NOW_MS;
+    const DEBUG: (&'static str, Option<&'static str>) = ("MySqlStore", Some("partitions"));
+
+    fn names(t: &OutboxTable) -> Fill {
+        queries::names(t)
+    }
+
+    fn queries(t: &OutboxTable, retention: Retention) -> Queries {
+        Queries::new(t, retention)
+    }
+
+    fn text(q: &Queries) -> &TextQueries {
+        &q.text
+    }
+
+    async fn begin_write(pool: &MySqlPool) -> Result<Transaction<'_, MySql>, sqlx::Error> {
+        pool.begin().await
+    }
+
+    /// Its `{{list}}` a mark per id, and the ids as text.
+    fn fenced_ids(sql: &str, ids: &[Uuid]) -> (String, Vec<String>) {
+        let values = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+        (with_list(sql, &marks(ids.len())), values)
+    }
+
+    /// Its `parts` column: the partition numbers, comma-separated.
+    fn relay_partitions(row: &MySqlRow) -> Result<Vec<i32>, Error> {
+        let parts: Option<String> = row.try_get("parts").map_err(Error::Database)?;
+        let parts = parts.unwrap_or_default();
+        Ok(parts.split(',').filter_map(|p| p.parse().ok()).collect())
+    }
+
+    fn claim_events(
+        s: &MySqlStore,
+        p: ClaimParams<'_>,
+    ) -> impl Future<Output = Result<Claim, Error>> + Send {
+        s.claim_events(p)
+    }
+
+    fn rebalance_relays(
+        s: &MySqlStore,
+        p: RebalanceParams<'_>,
+    ) -> impl Future<Output = Result<Membership, Error>> + Send {
+        s.rebalance_relays(p)
+    }
+
+    fn deregister_relay(
+        s: &MySqlStore,
+        p: DeregisterParams<'_>,
+    ) -> impl Future<Output = Result<u64, Error>> + Send {
+        s.deregister_relay(p)
+    }
+
+    fn schema_check<'a>(
+        pool: &'a MySqlPool,
+        t: &'a OutboxTable,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        schema::check_schema(pool, t)
+    }
+}

@@ -3,15 +3,14 @@
 //! MySQL keeps no epochs: an ordered claim leases its rows under a token, and the settle is
 //! fenced by that.
 
-use sqlx::{MySql, MySqlConnection, Row};
+use sqlx::{MySql, MySqlConnection};
 
 use super::MySqlStore;
 use crate::error::Error;
 use crate::store::operator::millis;
 use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql};
-use crate::store::rows::relay as relay_from_row;
 use crate::store::sql::{int_list, sql_file, with_list, Fill};
-use crate::store::{Membership, RebalanceParams, RelayInfo};
+use crate::store::{Membership, RebalanceParams};
 
 /// MySQL's second steps: no `RETURNING`, and no update of a table that a subquery of the
 /// same statement reads.
@@ -106,20 +105,5 @@ impl MySqlStore {
         // registered while this one waited for the lock).
         let tx = super::begin_read_committed(&mut conn, &self.table).await?;
         InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
-    }
-
-    /// The relays registered on the table, with the partitions each owns.
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.text.relays)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter()
-            .map(|r| {
-                let parts: Option<String> = r.try_get("parts").map_err(Error::Database)?;
-                let parts = parts.unwrap_or_default();
-                relay_from_row(r, parts.split(',').filter_map(|p| p.parse().ok()).collect())
-            })
-            .collect()
     }
 }

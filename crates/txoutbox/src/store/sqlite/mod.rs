@@ -18,7 +18,9 @@ pub(crate) mod schema;
 mod wake;
 pub(crate) mod write;
 
-use sqlx::sqlite::SqlitePool;
+use std::future::Future;
+
+use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 use uuid::Uuid;
 
@@ -26,23 +28,15 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::queries::Queries;
 use self::schema::NOW_MS;
-use super::operator::{millis, text_operator};
-use super::rows::relay as relay_from_row;
-use super::text::text_store;
-use super::wakeup::AdaptivePoll;
-use super::{DeregisterParams, Membership, RebalanceParams, RelayInfo, Retention};
+use super::operator::millis;
+use super::sql::Fill;
+use super::text::{text_files, TextBackend, TextFiles, TextQueries, TextStore};
+use super::{Claim, ClaimParams, DeregisterParams, Membership, RebalanceParams, Retention};
 use crate::error::Error;
 use crate::OutboxTable;
 
 /// The outbox on SQLite. See the module docs for what it guarantees.
-#[derive(Debug)]
-pub struct SqliteStore {
-    pool: SqlitePool,
-    table: OutboxTable,
-    q: Queries,
-    wakeup: Wakeup,
-    poll: AdaptivePoll,
-}
+pub type SqliteStore = TextStore<Sqlite>;
 
 impl SqliteStore {
     /// Open the database file at `url` ([`connect`]) and a store on it. Use [`Self::pool`]
@@ -56,25 +50,6 @@ impl SqliteStore {
         let wakeup = Wakeup::default();
         let pool = connect(url, &table, max_connections, &wakeup).await?;
         Ok(Self::with_retention(pool, table, wakeup, retention))
-    }
-
-    /// The relay registered on this file (at most one alive).
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.text.relays)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter().map(|r| relay_from_row(r, Vec::new())).collect()
-    }
-
-    /// The write transaction of a settle (`BEGIN IMMEDIATE`: the write lock up front).
-    async fn begin_write(&self) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    /// A statement over ids (`sql/fenced_ids.sql`): as it is, and the ids as one JSON array.
-    fn fenced_ids(&self, sql: &str, ids: &[Uuid]) -> (String, [String; 1]) {
-        (sql.to_owned(), [id_list(ids)])
     }
 
     /// Renew this relay's lease on the file, or refuse to run beside another live relay.
@@ -174,5 +149,67 @@ fn id_list(ids: &[Uuid]) -> String {
     .to_string()
 }
 
-text_store!(SqliteStore, SqlitePool, {});
-text_operator!(SqliteStore, NOW_MS);
+/// SQLite's own ways: ids as one JSON array, `BEGIN IMMEDIATE` (the write lock up front), one
+/// relay per file.
+impl TextBackend for Sqlite {
+    type Queries = Queries;
+    type Own = ();
+    const FILES: TextFiles = text_files!("sqlite");
+    const NOW_MS: &'static str = NOW_MS;
+    const DEBUG: (&'static str, Option<&'static str>) = ("SqliteStore", None);
+
+    fn names(t: &OutboxTable) -> Fill {
+        queries::names(t)
+    }
+
+    fn queries(t: &OutboxTable, retention: Retention) -> Queries {
+        Queries::new(t, retention)
+    }
+
+    fn text(q: &Queries) -> &TextQueries {
+        &q.text
+    }
+
+    /// `BEGIN IMMEDIATE`: the write lock up front.
+    async fn begin_write(pool: &SqlitePool) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    /// As it is (`sql/fenced_ids.sql`), and the ids as one JSON array.
+    fn fenced_ids(sql: &str, ids: &[Uuid]) -> (String, Vec<String>) {
+        (sql.to_owned(), vec![id_list(ids)])
+    }
+
+    /// None: one relay per file, no partitions.
+    fn relay_partitions(_: &SqliteRow) -> Result<Vec<i32>, Error> {
+        Ok(Vec::new())
+    }
+
+    fn claim_events(
+        s: &SqliteStore,
+        p: ClaimParams<'_>,
+    ) -> impl Future<Output = Result<Claim, Error>> + Send {
+        s.claim_events(p)
+    }
+
+    fn rebalance_relays(
+        s: &SqliteStore,
+        p: RebalanceParams<'_>,
+    ) -> impl Future<Output = Result<Membership, Error>> + Send {
+        s.rebalance_relays(p)
+    }
+
+    fn deregister_relay(
+        s: &SqliteStore,
+        p: DeregisterParams<'_>,
+    ) -> impl Future<Output = Result<u64, Error>> + Send {
+        s.deregister_relay(p)
+    }
+
+    fn schema_check<'a>(
+        pool: &'a SqlitePool,
+        t: &'a OutboxTable,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        schema::check_schema(pool, t)
+    }
+}
