@@ -191,6 +191,13 @@ impl<DB: TextBackend> TextStore<DB> {
         DB::text(&self.q)
     }
 
+    /// The one row of `sql` on the pool, as sqlx's `fetch_one` has it: the row
+    /// `fetch_optional` reads, or `RowNotFound`.
+    async fn one_row(&self, sql: &str) -> Result<DB::Row, sqlx::Error> {
+        let row = DB::fetch_optional(DB::on_pool(&self.pool), sql, Vec::new()).await?;
+        row.ok_or(sqlx::Error::RowNotFound)
+    }
+
     /// `sql` over `ids` ([`TextBackend::fenced_ids`]): the statement and its values, the ids
     /// then `token` if given.
     fn over_ids(&self, sql: &str, ids: &[Uuid], token: Option<String>) -> (String, Vec<Bind>) {
@@ -257,9 +264,8 @@ impl<DB: TextBackend> Store for TextStore<DB> {
         } else {
             &self.text().has_unfinished
         };
-        let row = DB::fetch_one(DB::on_pool(&self.pool), sql, Vec::new()).await;
-        let n = row.and_then(|r| DB::int(&r)).map_err(|e| self.err(e))?;
-        Ok(n != 0)
+        let n = self.one_row(sql).await.and_then(|r| DB::int(&r));
+        Ok(n.map_err(|e| self.err(e))? != 0)
     }
 
     /// Ready when something is due; otherwise sleep until a writer of this process wakes us,
@@ -267,8 +273,8 @@ impl<DB: TextBackend> Store for TextStore<DB> {
     /// (10 ms after work was found, doubling while idle, at most `max`): writers in other
     /// processes are seen within that poll.
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
-        let row = DB::fetch_one(DB::on_pool(&self.pool), &self.text().due_in, Vec::new()).await;
-        let due = row
+        let due = self.one_row(&self.text().due_in).await;
+        let due = due
             .and_then(|r| DB::maybe_int(&r))
             .map_err(|e| self.err(e))?;
         Ok(self.poll.wait(due, p.max, &self.wakeup).await)
@@ -283,7 +289,7 @@ impl<DB: TextBackend> Store for TextStore<DB> {
     }
 
     async fn counts(&self) -> Result<Counts, Error> {
-        let row = DB::fetch_one(DB::on_pool(&self.pool), &self.text().counts, Vec::new()).await;
+        let row = self.one_row(&self.text().counts).await;
         DB::counts(&row.map_err(|e| self.err(e))?)
     }
 }

@@ -29,7 +29,7 @@ pub use crate::store::wakeup::Wakeup;
 
 use self::queries::Queries;
 use self::schema::NOW_MS;
-use super::partitions::count_once;
+use super::partitions::{count_once, InTransaction};
 use super::sql::{marks, with_list, Fill};
 use super::text::{text_files, TextBackend, TextFiles, TextQueries, TextStore};
 use super::{Claim, ClaimParams, DeregisterParams, Membership, RebalanceParams, Retention};
@@ -58,34 +58,6 @@ impl MySqlStore {
         let read = sqlx::query_scalar::<_, i64>(&self.q.partition_count).fetch_one(&self.pool);
         let read = async { Ok(read.await.map_err(|e| self.err(e))?.max(1)) };
         count_once(&self.own, read).await
-    }
-
-    async fn deregister_relay(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
-        let err = |e| self.err(e);
-        let mut conn = self.pool.acquire().await.map_err(err)?;
-        // READ COMMITTED and the `locked_by` index (migration 3): the release below locks only
-        // this relay's own leased rows. Under REPEATABLE READ without the index it scanned and
-        // next-key locked every pending row, and another relay's SKIP LOCKED claim skipped them.
-        let mut tx = begin_read_committed(&mut conn, &self.table).await?;
-        // Another process holds this relay id: its partitions and leases are not ours.
-        let held: Option<i64> = sqlx::query_scalar(&self.q.deregister_held)
-            .bind(p.relay_id)
-            .bind(p.instance.to_string())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?;
-        if held.is_some() {
-            tx.commit().await.map_err(err)?;
-            return Ok(0);
-        }
-        for sql in [&self.q.text.deregister_relay, &self.q.deregister_partitions] {
-            let q = sqlx::query(sql).bind(p.relay_id);
-            q.execute(&mut *tx).await.map_err(err)?;
-        }
-        let q = sqlx::query(&self.q.text.deregister_events).bind(p.relay_id);
-        let n = q.execute(&mut *tx).await.map_err(err)?.rows_affected();
-        tx.commit().await.map_err(err)?;
-        Ok(n)
     }
 }
 
@@ -135,18 +107,40 @@ impl TextBackend for MySql {
         s.claim_events(p)
     }
 
-    fn rebalance_relays(
-        s: &MySqlStore,
-        p: RebalanceParams<'_>,
-    ) -> impl Future<Output = Result<Membership, Error>> + Send {
-        s.rebalance_relays(p)
+    async fn rebalance_relays(s: &MySqlStore, p: RebalanceParams<'_>) -> Result<Membership, Error> {
+        let mut conn = s.pool.acquire().await.map_err(|e| s.err(e))?;
+        // Each statement sees what committed before it (the checks must see a relay that
+        // registered while this one waited for the lock).
+        let tx = begin_read_committed(&mut conn, &s.table).await?;
+        InTransaction::rebalance(tx, &s.table, &s.q.heartbeat, p).await
     }
 
-    fn deregister_relay(
-        s: &MySqlStore,
-        p: DeregisterParams<'_>,
-    ) -> impl Future<Output = Result<u64, Error>> + Send {
-        s.deregister_relay(p)
+    async fn deregister_relay(s: &MySqlStore, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        let err = |e| s.err(e);
+        let mut conn = s.pool.acquire().await.map_err(err)?;
+        // READ COMMITTED and the `locked_by` index (migration 3): the release below locks only
+        // this relay's own leased rows. Under REPEATABLE READ without the index it scanned and
+        // next-key locked every pending row, and another relay's SKIP LOCKED claim skipped them.
+        let mut tx = begin_read_committed(&mut conn, &s.table).await?;
+        // Another process holds this relay id: its partitions and leases are not ours.
+        let held: Option<i64> = sqlx::query_scalar(&s.q.deregister_held)
+            .bind(p.relay_id)
+            .bind(p.instance.to_string())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?;
+        if held.is_some() {
+            tx.commit().await.map_err(err)?;
+            return Ok(0);
+        }
+        for sql in [&s.q.text.deregister_relay, &s.q.deregister_partitions] {
+            let q = sqlx::query(sql).bind(p.relay_id);
+            q.execute(&mut *tx).await.map_err(err)?;
+        }
+        let q = sqlx::query(&s.q.text.deregister_events).bind(p.relay_id);
+        let n = q.execute(&mut *tx).await.map_err(err)?.rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(n)
     }
 
     fn schema_check<'a>(

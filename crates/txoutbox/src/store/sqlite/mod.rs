@@ -51,92 +51,6 @@ impl SqliteStore {
         let pool = connect(url, &table, max_connections, &wakeup).await?;
         Ok(Self::with_retention(pool, table, wakeup, retention))
     }
-
-    /// Renew this relay's lease on the file, or refuse to run beside another live relay.
-    async fn rebalance_relays(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        let err = |e| self.err(e);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
-        let instance = p.instance.to_string();
-        if let Some(row) = sqlx::query(&self.q.relay_other)
-            .bind(p.relay_id)
-            .bind(&instance)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?
-        {
-            let other: String = row.try_get(0).map_err(Error::Database)?;
-            let left: i64 = row.try_get(1).map_err(Error::Database)?;
-            tx.rollback().await.map_err(err)?;
-            if other == p.relay_id {
-                return Err(Error::RelayIdInUse {
-                    table: self.table.display(),
-                    relay_id: other,
-                    remaining_secs: left.max(0) as f64 / 1000.0,
-                });
-            }
-            return Err(Error::RelayRunning {
-                table: self.table.display(),
-                other,
-                remaining_secs: left as f64 / 1000.0,
-            });
-        }
-        sqlx::query(&self.q.relay_upsert)
-            .bind(p.relay_id)
-            .bind(p.ordering.mode_name())
-            .bind(millis(p.lease))
-            .bind(&instance)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-        sqlx::query(&self.q.relay_gc)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-        tx.commit().await.map_err(err)?;
-        Ok(if p.ordering.is_ordered() {
-            Membership {
-                partitions: 1,
-                live_relays: 1,
-                owned: vec![0],
-                target: 1,
-                acquired: Vec::new(),
-                released: Vec::new(),
-            }
-        } else {
-            Membership::default()
-        })
-    }
-
-    /// Forget the relay and give back its leases, unless another process holds its id.
-    async fn deregister_relay(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
-        let relay_id = p.relay_id;
-        let err = |e| self.err(e);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
-        // Another process holds this relay id: its leases are not ours.
-        let held = sqlx::query(&self.q.relay_held)
-            .bind(relay_id)
-            .bind(p.instance.to_string())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?;
-        if held.is_some() {
-            tx.rollback().await.map_err(err)?;
-            return Ok(0);
-        }
-        sqlx::query(&self.q.text.deregister_relay)
-            .bind(relay_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-        let n = sqlx::query(&self.q.text.deregister_events)
-            .bind(relay_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?
-            .rows_affected();
-        tx.commit().await.map_err(err)?;
-        Ok(n)
-    }
 }
 
 /// Ids as one JSON array of hyphenated text (`json_each(?1)`).
@@ -192,18 +106,93 @@ impl TextBackend for Sqlite {
         s.claim_events(p)
     }
 
-    fn rebalance_relays(
+    /// Renew this relay's lease on the file, or refuse to run beside another live relay.
+    async fn rebalance_relays(
         s: &SqliteStore,
         p: RebalanceParams<'_>,
-    ) -> impl Future<Output = Result<Membership, Error>> + Send {
-        s.rebalance_relays(p)
+    ) -> Result<Membership, Error> {
+        let err = |e| s.err(e);
+        let mut tx = s.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let instance = p.instance.to_string();
+        if let Some(row) = sqlx::query(&s.q.relay_other)
+            .bind(p.relay_id)
+            .bind(&instance)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?
+        {
+            let other: String = row.try_get(0).map_err(Error::Database)?;
+            let left: i64 = row.try_get(1).map_err(Error::Database)?;
+            tx.rollback().await.map_err(err)?;
+            if other == p.relay_id {
+                return Err(Error::RelayIdInUse {
+                    table: s.table.display(),
+                    relay_id: other,
+                    remaining_secs: left.max(0) as f64 / 1000.0,
+                });
+            }
+            return Err(Error::RelayRunning {
+                table: s.table.display(),
+                other,
+                remaining_secs: left as f64 / 1000.0,
+            });
+        }
+        sqlx::query(&s.q.relay_upsert)
+            .bind(p.relay_id)
+            .bind(p.ordering.mode_name())
+            .bind(millis(p.lease))
+            .bind(&instance)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        sqlx::query(&s.q.relay_gc)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(if p.ordering.is_ordered() {
+            Membership {
+                partitions: 1,
+                live_relays: 1,
+                owned: vec![0],
+                target: 1,
+                acquired: Vec::new(),
+                released: Vec::new(),
+            }
+        } else {
+            Membership::default()
+        })
     }
 
-    fn deregister_relay(
-        s: &SqliteStore,
-        p: DeregisterParams<'_>,
-    ) -> impl Future<Output = Result<u64, Error>> + Send {
-        s.deregister_relay(p)
+    /// Forget the relay and give back its leases, unless another process holds its id.
+    async fn deregister_relay(s: &SqliteStore, p: DeregisterParams<'_>) -> Result<u64, Error> {
+        let relay_id = p.relay_id;
+        let err = |e| s.err(e);
+        let mut tx = s.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        // Another process holds this relay id: its leases are not ours.
+        let held = sqlx::query(&s.q.relay_held)
+            .bind(relay_id)
+            .bind(p.instance.to_string())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?;
+        if held.is_some() {
+            tx.rollback().await.map_err(err)?;
+            return Ok(0);
+        }
+        sqlx::query(&s.q.text.deregister_relay)
+            .bind(relay_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let n = sqlx::query(&s.q.text.deregister_events)
+            .bind(relay_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(n)
     }
 
     fn schema_check<'a>(

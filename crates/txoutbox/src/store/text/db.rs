@@ -65,12 +65,6 @@ pub trait TextRows: Database {
         sql: &'e str,
         binds: Vec<Bind>,
     ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>>;
-    /// The one row of `sql` with `binds`.
-    fn fetch_one<'e, 'c: 'e>(
-        on: impl Executor<'c, Database = Self> + 'e,
-        sql: &'e str,
-        binds: Vec<Bind>,
-    ) -> BoxFuture<'e, Result<Self::Row, sqlx::Error>>;
     /// The row's first column, an integer.
     fn int(row: &Self::Row) -> Result<i64, sqlx::Error>;
     /// The row's first column, an integer or NULL.
@@ -130,14 +124,6 @@ where
         binds: Vec<Bind>,
     ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>> {
         Box::pin(bound(sqlx::query(sql), binds).fetch_optional(on))
-    }
-
-    fn fetch_one<'e, 'c: 'e>(
-        on: impl Executor<'c, Database = Self> + 'e,
-        sql: &'e str,
-        binds: Vec<Bind>,
-    ) -> BoxFuture<'e, Result<Self::Row, sqlx::Error>> {
-        Box::pin(bound(sqlx::query(sql), binds).fetch_one(on))
     }
 
     fn int(row: &Self::Row) -> Result<i64, sqlx::Error> {
