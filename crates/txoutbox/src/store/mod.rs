@@ -45,6 +45,9 @@ pub use operator::{EventFilter, EventPage, FilterError, Operator, Page};
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub use pool::{relay_pool_options, PING_IDLE_AFTER};
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "mysql"))))]
+pub use text::{TextBackend, TextStore};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

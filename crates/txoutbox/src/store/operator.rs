@@ -32,8 +32,6 @@ pub use filter::{
 pub(crate) use sql::{millis, state_sql, Dialect, FilterValue, Marks, DEAD};
 #[cfg(feature = "postgres")]
 pub(crate) use sql::{PUBLISHED, UNFINISHED};
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) use text::{bind_text, text_operator};
 
 use super::{RelayInfo, Store};
 use crate::error::Error;

@@ -34,7 +34,7 @@ pub(crate) const CLAIM_MARGIN_MS: u64 = 1000;
 /// How a database's statement files are filled: fragments (which may hold names and other
 /// fragments, in the order added) first, then names.
 #[derive(Debug, Default)]
-pub(crate) struct Fill {
+pub struct Fill {
     fragments: Vec<(&'static str, String)>,
     names: Vec<(&'static str, String)>,
 }

@@ -2,6 +2,11 @@
 //! `SQS_ENDPOINT`, Kafka on librdkafka's mock cluster): when the broker refuses an event for
 //! good after the relay handed it over, no later event of its aggregate may reach the broker
 //! while the table holds it back behind the dead letter. Real PostgreSQL (`DATABASE_URL`).
+// The helpers serve the broker tests only: unused when their features are off.
+#![cfg_attr(
+    not(any(feature = "sqs", feature = "kafka")),
+    allow(dead_code, unused_imports)
+)]
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! A broker outage ends: what failed because the publisher was *unavailable* goes at once, not
 //! after its backoff. A NATS server of the test's own (JetStream, a free port, its own store
 //! directory), stopped and started again; real PostgreSQL (`DATABASE_URL`).
+// The helpers serve the broker tests only: unused when their features are off.
+#![cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::path::Path;

@@ -5,6 +5,7 @@ mod bytes;
 #[path = "../common/mod.rs"]
 mod common;
 mod conformance;
+mod inbox;
 mod membership_pg;
 mod mysql;
 mod pg;

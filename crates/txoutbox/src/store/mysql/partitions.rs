@@ -1,17 +1,14 @@
 //! The partition coordinator on MySQL (the algorithm: `store::partitions`): the heartbeat's
-//! own statements (`sql/partitions_*.sql`), in one short transaction, and the relay listing.
+//! own statements (`sql/partitions_*.sql`), run in one short transaction by the store's
+//! `rebalance_relays` (the relay listing reads `relays.sql`'s `parts`: `relay_partitions`).
 //! MySQL keeps no epochs: an ordered claim leases its rows under a token, and the settle is
 //! fenced by that.
 
-use sqlx::{MySql, MySqlConnection, Row};
+use sqlx::{MySql, MySqlConnection};
 
-use super::MySqlStore;
-use crate::error::Error;
 use crate::store::operator::millis;
-use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql};
-use crate::store::rows::relay as relay_from_row;
+use crate::store::partitions::{heartbeat_sql, HeartbeatSql, Me, OwnSql};
 use crate::store::sql::{int_list, sql_file, with_list, Fill};
-use crate::store::{Membership, RebalanceParams, RelayInfo};
 
 /// MySQL's second steps: no `RETURNING`, and no update of a table that a subquery of the
 /// same statement reads.
@@ -93,33 +90,5 @@ impl OwnSql<MySql> for HeartbeatSql<Then> {
             q.execute(conn).await?;
         }
         Ok(taken)
-    }
-}
-
-impl MySqlStore {
-    pub(super) async fn rebalance_relays(
-        &self,
-        p: RebalanceParams<'_>,
-    ) -> Result<Membership, Error> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        // Each statement sees what committed before it (the checks must see a relay that
-        // registered while this one waited for the lock).
-        let tx = super::begin_read_committed(&mut conn, &self.table).await?;
-        InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
-    }
-
-    /// The relays registered on the table, with the partitions each owns.
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.text.relays)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter()
-            .map(|r| {
-                let parts: Option<String> = r.try_get("parts").map_err(Error::Database)?;
-                let parts = parts.unwrap_or_default();
-                relay_from_row(r, parts.split(',').filter_map(|p| p.parse().ok()).collect())
-            })
-            .collect()
     }
 }

@@ -7,7 +7,7 @@ use super::partitions::{heartbeat, Then};
 use super::schema::{derived, plain, table, NOW_MS};
 use crate::store::partitions::HeartbeatSql;
 use crate::store::sql::{sql_file, Fill};
-use crate::store::text::{text_names, text_queries, TextQueries};
+use crate::store::text::{text_names, TextBackend, TextQueries};
 use crate::store::Retention;
 use crate::OutboxTable;
 
@@ -28,7 +28,7 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
 
 /// The store's statements for one outbox table, built once from validated names.
 #[derive(Debug)]
-pub(super) struct Queries {
+pub struct Queries {
     pub(super) text: TextQueries,
     pub(super) claim_pick: String,
     pub(super) claim_pick_ordered: String,
@@ -61,7 +61,7 @@ impl Queries {
     pub(super) fn new(t: &OutboxTable, retention: Retention) -> Self {
         let f = names(t);
         Self {
-            text: text_queries!("mysql", &f, retention),
+            text: sqlx::MySql::FILES.fill(&f, retention),
             claim_pick: f.fill(sql_file!("mysql", "claim_pick")),
             claim_pick_ordered: f.fill(sql_file!("mysql", "claim_pick_ordered")),
             claim_lock: f.fill(sql_file!("mysql", "claim_lock")),

@@ -1,142 +1,105 @@
-//! The operator implementation MySQL and SQLite share: both keep ids as hyphenated text and
-//! times as epoch milliseconds, so their queries and bindings are the same text.
+//! The operator implementation of the text-row stores ([`TextStore`]: MySQL and SQLite):
+//! both keep ids as hyphenated text and times as epoch milliseconds, so their queries and
+//! bindings are the same text.
 
-/// The operator methods of MySQL and SQLite, which they share word for word: both keep ids
-/// as text and times as epoch milliseconds. `$store` must have `pool`, `q` (its `Queries`,
-/// with the shared `TextQueries` as `text`), `wakeup`, `err`,
-/// `check_schema` and `relays`; `$now` is its clock in SQL.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! text_operator {
-    ($store:ty, $now:expr) => {
-        #[async_trait::async_trait]
-        impl $crate::store::operator::Operator for $store {
-            async fn check_schema(&self) -> Result<(), $crate::Error> {
-                <$store>::check_schema(self).await
-            }
+use std::time::Duration;
 
-            async fn relays(&self) -> Result<Vec<$crate::store::RelayInfo>, $crate::Error> {
-                <$store>::relays(self).await
-            }
+use uuid::Uuid;
 
-            async fn ping(&self) -> Result<(), $crate::Error> {
-                sqlx::query("SELECT 1")
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(())
-            }
+use super::{
+    millis, state_sql, Dialect, EventFilter, EventPage, FilterValue, Marks, Operator, Page, DEAD,
+};
+use crate::error::Error;
+use crate::store::sql::with_condition;
+use crate::store::text::db::Bind;
+use crate::store::text::{TextBackend, TextStore};
+use crate::store::RelayInfo;
+use crate::OutboxEvent;
 
-            async fn list_events(
-                &self,
-                f: &$crate::store::operator::EventFilter,
-                page: $crate::store::operator::Page,
-            ) -> Result<$crate::store::operator::EventPage, $crate::Error> {
-                use $crate::store::operator::{state_sql, EventPage, FilterValue};
-                let state = state_sql(f.state, TEXT_DIALECT.now);
-                let mut c = f.page_sql(TEXT_DIALECT, &state, page);
-                // The limit's mark is the last of the statement's.
-                c.mark(FilterValue::Int(page.fetch()));
-                let sql = $crate::store::sql::with_condition(&self.q.text.events_page, &c.sql);
-                let rows = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let events = rows
-                    .iter()
-                    .map(|r| $crate::store::undecodable::decode_text_row(r).map(|d| d.event))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(EventPage::assemble(events, page))
-            }
+/// Filter values as a text-keyed store binds them: ids as hyphenated text, times as epoch
+/// milliseconds.
+fn text_binds(values: &[FilterValue<'_>]) -> Vec<Bind> {
+    values
+        .iter()
+        .map(|v| match *v {
+            FilterValue::Id(id) => Bind::Text(id.hyphenated().to_string()),
+            FilterValue::Text(t) => Bind::Text(t.to_owned()),
+            FilterValue::Time(t) => Bind::Int(t.timestamp_millis()),
+            FilterValue::Int(n) => Bind::Int(n),
+        })
+        .collect()
+}
 
-            async fn get_event(
-                &self,
-                id: uuid::Uuid,
-            ) -> Result<Option<$crate::OutboxEvent>, $crate::Error> {
-                let row = sqlx::query(&self.q.text.event)
-                    .bind(id.hyphenated().to_string())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let event =
-                    row.map(|r| $crate::store::undecodable::decode_text_row(&r).map(|d| d.event));
-                event.transpose()
-            }
-
-            async fn retry_dead(
-                &self,
-                f: &$crate::store::operator::EventFilter,
-            ) -> Result<u64, $crate::Error> {
-                let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = $crate::store::sql::with_condition(&self.q.text.dead_retry, &c.sql);
-                let n = $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?
-                    .rows_affected();
-                if n > 0 {
-                    self.wakeup.fire();
-                }
-                Ok(n)
-            }
-
-            async fn discard_dead(
-                &self,
-                f: &$crate::store::operator::EventFilter,
-            ) -> Result<u64, $crate::Error> {
-                let c = f.to_sql(TEXT_DIALECT, $crate::store::operator::DEAD);
-                let sql = $crate::store::sql::with_condition(&self.q.text.dead_discard, &c.sql);
-                Ok(
-                    $crate::store::operator::bind_text!(sqlx::query(&sql), c.values)
-                        .execute(&self.pool)
-                        .await
-                        .map_err(|e| self.err(e))?
-                        .rows_affected(),
-                )
-            }
-
-            /// One statement (`sql/purge.sql`), its locks bounded by the batch.
-            async fn purge_processed(
-                &self,
-                older_than: std::time::Duration,
-                batch: i64,
-            ) -> Result<u64, $crate::Error> {
-                let done = sqlx::query(&self.q.text.purge)
-                    .bind($crate::store::operator::millis(older_than))
-                    .bind(batch.max(1))
-                    .execute(&self.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(done.rows_affected())
-            }
-        }
-
-        /// `?` placeholders and the epoch-millisecond clock.
-        const TEXT_DIALECT: $crate::store::operator::Dialect = $crate::store::operator::Dialect {
-            marks: $crate::store::operator::Marks::Question,
-            now: $now,
-        };
+impl<DB: TextBackend> TextStore<DB> {
+    /// `?` placeholders and the epoch-millisecond clock.
+    const DIALECT: Dialect = Dialect {
+        marks: Marks::Question,
+        now: DB::NOW_MS,
     };
-}
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) use text_operator;
 
-/// Bind filter values as a text-keyed store holds them: ids as hyphenated text, times as
-/// epoch milliseconds.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! bind_text {
-    ($query:expr, $values:expr) => {{
-        use $crate::store::operator::FilterValue;
-        let mut q = $query;
-        for v in &$values {
-            q = match *v {
-                FilterValue::Id(id) => q.bind(id.hyphenated().to_string()),
-                FilterValue::Text(t) => q.bind(t),
-                FilterValue::Time(t) => q.bind(t.timestamp_millis()),
-                FilterValue::Int(n) => q.bind(n),
-            };
-        }
-        q
-    }};
+    /// Run `sql` (a statement over dead letters) with the condition of `f` in it.
+    async fn on_dead(&self, sql: &str, f: &EventFilter) -> Result<u64, Error> {
+        let c = f.to_sql(Self::DIALECT, DEAD);
+        let sql = with_condition(sql, &c.sql);
+        let done = DB::execute(DB::on_pool(&self.pool), &sql, text_binds(&c.values)).await;
+        done.map_err(|e| self.err(e))
+    }
 }
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) use bind_text;
+
+#[async_trait::async_trait]
+impl<DB: TextBackend> Operator for TextStore<DB> {
+    async fn check_schema(&self) -> Result<(), Error> {
+        TextStore::check_schema(self).await
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
+        TextStore::relays(self).await
+    }
+
+    async fn ping(&self) -> Result<(), Error> {
+        DB::execute(DB::on_pool(&self.pool), "SELECT 1", Vec::new())
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn list_events(&self, f: &EventFilter, page: Page) -> Result<EventPage, Error> {
+        let state = state_sql(f.state, Self::DIALECT.now);
+        let mut c = f.page_sql(Self::DIALECT, &state, page);
+        // The limit's mark is the last of the statement's.
+        c.mark(FilterValue::Int(page.fetch()));
+        let sql = with_condition(&self.text().events_page, &c.sql);
+        let rows = DB::fetch_all(DB::on_pool(&self.pool), &sql, text_binds(&c.values))
+            .await
+            .map_err(|e| self.err(e))?;
+        let events = rows.iter().map(DB::event).collect::<Result<Vec<_>, _>>()?;
+        Ok(EventPage::assemble(events, page))
+    }
+
+    async fn get_event(&self, id: Uuid) -> Result<Option<OutboxEvent>, Error> {
+        let id = vec![Bind::Text(id.hyphenated().to_string())];
+        let row = DB::fetch_optional(DB::on_pool(&self.pool), &self.text().event, id)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.as_ref().map(DB::event).transpose()
+    }
+
+    async fn retry_dead(&self, f: &EventFilter) -> Result<u64, Error> {
+        let n = self.on_dead(&self.text().dead_retry, f).await?;
+        if n > 0 {
+            self.wakeup.fire();
+        }
+        Ok(n)
+    }
+
+    async fn discard_dead(&self, f: &EventFilter) -> Result<u64, Error> {
+        self.on_dead(&self.text().dead_discard, f).await
+    }
+
+    /// One statement (`sql/purge.sql`), its locks bounded by the batch.
+    async fn purge_processed(&self, older_than: Duration, batch: i64) -> Result<u64, Error> {
+        let binds = vec![Bind::Int(millis(older_than)), Bind::Int(batch.max(1))];
+        let done = DB::execute(DB::on_pool(&self.pool), &self.text().purge, binds).await;
+        done.map_err(|e| self.err(e))
+    }
+}

@@ -18,7 +18,9 @@ pub(crate) mod schema;
 mod wake;
 pub(crate) mod write;
 
-use sqlx::sqlite::SqlitePool;
+use std::future::Future;
+
+use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 use uuid::Uuid;
 
@@ -26,23 +28,15 @@ pub use wake::{connect, Wakeup, BUSY_TIMEOUT};
 
 use self::queries::Queries;
 use self::schema::NOW_MS;
-use super::operator::{millis, text_operator};
-use super::rows::relay as relay_from_row;
-use super::text::text_store;
-use super::wakeup::AdaptivePoll;
-use super::{DeregisterParams, Membership, RebalanceParams, RelayInfo, Retention};
+use super::operator::millis;
+use super::sql::Fill;
+use super::text::{text_files, TextBackend, TextFiles, TextQueries, TextStore};
+use super::{Claim, ClaimParams, DeregisterParams, Membership, RebalanceParams, Retention};
 use crate::error::Error;
 use crate::OutboxTable;
 
 /// The outbox on SQLite. See the module docs for what it guarantees.
-#[derive(Debug)]
-pub struct SqliteStore {
-    pool: SqlitePool,
-    table: OutboxTable,
-    q: Queries,
-    wakeup: Wakeup,
-    poll: AdaptivePoll,
-}
+pub type SqliteStore = TextStore<Sqlite>;
 
 impl SqliteStore {
     /// Open the database file at `url` ([`connect`]) and a store on it. Use [`Self::pool`]
@@ -57,32 +51,70 @@ impl SqliteStore {
         let pool = connect(url, &table, max_connections, &wakeup).await?;
         Ok(Self::with_retention(pool, table, wakeup, retention))
     }
+}
 
-    /// The relay registered on this file (at most one alive).
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, Error> {
-        let rows = sqlx::query(&self.q.text.relays)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        rows.iter().map(|r| relay_from_row(r, Vec::new())).collect()
+/// Ids as one JSON array of hyphenated text (`json_each(?1)`).
+fn id_list(ids: &[Uuid]) -> String {
+    serde_json::Value::Array(
+        ids.iter()
+            .map(|id| serde_json::Value::String(id.hyphenated().to_string()))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// SQLite's own ways: ids as one JSON array, `BEGIN IMMEDIATE` (the write lock up front), one
+/// relay per file.
+impl TextBackend for Sqlite {
+    type Queries = Queries;
+    type Own = ();
+    const FILES: TextFiles = text_files!("sqlite");
+    const NOW_MS: &'static str = NOW_MS;
+    const DEBUG: (&'static str, Option<&'static str>) = ("SqliteStore", None);
+
+    fn names(t: &OutboxTable) -> Fill {
+        queries::names(t)
     }
 
-    /// The write transaction of a settle (`BEGIN IMMEDIATE`: the write lock up front).
-    async fn begin_write(&self) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+    fn queries(t: &OutboxTable, retention: Retention) -> Queries {
+        Queries::new(t, retention)
     }
 
-    /// A statement over ids (`sql/fenced_ids.sql`): as it is, and the ids as one JSON array.
-    fn fenced_ids(&self, sql: &str, ids: &[Uuid]) -> (String, [String; 1]) {
-        (sql.to_owned(), [id_list(ids)])
+    fn text(q: &Queries) -> &TextQueries {
+        &q.text
+    }
+
+    /// `BEGIN IMMEDIATE`: the write lock up front.
+    async fn begin_write(pool: &SqlitePool) -> Result<Transaction<'_, Sqlite>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    /// As it is (`sql/fenced_ids.sql`), and the ids as one JSON array.
+    fn fenced_ids(sql: &str, ids: &[Uuid]) -> (String, Vec<String>) {
+        (sql.to_owned(), vec![id_list(ids)])
+    }
+
+    /// None: one relay per file, no partitions.
+    fn relay_partitions(_: &SqliteRow) -> Result<Vec<i32>, Error> {
+        Ok(Vec::new())
+    }
+
+    fn claim_events(
+        s: &SqliteStore,
+        p: ClaimParams<'_>,
+    ) -> impl Future<Output = Result<Claim, Error>> + Send {
+        s.claim_events(p)
     }
 
     /// Renew this relay's lease on the file, or refuse to run beside another live relay.
-    async fn rebalance_relays(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        let err = |e| self.err(e);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+    async fn rebalance_relays(
+        s: &SqliteStore,
+        p: RebalanceParams<'_>,
+    ) -> Result<Membership, Error> {
+        let err = |e| s.err(e);
+        let mut tx = s.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         let instance = p.instance.to_string();
-        if let Some(row) = sqlx::query(&self.q.relay_other)
+        if let Some(row) = sqlx::query(&s.q.relay_other)
             .bind(p.relay_id)
             .bind(&instance)
             .fetch_optional(&mut *tx)
@@ -94,18 +126,18 @@ impl SqliteStore {
             tx.rollback().await.map_err(err)?;
             if other == p.relay_id {
                 return Err(Error::RelayIdInUse {
-                    table: self.table.display(),
+                    table: s.table.display(),
                     relay_id: other,
                     remaining_secs: left.max(0) as f64 / 1000.0,
                 });
             }
             return Err(Error::RelayRunning {
-                table: self.table.display(),
+                table: s.table.display(),
                 other,
                 remaining_secs: left as f64 / 1000.0,
             });
         }
-        sqlx::query(&self.q.relay_upsert)
+        sqlx::query(&s.q.relay_upsert)
             .bind(p.relay_id)
             .bind(p.ordering.mode_name())
             .bind(millis(p.lease))
@@ -113,7 +145,7 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        sqlx::query(&self.q.relay_gc)
+        sqlx::query(&s.q.relay_gc)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
@@ -133,12 +165,12 @@ impl SqliteStore {
     }
 
     /// Forget the relay and give back its leases, unless another process holds its id.
-    async fn deregister_relay(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
+    async fn deregister_relay(s: &SqliteStore, p: DeregisterParams<'_>) -> Result<u64, Error> {
         let relay_id = p.relay_id;
-        let err = |e| self.err(e);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let err = |e| s.err(e);
+        let mut tx = s.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         // Another process holds this relay id: its leases are not ours.
-        let held = sqlx::query(&self.q.relay_held)
+        let held = sqlx::query(&s.q.relay_held)
             .bind(relay_id)
             .bind(p.instance.to_string())
             .fetch_optional(&mut *tx)
@@ -148,12 +180,12 @@ impl SqliteStore {
             tx.rollback().await.map_err(err)?;
             return Ok(0);
         }
-        sqlx::query(&self.q.text.deregister_relay)
+        sqlx::query(&s.q.text.deregister_relay)
             .bind(relay_id)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let n = sqlx::query(&self.q.text.deregister_events)
+        let n = sqlx::query(&s.q.text.deregister_events)
             .bind(relay_id)
             .execute(&mut *tx)
             .await
@@ -162,17 +194,11 @@ impl SqliteStore {
         tx.commit().await.map_err(err)?;
         Ok(n)
     }
-}
 
-/// Ids as one JSON array of hyphenated text (`json_each(?1)`).
-fn id_list(ids: &[Uuid]) -> String {
-    serde_json::Value::Array(
-        ids.iter()
-            .map(|id| serde_json::Value::String(id.hyphenated().to_string()))
-            .collect(),
-    )
-    .to_string()
+    fn schema_check<'a>(
+        pool: &'a SqlitePool,
+        t: &'a OutboxTable,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        schema::check_schema(pool, t)
+    }
 }
-
-text_store!(SqliteStore, SqlitePool, {});
-text_operator!(SqliteStore, NOW_MS);

@@ -4,7 +4,7 @@
 
 use super::schema::{derived, table, NOW_MS};
 use crate::store::sql::{sql_file, Fill};
-use crate::store::text::{text_names, text_queries, TextQueries};
+use crate::store::text::{text_names, TextBackend, TextQueries};
 use crate::store::Retention;
 use crate::OutboxTable;
 
@@ -20,7 +20,7 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
 
 /// The store's statements for one outbox table, built once from validated names.
 #[derive(Debug)]
-pub(super) struct Queries {
+pub struct Queries {
     pub(super) text: TextQueries,
     pub(super) claim: String,
     pub(super) claim_ordered: String,
@@ -52,7 +52,7 @@ impl Queries {
             .name("{{capped_columns}}", capped_columns());
         let claim = sql_file!("sqlite", "claim");
         Self {
-            text: text_queries!("sqlite", &f, retention),
+            text: sqlx::Sqlite::FILES.fill(&f, retention),
             claim: f.fill_with(claim, &[("{{ordered}}", ""), ("{{relay_lease}}", "")]),
             claim_ordered: f.fill_with(
                 claim,
