@@ -199,6 +199,17 @@ impl Relay {
 
 impl Relay {
     /// An event the broker acknowledged: its commit-to-publish latency, a debug line.
+    /// Count a dead letter, by its event type.
+    pub(super) fn count_dead(&self, event: &OutboxEvent) {
+        ::metrics::counter!(
+            m::DEAD_LETTERED_TOTAL,
+            self.config
+                .metric_labels
+                .and("event_type", event.event_type.clone())
+        )
+        .increment(1);
+    }
+
     pub(super) fn count_published(&self, event: &OutboxEvent) {
         let since_insert = (chrono::Utc::now() - event.created_at)
             .to_std()
@@ -243,12 +254,7 @@ impl Relay {
         )
         .increment(1);
         if dead {
-            ::metrics::counter!(
-                m::DEAD_LETTERED_TOTAL,
-                cfg.metric_labels
-                    .and("event_type", event.event_type.clone())
-            )
-            .increment(1);
+            self.count_dead(event);
         }
         Failure {
             id: event.id,

@@ -157,12 +157,7 @@ impl Relay {
                         // would be.
                         tracing::warn!(event_id = %event.id, error = %error,
                         "dead-lettering an event that does not decode");
-                        ::metrics::counter!(
-                            m::DEAD_LETTERED_TOTAL,
-                            cfg.metric_labels
-                                .and("event_type", event.event_type.clone())
-                        )
-                        .increment(1);
+                        self.count_dead(&event);
                         if hold {
                             blocked.insert(key(&event));
                         }
