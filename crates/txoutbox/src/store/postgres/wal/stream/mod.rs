@@ -19,6 +19,8 @@
 //! module is the stream itself.
 
 mod auth;
+#[cfg(test)]
+mod props;
 mod tls;
 mod transport;
 mod wire;
