@@ -13,7 +13,7 @@ use proptest::sample::select;
 
 use super::wire::{frame, get_cstr, server_error};
 use super::{copy_data, CopyData, MAX_MESSAGE};
-use crate::store::postgres::wal::props::{cstr, mutated};
+use crate::store::postgres::wal::props::{cstr, mutated, text};
 use crate::store::postgres::wal::{Lsn, WalError};
 
 /// Backend messages, whole: a tag, a length, a body.
@@ -158,7 +158,7 @@ proptest! {
     /// is the C field's.
     #[test]
     fn server_errors_take_mutated_fields(
-        (fields, body) in vec((select(b"SVCMDHPWsf".to_vec()), "\\PC{0,16}"), 0..8)
+        (fields, body) in vec((select(b"SVCMDHPWsf".to_vec()), text(16)), 0..8)
             .prop_flat_map(|fields| {
                 let body = error_body(&fields);
                 (Just(fields), prop_oneof![Just(body.clone()), mutated(Just(body))])
