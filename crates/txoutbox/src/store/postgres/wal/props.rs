@@ -4,8 +4,12 @@
 //! takes arbitrary bytes, and valid messages from small generators with a few mutations (a
 //! byte flipped, the message cut short or lengthened, a length or count made to claim a huge
 //! size), which reach deeper than random bytes do. What must hold: every decoder returns `Ok`
-//! or `Err`, never panics, and reserves no more than the input can back. The stream's framing
-//! has its own, in `stream::props`.
+//! or `Err`, never panics, and reserves no more than the input can back. The last is checked
+//! on what a decoder returns and on huge claims failing at once; what a failing decode
+//! reserved is not seen by a test (no counting allocator: the crate forbids `unsafe`), so
+//! the code was read for it: the one reservation sized by a count from the input
+//! (`pgoutput`'s columns and values) is bounded by the bytes left. The stream's framing has
+//! its own properties, in `stream::props`.
 //!
 //! 256 cases a property by default (a few seconds); `PROPTEST_CASES` sets more, and
 //! `scripts/fuzz-decoders.sh` runs them for hours, a fresh seed each round.
