@@ -21,6 +21,8 @@ mod committed;
 mod config;
 mod large;
 pub mod pgoutput;
+#[cfg(test)]
+mod props;
 mod row;
 mod store;
 pub mod stream;

@@ -150,7 +150,8 @@ pub fn decode(data: &[u8]) -> Result<Message<'_>, DecodeError> {
             let name = r.string("Relation's name")?;
             let _replica_identity = r.u8("Relation's replica identity")?;
             let n = r.u16("Relation's column count")?;
-            let mut columns = Vec::with_capacity(usize::from(n));
+            // A column takes 10 bytes at least: flags, an empty name's NUL, type, modifier.
+            let mut columns = Vec::with_capacity(r.capacity(n, 10));
             for _ in 0..n {
                 let flags = r.u8("a column's flags")?;
                 let name = r.string("a column's name")?;
@@ -275,6 +276,13 @@ impl<'a> Cursor<'a> {
         usize::try_from(n).map_err(|_| DecodeError(format!("{what} is negative ({n})")))
     }
 
+    /// Room for `n` items the message claims, each of at least `least` bytes: no more than
+    /// the bytes left can hold, so that a count read from a short message reserves nothing
+    /// it cannot back (65 535 columns claimed by a message of a few bytes).
+    fn capacity(&self, n: u16, least: usize) -> usize {
+        usize::from(n).min((self.data.len() - self.at) / least.max(1))
+    }
+
     fn string(&mut self, what: &str) -> Result<String, DecodeError> {
         let rest = &self.data[self.at..];
         let Some(nul) = rest.iter().position(|&b| b == 0) else {
@@ -288,7 +296,8 @@ impl<'a> Cursor<'a> {
 
     fn tuple(&mut self) -> Result<Vec<Value<'a>>, DecodeError> {
         let n = self.u16("the tuple's column count")?;
-        let mut values = Vec::with_capacity(usize::from(n));
+        // A value takes a byte at least: its kind.
+        let mut values = Vec::with_capacity(self.capacity(n, 1));
         for i in 0..n {
             let value = match self.u8("a value's kind")? {
                 b'n' => Value::Null,
@@ -427,5 +436,29 @@ mod tests {
         i.extend_from_slice(&(-5i32).to_be_bytes());
         assert!(decode(&i).expect_err("negative").0.contains("negative"));
         assert_eq!(decode(b"U\x00"), Ok(Message::Skipped(b'U')));
+    }
+
+    /// A column count read from the message reserves room for no more items than the rest
+    /// of the message can hold: 65 535 claimed by a few bytes reserved 65 535 entries
+    /// (3.6 MB for a Relation's columns) before the decoder found the message short.
+    #[test]
+    fn claimed_counts_reserve_only_what_the_message_can_hold() {
+        let r = Cursor {
+            data: &[0; 25],
+            at: 5,
+        };
+        assert_eq!(r.capacity(u16::MAX, 10), 2);
+        assert_eq!(r.capacity(u16::MAX, 1), 20);
+        assert_eq!(r.capacity(3, 1), 3);
+        let mut rel = vec![b'R', 0, 0, 0, 1, b's', 0, b't', 0, b'd'];
+        rel.extend_from_slice(&u16::MAX.to_be_bytes());
+        assert!(decode(&rel)
+            .expect_err("short")
+            .0
+            .contains("column's flags"));
+        let mut ins = vec![b'I', 0, 0, 0, 1, b'N'];
+        ins.extend_from_slice(&u16::MAX.to_be_bytes());
+        ins.push(b'n');
+        assert!(decode(&ins).expect_err("short").0.contains("value's kind"));
     }
 }

@@ -23,7 +23,7 @@ const BYTEA: u32 = 17;
 /// The columns the relay reads, with the type each must have. Those from [`ADDED_BY_5`] on
 /// came with migration 5: rows inserted before it reach the stream (from a slot's backlog)
 /// with a relation that lacks them, and read them as NULL.
-const COLUMNS: [(&str, u32); 18] = [
+pub(super) const COLUMNS: [(&str, u32); 18] = [
     ("id", UUID),
     ("seq", INT8),
     ("aggregate_type", TEXT),

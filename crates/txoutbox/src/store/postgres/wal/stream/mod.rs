@@ -19,6 +19,8 @@
 //! module is the stream itself.
 
 mod auth;
+#[cfg(test)]
+mod props;
 mod tls;
 mod transport;
 mod wire;
@@ -289,37 +291,16 @@ impl ReplicationStream {
         }
     }
 
-    fn copy_data(&mut self, mut body: BytesMut) -> Result<Option<XLogData>, WalError> {
-        match body.first() {
-            Some(b'w') if body.len() >= 25 => {
-                body.advance(1);
-                let wal_start = Lsn(body.get_u64());
-                let wal_end = Lsn(body.get_u64());
-                let _server_time = body.get_i64();
-                Ok(Some(XLogData {
-                    wal_start,
-                    wal_end,
-                    data: body.freeze(),
-                }))
-            }
-            Some(b'k') if body.len() >= 18 => {
-                // wal_end (8), server time (8), reply requested (1).
-                let wal_end =
-                    Lsn(u64::from_be_bytes(body[1..9].try_into().map_err(|_| {
-                        self.wire.protocol("sent a short keepalive".into())
-                    })?));
+    fn copy_data(&mut self, body: BytesMut) -> Result<Option<XLogData>, WalError> {
+        match copy_data(body).map_err(|what| self.wire.protocol(what))? {
+            CopyData::XLog(x) => Ok(Some(x)),
+            CopyData::Keepalive { wal_end, reply } => {
                 self.server_end = self.server_end.max(wal_end);
-                if body[17] == 1 {
+                if reply {
                     self.queue_status(false);
                 }
                 Ok(None)
             }
-            Some(&t) => Err(self.wire.protocol(format!(
-                "sent a replication message {:?} of {} bytes, not XLogData or a keepalive",
-                char::from(t),
-                body.len()
-            ))),
-            None => Err(self.wire.protocol("sent an empty CopyData".into())),
         }
     }
 
@@ -337,6 +318,49 @@ impl ReplicationStream {
             b.put_u8(u8::from(reply));
         });
         self.last_status = Instant::now();
+    }
+}
+
+/// A CopyData message of the replication stream, decoded.
+#[derive(Debug, PartialEq, Eq)]
+enum CopyData {
+    /// A message of the slot.
+    XLog(XLogData),
+    /// The server's position; `reply`: it asks for a status update at once.
+    Keepalive { wal_end: Lsn, reply: bool },
+}
+
+/// Decode a CopyData's body (bytes from the server): an XLogData or a primary keepalive;
+/// `Err` says what the server sent instead, for [`Wire::protocol`].
+fn copy_data(mut body: BytesMut) -> Result<CopyData, String> {
+    match body.first() {
+        // Tag, WAL start (8), WAL end (8), server time (8), the message.
+        Some(b'w') if body.len() >= 25 => {
+            body.advance(1);
+            let wal_start = Lsn(body.get_u64());
+            let wal_end = Lsn(body.get_u64());
+            let _server_time = body.get_i64();
+            Ok(CopyData::XLog(XLogData {
+                wal_start,
+                wal_end,
+                data: body.freeze(),
+            }))
+        }
+        // Tag, WAL end (8), server time (8), reply requested (1).
+        Some(b'k') if body.len() >= 18 => {
+            let mut end = [0; 8];
+            end.copy_from_slice(&body[1..9]);
+            Ok(CopyData::Keepalive {
+                wal_end: Lsn(u64::from_be_bytes(end)),
+                reply: body[17] == 1,
+            })
+        }
+        Some(&t) => Err(format!(
+            "sent a replication message {:?} of {} bytes, not XLogData or a keepalive",
+            char::from(t),
+            body.len()
+        )),
+        None => Err("sent an empty CopyData".into()),
     }
 }
 
