@@ -93,6 +93,7 @@ pub(super) async fn startup(wire: &mut Wire, cfg: &ReplicationConfig) -> Result<
                         let Some(s) = scram.as_mut() else {
                             return Err(wire.protocol("sent SASLContinue before SASL".into()));
                         };
+                        check_iterations(rest)?;
                         s.update(rest).map_err(scram_failed)?;
                         let fin = s.message();
                         wire.put_message(b'p', |b| b.put_slice(fin));
@@ -139,6 +140,29 @@ fn password(cfg: &ReplicationConfig) -> Result<&str, WalError> {
     })
 }
 
+/// The most PBKDF2 iterations a server may ask of the client: PostgreSQL's default is 4,096
+/// (`scram_iterations`). The hashing runs on the async task, where no timeout can stop it, so
+/// a server (or one in the middle, below `sslmode=verify-full`) asking for billions would
+/// hold the task for hours.
+const MAX_SCRAM_ITERATIONS: u64 = 1_000_000;
+
+/// Refuse a server-first message that asks for more than [`MAX_SCRAM_ITERATIONS`].
+fn check_iterations(server_first: &[u8]) -> Result<(), WalError> {
+    let asked = server_first
+        .split(|&b| b == b',')
+        .find_map(|attr| attr.strip_prefix(b"i="))
+        .and_then(|i| std::str::from_utf8(i).ok()?.parse::<u64>().ok());
+    match asked {
+        Some(i) if i > MAX_SCRAM_ITERATIONS => Err(WalError::Setup(format!(
+            "SCRAM authentication refused: the server asks for {i} iterations, more than \
+             {MAX_SCRAM_ITERATIONS} (PostgreSQL's scram_iterations is 4096 by default; lower \
+             it for this role's password, or use another method in pg_hba.conf)"
+        ))),
+        // postgres-protocol refuses what does not parse.
+        _ => Ok(()),
+    }
+}
+
 /// A SCRAM step that failed: the server's nonce, salt or signature is wrong (a server that
 /// does not know the password), or the server said why.
 fn scram_failed(e: std::io::Error) -> WalError {
@@ -154,6 +178,17 @@ mod tests {
 
     /// The answer to the salt 01 02 03 04 for user "user", password "pencil", computed
     /// independently (Python's hashlib): the user and the password go in the right order.
+    #[test]
+    fn scram_iteration_counts_are_bounded() {
+        let first = |i: &str| format!("r=abcdef,s=W22ZaJ0SNY7soEsUEjb6gQ==,i={i}");
+        assert!(check_iterations(first("4096").as_bytes()).is_ok());
+        assert!(check_iterations(first("1000000").as_bytes()).is_ok());
+        let e = check_iterations(first("4294967295").as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("4294967295 iterations"), "{e}");
+        // Not a number: left to postgres-protocol, which refuses it.
+        assert!(check_iterations(first("x").as_bytes()).is_ok());
+    }
+
     #[test]
     fn md5_answers_as_postgres_expects() {
         assert_eq!(
