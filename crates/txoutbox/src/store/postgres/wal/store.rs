@@ -1,6 +1,6 @@
 //! The database side of a WAL relay (`relay --source wal`): the slot it reads, the lock that
 //! lets one relay read it at a time, the settle of a batch read from the stream, and the
-//! table path, a [`Store`] over the events the stream handed to the table.
+//! table path, a [`Store`](crate::store::Store) over the events the stream handed to the table.
 //!
 //! The stream never claims a row: it reads committed inserts from the slot, publishes them,
 //! and settles each batch in one statement before confirming the slot past it. An event it
@@ -10,39 +10,38 @@
 //! WAL. While an aggregate has a handed-off event not yet published, the stream hands that
 //! aggregate's later events over too, behind it: order holds across the two paths.
 
+mod slot;
+mod table_path;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnection;
-use sqlx::{Connection, Row};
+use sqlx::Row;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use self::slot::drop_lost_slot;
+pub use self::slot::SlotLock;
+pub use self::table_path::TablePath;
 use super::stream::ReplicationConfig;
 use super::{
-    advance, check_slot_name, check_wal_level, default_slot, drop_slot, ensure_publication,
-    ensure_slot, peek, publication_name, slot_info, Lsn, WalError, WalTx,
+    advance, check_slot_name, check_wal_level, default_slot, ensure_publication, ensure_slot, peek,
+    publication_name, slot_info, Lsn, WalError, WalTx,
 };
 use crate::error::Error;
 use crate::store::operator::millis;
 use crate::store::postgres::queries::names;
 use crate::store::postgres::PgStore;
 use crate::store::sql::sql_file;
-use crate::store::{
-    undecodable, Claim, ClaimParams, Counts, DeregisterParams, Failure, Membership, Ordering,
-    RebalanceParams, ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams,
-    Wake,
-};
+use crate::store::{Failure, Retention};
 use crate::OutboxTable;
 
 /// How many times [`WalStore::wait_visible`] asks again at once before it sleeps between
 /// tries.
 const IMMEDIATE_TRIES: u32 = 3;
-
-/// How long the check of the slot lock's connection may take ([`SlotLock::check`]).
-const LOCK_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The oldest server the WAL source runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i32 = 150_000;
@@ -134,7 +133,7 @@ pub struct StreamSettled {
 }
 
 /// The WAL relay's database side for one outbox table and slot. Get it from
-/// [`Store::wal`] of a [`PgStore`].
+/// [`Store::wal`](crate::store::Store::wal) of a [`PgStore`].
 #[derive(Debug)]
 pub struct WalStore {
     pub(super) store: PgStore,
@@ -601,175 +600,9 @@ impl WalStore {
         Ok(())
     }
 
-    /// The table path: a [`Store`] over the handed-off events, for the relay's claim ->
+    /// The table path: a [`Store`](crate::store::Store) over the handed-off events, for the relay's claim ->
     /// publish -> settle loop.
     pub fn table_path(self: &Arc<Self>) -> TablePath {
         TablePath(self.clone())
-    }
-}
-
-/// Drop a slot that lost its WAL, to create it again. The stream that found it lost may still
-/// show as active a moment longer (its walsender ends after the error), and a reader whose
-/// connection went silent (cut, frozen) holds it until the server notices: this relay holds
-/// the reader lock, so no other reader is on it by right. Wait for it to go inactive for up to
-/// [`LOST_SLOT_WAIT`], then end the backend that still holds it.
-async fn drop_lost_slot(pool: &sqlx::PgPool, slot: &str) -> Result<(), Error> {
-    let started = Instant::now();
-    loop {
-        match drop_slot(pool, slot).await {
-            Ok(_) => return Ok(()),
-            Err(WalError::Database(sqlx::Error::Database(e)))
-                if e.code().as_deref() == Some("55006") =>
-            {
-                if started.elapsed() >= LOST_SLOT_WAIT {
-                    tracing::warn!(slot, error = %e,
-                        "the lost slot is still held by a backend; ending it to create the slot again");
-                    sqlx::query(
-                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                         WHERE slot_name = $1 AND database = current_database() \
-                           AND active_pid IS NOT NULL",
-                    )
-                    .bind(slot)
-                    .execute(pool)
-                    .await
-                    .map_err(Error::Database)?;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if started.elapsed() >= LOST_SLOT_WAIT * 3 {
-                    return Err(WalError::Setup(format!(
-                        "replication slot {slot} lost its WAL and is still held by another \
-                         backend after {}s: end it (pg_terminate_backend) or drop the slot",
-                        (LOST_SLOT_WAIT * 3).as_secs()
-                    ))
-                    .into());
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// How long a lost slot may stay active (its stream ending) before the relay ends its backend.
-const LOST_SLOT_WAIT: Duration = Duration::from_secs(5);
-
-/// The session lock that makes a relay the one reader of a slot; released when dropped (its
-/// connection closes) or when the relay's process dies.
-#[derive(Debug)]
-pub struct SlotLock {
-    conn: PgConnection,
-}
-
-impl SlotLock {
-    /// Is the lock's connection still up (and so the lock still held)? A relay whose lock
-    /// connection died must stop reading: a standby may hold the slot now.
-    pub async fn check(&mut self) -> Result<(), Error> {
-        // Bounded: a connection that went silent (half-open) would otherwise never answer,
-        // and the reader would read on without knowing whether it still holds the lock.
-        match tokio::time::timeout(LOCK_CHECK_TIMEOUT, self.conn.ping()).await {
-            Ok(r) => r.map_err(Error::Database),
-            Err(_) => Err(Error::Task(format!(
-                "the slot lock's connection did not answer within {}s",
-                LOCK_CHECK_TIMEOUT.as_secs()
-            ))),
-        }
-    }
-}
-
-/// The table path of a WAL relay: claims only handed-off events (see [`WalStore`]).
-#[derive(Debug, Clone)]
-pub struct TablePath(Arc<WalStore>);
-
-#[async_trait::async_trait]
-impl Store for TablePath {
-    async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
-        let w = &self.0;
-        let started = Instant::now();
-        let rows = sqlx::query(&w.q.claim)
-            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
-            .bind(millis(p.lease))
-            .bind(p.relay_id)
-            .bind(p.token)
-            .bind(p.ordering.is_ordered())
-            .bind(p.ordering == Ordering::OrderedHold)
-            .bind(p.bytes.batch_param())
-            .bind(p.bytes.event_param())
-            .fetch_all(w.pool())
-            .await
-            .map_err(|e| w.store.err(e))?;
-        let rows = crate::store::postgres::claim::decode_claimed(&rows, &p)?;
-        let (events, bad, held) = undecodable::split(rows, p.ordering);
-        if !bad.is_empty() {
-            w.store.bury_undecodable(&p, &bad, None).await;
-        }
-        let claim = Claim::leased(p.token, events, started + p.lease);
-        if !held.is_empty() {
-            let ids: Vec<Uuid> = held.iter().map(|e| e.id).collect();
-            w.store
-                .release(ReleaseParams {
-                    claim: &claim,
-                    ids: &ids,
-                })
-                .await?;
-        }
-        Ok(claim)
-    }
-
-    async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
-        self.0.store.settle(p).await
-    }
-
-    async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
-        self.0.store.release(p).await
-    }
-
-    async fn retry_now(&self, p: crate::store::RetryNowParams<'_>) -> Result<u64, Error> {
-        self.0.store.retry_now(p).await
-    }
-
-    async fn has_unfinished(&self, ordering: Ordering) -> Result<bool, Error> {
-        let w = &self.0;
-        sqlx::query_scalar(&w.q.unfinished)
-            .bind(ordering == Ordering::OrderedHold)
-            .fetch_one(w.pool())
-            .await
-            .map_err(|e| w.store.err(e))
-    }
-
-    /// The WAL relay's heartbeat: registered as the reader of its slot (`wal:<slot>`; one
-    /// source per table: a table relay, or a WAL relay of another slot, is refused whichever
-    /// starts second). One WAL relay at a time reads the slot (the slot lock): it needs no
-    /// partitions.
-    async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        let w = &self.0;
-        let mut m = w.store.register_wal(p, w.slot()).await?;
-        m.live_relays = m.live_relays.max(1);
-        Ok(m)
-    }
-
-    async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
-        let w = &self.0;
-        let due: Option<f64> = sqlx::query_scalar(&w.q.due)
-            .bind(p.ordering.is_ordered())
-            .bind(p.ordering == Ordering::OrderedHold)
-            .fetch_one(w.pool())
-            .await
-            .map_err(|e| w.store.err(e))?;
-        let sleep = match due {
-            Some(s) if s <= 0.0 => return Ok(Wake::Ready),
-            Some(s) => Duration::from_secs_f64(s.min(p.max.as_secs_f64())),
-            None => p.max,
-        };
-        tokio::select! {
-            _ = w.handed_off.notified() => Ok(Wake::Notified),
-            _ = tokio::time::sleep(sleep) => Ok(Wake::Timeout),
-        }
-    }
-
-    async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {
-        self.0.store.deregister(p).await
-    }
-
-    async fn counts(&self) -> Result<Counts, Error> {
-        self.0.store.counts().await
     }
 }
