@@ -1,7 +1,7 @@
 //! What operators do, on every database: list and show events with filters and keyset
 //! paging, retry or discard a filtered set of dead letters, purge published rows in bounded
 //! batches, and read the relays. One trait, [`Operator`]: PostgreSQL implements it in
-//! `store/postgres/operator.rs`, MySQL and SQLite through `text_operator!` (`operator/text.rs`).
+//! `store/postgres/operator.rs`, MySQL and SQLite once, for `TextStore` (`operator/text.rs`).
 //!
 //! Filters arrive as strings from HTTP query strings and CLI flags; [`EventFilter::from_params`]
 //! validates them once, and its errors name the filter that is wrong. The SQL condition a
