@@ -108,7 +108,7 @@ impl DrainConfig {
 
     pub fn params(&self) -> serde_json::Value {
         let mut p = serde_json::json!({
-            "publisher": txoutbox::publish::redact_url(&self.publisher),
+            "publisher": txoutbox::redact::redact_url(&self.publisher),
             "relays": self.relays,
             "mode": self.mode.as_str(),
             "source": self.source.as_str(),

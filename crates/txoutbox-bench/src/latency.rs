@@ -70,7 +70,7 @@ impl LatencyConfig {
     pub fn params(&self) -> serde_json::Value {
         serde_json::json!({
             "rate": self.rate,
-            "publisher": txoutbox::publish::redact_url(&self.publisher),
+            "publisher": txoutbox::redact::redact_url(&self.publisher),
             "mode": self.mode.as_str(),
             "source": self.source.as_str(),
         })

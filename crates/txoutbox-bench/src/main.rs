@@ -29,7 +29,8 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
-use txoutbox::publish::{redact_secrets, redact_url, ConnectError, Publisher};
+use txoutbox::publish::{ConnectError, Publisher};
+use txoutbox::redact::{redact_secrets, redact_url};
 use txoutbox::relay::{Mode, Source};
 
 use args::{BenchArgs, Scenario};
@@ -308,7 +309,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
 
 /// A publisher URL for a table row: redacted, without its query string (the JSON has it all).
 pub fn short_url(url: &str) -> String {
-    let u = txoutbox::publish::redact_url(url);
+    let u = txoutbox::redact::redact_url(url);
     match u.split_once('?') {
         Some((base, _)) => base.to_string(),
         None => u,
@@ -444,7 +445,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
             a.repeats,
             &a.publishers,
             |p| short_url(p),
-            |p| serde_json::json!({ "publisher": txoutbox::publish::redact_url(p) }),
+            |p| serde_json::json!({ "publisher": txoutbox::redact::redact_url(p) }),
             |p| publish::run_once(env, p),
         )
         .await?;

@@ -43,7 +43,7 @@ use clap::Parser;
 )]
 pub struct Args {
     /// How long the writers write and faults are injected (then the relays drain).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = txoutbox::relay::parse_duration)]
     pub duration: Duration,
     /// Relay processes at once.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Mean time between two faults (each gap is drawn from 0.5x to 1.5x of it).
-    #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "6s", value_parser = txoutbox::relay::parse_duration)]
     pub fault_interval: Duration,
     /// With the `publisher` fault: the fraction of publishes that fail transiently.
     #[arg(long, default_value_t = 0.02)]
@@ -94,13 +94,13 @@ pub struct Args {
     #[arg(long, default_value_t = 0.002)]
     pub poison_ratio: f64,
     /// The relays' --lease.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = txoutbox::relay::parse_duration)]
     pub lease: Duration,
     /// The relays' --partition-lease.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = txoutbox::relay::parse_duration)]
     pub partition_lease: Duration,
     /// How long the relays may take to drain after the last fault.
-    #[arg(long, default_value = "180s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "180s", value_parser = txoutbox::relay::parse_duration)]
     pub drain_timeout: Duration,
     /// The `txoutbox` binary (default: the one next to this binary).
     #[arg(long)]

@@ -159,6 +159,29 @@ pub enum Command {
     /// rolled back), the relay, and a check that exactly the committed events were delivered.
     /// Without --database-url it runs on an SQLite file in the temporary directory
     Demo(DemoArgs),
+    /// Check a configuration before running it: `txoutbox [--config FILE] config check
+    /// [RELAY OPTIONS]`
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every setting `relay` would run with and where each came from (flag,
+    /// environment variable, config file key, default), secrets masked; then check what
+    /// `relay` checks before it connects, the database (reachable, migrated; for the WAL
+    /// source, able to serve it) and each publisher URL (connected, then closed). No relay
+    /// starts and nothing is written. Exit status 0: every check passed; 1: one failed; 2: a
+    /// setting cannot work
+    Check {
+        /// `relay`'s options, as `txoutbox relay` takes them
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "RELAY OPTIONS"
+        )]
+        relay_options: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

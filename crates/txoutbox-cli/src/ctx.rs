@@ -13,7 +13,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use sqlx::{ConnectOptions, Connection};
-use txoutbox::publish::redact_url;
+use txoutbox::redact::redact_url;
 use txoutbox::store::{Operator, Retention};
 use txoutbox::{MigrateReport, NewEvent, OutboxTable};
 use uuid::Uuid;
@@ -25,6 +25,31 @@ use crate::cli::Global;
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// What `txoutbox relay` relays from: its store, and the WAL source's reader when it reads
+/// PostgreSQL's WAL ([`Db::relay_store`]).
+pub struct RelayStore {
+    pub store: Box<dyn Operator>,
+    #[cfg(feature = "postgres")]
+    pub wal: Option<txoutbox::store::postgres::wal::WalStore>,
+}
+
+impl RelayStore {
+    /// The relay over it.
+    pub fn relay(
+        self,
+        publisher: Box<dyn txoutbox::publish::Publisher>,
+        config: txoutbox::relay::RelayConfig,
+    ) -> txoutbox::relay::Relay {
+        let relay = txoutbox::relay::Relay::new(self.store, publisher, config);
+        #[cfg(feature = "postgres")]
+        if let Some(wal) = self.wal {
+            return relay.with_wal(wal);
+        }
+        relay
+    }
+}
+
+#[derive(Clone)]
 pub struct Ctx {
     pub table: OutboxTable,
     database_url: Option<String>,
@@ -271,8 +296,8 @@ impl Db {
     }
 
     /// The store for `txoutbox relay`: [`Db::store`], and for `--source wal` on PostgreSQL
-    /// the replication connection's settings, from the same URL (the WAL relay streams its
-    /// slot over it).
+    /// its WAL reader, which streams the slot over a replication connection made as the pool
+    /// connects.
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     pub fn relay_store(
         &self,
@@ -280,7 +305,7 @@ impl Db {
         retention: Retention,
         url: &str,
         source: txoutbox::relay::Source,
-    ) -> anyhow::Result<Box<dyn Operator>> {
+    ) -> anyhow::Result<RelayStore> {
         match self {
             #[cfg(feature = "postgres")]
             Db::Postgres(pool) if source == txoutbox::relay::Source::Wal => {
@@ -290,16 +315,22 @@ impl Db {
                 let _ = url;
                 let replication = ReplicationConfig::from_options(&pool.connect_options())
                     .map_err(|e| UsageError(format!("the database URL: {e}")))?;
-                Ok(Box::new(
-                    txoutbox::store::postgres::PgStore::with_retention(
-                        pool.clone(),
-                        table.clone(),
-                        retention,
-                    )
-                    .with_replication(replication),
-                ))
+                let store = txoutbox::store::postgres::PgStore::with_retention(
+                    pool.clone(),
+                    table.clone(),
+                    retention,
+                )
+                .with_replication(replication);
+                Ok(RelayStore {
+                    wal: Some(store.wal()),
+                    store: Box::new(store),
+                })
             }
-            _ => Ok(self.store(table, retention)),
+            _ => Ok(RelayStore {
+                store: self.store(table, retention),
+                #[cfg(feature = "postgres")]
+                wal: None,
+            }),
         }
     }
 
@@ -393,14 +424,14 @@ pub fn connect_lazy(
 /// secret from a message, should a library have echoed them.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn strip_secret(msg: &str, url: &str) -> String {
-    let msg = txoutbox::publish::redact_secrets(msg);
+    let msg = txoutbox::redact::redact_secrets(msg);
     let Ok(u) = url::Url::parse(url) else {
         return msg;
     };
     let mut secrets: Vec<String> = u.password().map(str::to_string).into_iter().collect();
     secrets.extend(
         u.query_pairs()
-            .filter(|(k, _)| txoutbox::publish::is_secret_name(k))
+            .filter(|(k, _)| txoutbox::redact::is_secret_name(k))
             .map(|(_, v)| v.into_owned()),
     );
     secrets

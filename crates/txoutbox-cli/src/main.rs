@@ -41,7 +41,8 @@ fn worker_threads(outboxes: usize) -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `config check ARGS` is parsed as `relay ARGS`: the settings it shows are relay's.
+    let (args, check) = cmd::config::as_relay(std::env::args_os().collect());
     let mut command = Cli::command();
     let mut routes = Vec::new();
     let mut outbox_specs = Vec::new();
@@ -57,22 +58,22 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!(
                     "error: {}",
-                    txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                    txoutbox::redact::redact_secrets(&format!("{e:#}"))
                 );
                 return ExitCode::from(2);
             }
         }
     }
-    let mut cli = match command
+    let (mut cli, matches) = match command
         .clone()
         .try_get_matches_from(&args)
-        .and_then(|m| Cli::from_arg_matches(&m))
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)))
     {
-        Ok(cli) => cli,
+        Ok(parsed) => parsed,
         // A value from the environment or the file is named as such, not as its flag.
         Err(e) => match origin::reword(&e, &command, &args, &origins) {
             Some(text) => {
-                eprintln!("{}", txoutbox::publish::redact_secrets(&text));
+                eprintln!("{}", txoutbox::redact::redact_secrets(&text));
                 return ExitCode::from(2);
             }
             None => e.exit(), // usage errors exit 2, --help/--version 0
@@ -85,7 +86,7 @@ fn main() -> ExitCode {
     let outboxes = match outbox_clis(&command, &args, &cli, &outbox_specs, &origins) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("error: {}", txoutbox::publish::redact_secrets(&e));
+            eprintln!("error: {}", txoutbox::redact::redact_secrets(&e));
             return ExitCode::from(2);
         }
     };
@@ -98,7 +99,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!(
                 "error: {}",
-                txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                txoutbox::redact::redact_secrets(&format!("{e:#}"))
             );
             return ExitCode::from(2);
         }
@@ -121,9 +122,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = if outboxes.is_empty() {
+    let outcome = if check {
+        let checked = if outboxes.is_empty() {
+            let settings = cmd::config::settings(&command, &matches, &origins);
+            vec![cmd::config::Checked {
+                name: None,
+                cli,
+                settings,
+            }]
+        } else {
+            outboxes
+                .into_iter()
+                .map(|(name, cli, settings)| cmd::config::Checked {
+                    name: Some(name),
+                    cli,
+                    settings,
+                })
+                .collect()
+        };
+        runtime.block_on(cmd::config::run(checked))
+    } else if outboxes.is_empty() {
         runtime.block_on(run(cli))
     } else {
+        let outboxes = outboxes.into_iter().map(|(n, c, _)| (n, c)).collect();
         runtime.block_on(run_outboxes(cli, outboxes))
     };
     match outcome {
@@ -133,7 +154,7 @@ fn main() -> ExitCode {
             // echo of its settings), no secret reaches the terminal.
             eprintln!(
                 "error: {}",
-                txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                txoutbox::redact::redact_secrets(&format!("{e:#}"))
             );
             if e.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
@@ -154,24 +175,41 @@ async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Migrate => cmd::migrate::run(ctx).await,
         Command::Enqueue(a) => cmd::enqueue::run(ctx, a).await,
-        Command::Relay(a) => cmd::relay::run(ctx, a).await,
+        Command::Relay(args) => {
+            let one = cmd::relay::Outbox {
+                name: ctx.outbox.clone(),
+                ctx: ctx.clone(),
+                args,
+            };
+            cmd::relay::run(vec![one]).await
+        }
         Command::Status(a) => cmd::status::run(ctx, a).await,
         Command::Slot(a) => cmd::slot::run(ctx, a).await,
         Command::Dlq(a) => cmd::dlq::run(ctx, a).await,
         Command::Events(a) => cmd::events::run(ctx, a).await,
         Command::Demo(a) => cmd::demo::run(ctx, a).await,
+        // `main` runs `config check` as `relay`'s command line; here only when it came
+        // after options it does not take.
+        Command::Config(_) => Err(UsageError(
+            "config check goes right after the global options (--config, --database-url, \
+             --schema, --table, --outbox), and relay's options after it: txoutbox --config \
+             FILE config check [RELAY OPTIONS]"
+                .into(),
+        )
+        .into()),
     }
 }
 
 /// The command parsed once for each `[[outbox]]` it acts on (all of them, or `--outbox
-/// NAME`'s), with that entry's settings in place: empty when the file has no `[[outbox]]`.
+/// NAME`'s), with that entry's settings in place, and where each setting came from: empty
+/// when the file has no `[[outbox]]`.
 fn outbox_clis(
     command: &clap::Command,
     args: &[std::ffi::OsString],
     cli: &Cli,
     specs: &[config::OutboxSpec],
     file_origins: &[(String, String)],
-) -> Result<Vec<(String, Cli)>, String> {
+) -> Result<Vec<(String, Cli, Vec<cmd::config::Setting>)>, String> {
     let names = || {
         specs
             .iter()
@@ -236,7 +274,8 @@ fn outbox_clis(
         if let Command::Relay(relay) = &mut c.command {
             relay.routes = spec.routes.clone();
         }
-        out.push((spec.name.clone(), c));
+        let settings = cmd::config::settings(&cmd, &m, &origins);
+        out.push((spec.name.clone(), c, settings));
     }
     Ok(out)
 }
@@ -262,11 +301,15 @@ async fn run_outboxes(cli: Cli, mut outboxes: Vec<(String, Cli)>) -> anyhow::Res
                     .map_err(|e| UsageError(format!("outbox `{name}`: {}", e.0)))?;
                 let mut ctx = Ctx::new(&c.global).with_context(|| format!("outbox `{name}`"))?;
                 ctx.outbox = Some(name.clone());
-                if let Command::Relay(a) = c.command {
-                    runs.push((name, ctx, a));
+                if let Command::Relay(args) = c.command {
+                    runs.push(cmd::relay::Outbox {
+                        name: Some(name),
+                        ctx,
+                        args,
+                    });
                 }
             }
-            cmd::many::run(runs).await
+            cmd::relay::run(runs).await
         }
         Command::Status(_) | Command::Migrate => {
             let mut failed = 0;
@@ -274,7 +317,7 @@ async fn run_outboxes(cli: Cli, mut outboxes: Vec<(String, Cli)>) -> anyhow::Res
                 if let Err(e) = run_named(c, &name).await {
                     eprintln!(
                         "error: outbox `{name}`: {}",
-                        txoutbox::publish::redact_secrets(&format!("{e:#}"))
+                        txoutbox::redact::redact_secrets(&format!("{e:#}"))
                     );
                     failed += 1;
                 }

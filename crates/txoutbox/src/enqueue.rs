@@ -15,6 +15,7 @@ use crate::{NewEvent, OutboxTable};
 /// ```no_run
 /// use txoutbox::{NewEvent, Outbox};
 ///
+/// # #[cfg(feature = "postgres")]
 /// async fn create_order(pool: &sqlx::PgPool, outbox: &Outbox, id: &str, customer: &str, total: f64)
 ///     -> Result<(), Box<dyn std::error::Error>> {
 ///     let mut tx = pool.begin().await?;

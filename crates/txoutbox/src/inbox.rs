@@ -11,6 +11,7 @@ use crate::OutboxTable;
 /// schema, or by [`Inbox::create_table`] in a consumer's own database).
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")]
 /// # async fn handle(pool: &sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let inbox = txoutbox::Inbox::default();
 /// let mut tx = pool.begin().await?;

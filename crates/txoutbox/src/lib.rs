@@ -8,6 +8,7 @@
 //! ```no_run
 //! use txoutbox::{migrate, NewEvent, Outbox, OutboxTable};
 //!
+//! # #[cfg(feature = "postgres")]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
 //! let table = OutboxTable::default(); // public.outbox_events
@@ -57,6 +58,7 @@ pub mod migrate;
 pub mod otel;
 pub mod payload;
 pub mod publish;
+pub mod redact;
 pub mod relay;
 pub mod retention;
 pub mod retry;

@@ -215,9 +215,7 @@ impl PublishSpan {
         let span = self.cx.span();
         if let Err(e) = result {
             span.set_attribute(KeyValue::new("error.type", e.kind().to_string()));
-            span.set_status(Status::error(crate::publish::redact_secrets(
-                &e.to_string(),
-            )));
+            span.set_status(Status::error(crate::redact::redact_secrets(&e.to_string())));
         }
         span.end();
     }

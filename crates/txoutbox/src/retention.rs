@@ -4,6 +4,7 @@
 //! never purged: they wait for an operator.
 //!
 //! ```no_run
+//! # #[cfg(feature = "postgres")]
 //! # async fn run(store: txoutbox::store::postgres::PgStore) {
 //! use std::time::Duration;
 //! use txoutbox::retention::Purger;

@@ -54,7 +54,7 @@ impl IntoResponse for AppError {
             AppError::NotFound(m) => (StatusCode::NOT_FOUND, m),
             AppError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m),
             AppError::Internal(e) => {
-                let e = txoutbox::publish::redact_secrets(&format!("{e:#}"));
+                let e = txoutbox::redact::redact_secrets(&format!("{e:#}"));
                 tracing::error!(error = %e, "admin API request failed");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -111,7 +111,7 @@ impl Outage {
     /// A query failed with `error` (secrets are redacted here). Logs an ERROR when this
     /// starts an outage (and returns `true`); later failures of the same outage only count.
     pub fn failed(&self, error: &str) -> bool {
-        let error = txoutbox::publish::redact_secrets(error);
+        let error = txoutbox::redact::redact_secrets(error);
         let Ok(mut down) = self.down.lock() else {
             return false;
         };

@@ -168,9 +168,9 @@ impl OutboxAdmin {
 impl AdminState {
     /// Remove every secret from a message meant for a client or a log: the configured ones
     /// (database and broker passwords, the admin token) and whatever
-    /// [`txoutbox::publish::redact_secrets`] recognises (URLs, `password=...`).
+    /// [`txoutbox::redact::redact_secrets`] recognises (URLs, `password=...`).
     pub fn redact(&self, msg: &str) -> String {
-        let msg = txoutbox::publish::redact_secrets(msg);
+        let msg = txoutbox::redact::redact_secrets(msg);
         self.secrets
             .iter()
             .filter(|s| !s.is_empty())

@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
-use txoutbox::publish::Publisher;
 use txoutbox::retention::Purger;
 use txoutbox::store::Operator;
-use txoutbox::OutboxTable;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use txoutbox::metrics::MetricLabels;
@@ -18,7 +16,7 @@ use txoutbox::metrics::MetricLabels;
 use super::{install_recorder, parse_addr, router, sampler, serve, AdminState, Auth, OutboxAdmin};
 use crate::cli::OpsArgs;
 use crate::cmd::slot::SlotReader;
-use crate::ctx::{Ctx, Db, UsageError};
+use crate::ctx::UsageError;
 
 /// What `txoutbox relay` runs beside the relay: the admin listener, the gauge refresher and
 /// the retention purge.
@@ -27,59 +25,23 @@ pub struct Ops {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// Settings for [`Ops::start`].
+/// Settings for [`Ops::listen`] and the companions of each outbox.
 pub struct OpsConfig {
     pub addr: Option<SocketAddr>,
     pub token: Option<String>,
     pub metrics_interval: Duration,
     /// `None`: no purge task.
     pub purger: Option<Purger>,
-    pub relay_id: String,
     pub secrets: Vec<String>,
     /// The address is the default one: if it is taken (another relay on this host), go on
     /// without a listener rather than fail.
     pub default_addr: bool,
-    /// The replication slot whose reading the status shows (PostgreSQL; default: the table's).
-    pub slot: Option<String>,
 }
 
 /// Where the admin listener binds unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8720";
 
 impl Ops {
-    /// Check the settings and bind the listener (errors here stop start-up): the one outbox
-    /// of a relay without `[[outbox]]` entries, connected.
-    pub async fn start(
-        cfg: OpsConfig,
-        store: Arc<dyn Operator>,
-        probe: Arc<dyn Operator>,
-        table: OutboxTable,
-        broker: Arc<dyn Publisher>,
-        slot: Option<SlotReader>,
-    ) -> anyhow::Result<Self> {
-        let labels = MetricLabels::default();
-        let (mut ops, metrics) = Self::begin(&[(labels.clone(), cfg.relay_id.clone())]);
-        let outbox = Arc::new(OutboxAdmin::new(
-            None,
-            table,
-            Some(cfg.relay_id.clone()),
-            Some(broker),
-        ));
-        outbox.connected(store.clone(), probe);
-        ops.companions(
-            &outbox,
-            store,
-            metrics.clone(),
-            slot,
-            cfg.metrics_interval,
-            cfg.purger.clone(),
-            labels,
-            ops.cancel.clone(),
-        );
-        ops.listen(cfg, metrics, vec![outbox]).await?;
-        Ok(ops)
-    }
-
     /// The recorder (every relay's series started under its labels) and each relay's info
     /// gauge (`relays`: its labels and relay id), once per process.
     pub fn begin(relays: &[(MetricLabels, String)]) -> (Self, Option<PrometheusHandle>) {
@@ -195,12 +157,7 @@ impl Ops {
 
 impl OpsConfig {
     /// From the relay's flags; a bad address or a missing token is a usage error.
-    pub fn from_args(
-        ops: &OpsArgs,
-        keep: Duration,
-        relay_id: &str,
-        urls: &[&str],
-    ) -> anyhow::Result<Self> {
+    pub fn from_args(ops: &OpsArgs, keep: Duration, urls: &[&str]) -> anyhow::Result<Self> {
         let addr =
             parse_addr(ops.admin_addr.as_deref().unwrap_or(DEFAULT_ADDR)).map_err(UsageError)?;
         if let Some(addr) = addr {
@@ -218,10 +175,8 @@ impl OpsConfig {
                 every: ops.retention_interval,
                 ..Purger::default()
             }),
-            relay_id: relay_id.to_string(),
             secrets,
             default_addr: ops.admin_addr.is_none(),
-            slot: None,
         })
     }
 }
@@ -242,30 +197,11 @@ fn url_secrets(u: &str) -> Vec<String> {
     }
     out.extend(
         u.query_pairs()
-            .filter(|(k, _)| txoutbox::publish::is_secret_name(k))
+            .filter(|(k, _)| txoutbox::redact::is_secret_name(k))
             .map(|(_, v)| v.into_owned()),
     );
     out.retain(|s| !s.is_empty() && s != "***");
     out
-}
-
-/// Start the relay's companions on a small pool of their own beside the relay's `db`, so
-/// admin calls and purges never take connections from the relay; readiness has one more
-/// connection of its own, so slow admin queries never hold up `/readyz`. Any database.
-pub async fn start_for_relay(
-    ctx: &Ctx,
-    db: &Db,
-    cfg: OpsConfig,
-    broker: Arc<dyn Publisher>,
-) -> anyhow::Result<Ops> {
-    let url = ctx.require_url()?;
-    let retention = txoutbox::store::Retention::Mark;
-    let sibling = db.sibling(url, &ctx.table, 3).await?;
-    let slot = SlotReader::for_db(&sibling, ctx, cfg.slot.as_deref());
-    let store: Arc<dyn Operator> = Arc::from(sibling.store(&ctx.table, retention));
-    let probe = db.probe(url, &ctx.table, super::api::PROBE_TIMEOUT).await?;
-    let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, retention));
-    Ops::start(cfg, store, probe, ctx.table.clone(), broker, slot).await
 }
 
 /// How often the recorder's histogram samples are folded into their buckets. Until then each

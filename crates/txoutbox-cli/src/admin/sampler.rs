@@ -193,7 +193,7 @@ pub async fn refresh(
             let relays = match store.relays().await {
                 Ok(r) => r,
                 Err(e) => {
-                    let e = txoutbox::publish::redact_secrets(&e.to_string());
+                    let e = txoutbox::redact::redact_secrets(&e.to_string());
                     tracing::warn!(error = %e, "could not read the relays for the status");
                     history.latest().map(|l| l.relays).unwrap_or_default()
                 }

@@ -36,7 +36,7 @@ async fn refresh(st: &SharedState) {
 }
 
 /// A fresh outbox on one database, and the admin listener's pools on it as
-/// `ops::start_for_relay` makes them: a store on a pool of 3, readiness on a pool of 1.
+/// `txoutbox relay` makes them (`cmd::relay`): a store on a pool of 3, readiness on a pool of 1.
 struct TestDb<H: Harness> {
     h: H,
     admin: Db,

@@ -50,7 +50,7 @@ async fn publication(ctx: &Ctx, db: &Db) {
                 "the publication that `relay --source wal` needs (the table path needs none): {e}"
             ),
             Err(e) => {
-                let e = txoutbox::publish::redact_secrets(&e.to_string());
+                let e = txoutbox::redact::redact_secrets(&e.to_string());
                 tracing::warn!(
                     publication = %name,
                     error = %e,

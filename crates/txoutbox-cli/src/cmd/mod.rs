@@ -1,10 +1,11 @@
 //! One file per subcommand.
 
+pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
 pub mod events;
-pub mod many;
+
 pub mod migrate;
 pub mod relay;
 mod routes;
@@ -88,8 +89,8 @@ pub fn retention(keep: Duration) -> Retention {
 pub async fn open_relay_publisher(url: &str, drain: bool) -> anyhow::Result<Box<dyn Publisher>> {
     match publish::connect(url).await {
         Err(ConnectError::Publish(e)) if !drain => {
-            tracing::warn!(publisher = %publish::redact_url(url),
-                error = %publish::redact_secrets(&e.chain()),
+            tracing::warn!(publisher = %txoutbox::redact::redact_url(url),
+                error = %txoutbox::redact::redact_secrets(&e.chain()),
                 "broker not reachable; starting anyway, connecting in the background");
             Ok(Box::new(publish::Deferred::connect_in_background(url, &e)))
         }
@@ -112,8 +113,8 @@ fn reachable(
         Err(ConnectError::Config(e)) => Err(UsageError(format!("--publisher: {e}")).into()),
         Err(ConnectError::Publish(e)) => Err(anyhow::anyhow!(
             "cannot reach the broker at {}: {}",
-            publish::redact_url(url),
-            publish::redact_secrets(&e.chain())
+            txoutbox::redact::redact_url(url),
+            txoutbox::redact::redact_secrets(&e.chain())
         )),
     }
 }

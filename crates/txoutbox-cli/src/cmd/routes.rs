@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use txoutbox::publish::{self, redact_url, Matcher, Publisher, Route, Router};
+use txoutbox::publish::{self, Matcher, Publisher, Route, Router};
+use txoutbox::redact::redact_url;
 
 use super::open_relay_publisher;
 use crate::config::RouteSpec;
@@ -91,14 +92,10 @@ fn matcher(spec: &RouteSpec) -> Result<Matcher, publish::route::RouteError> {
     Ok(m)
 }
 
-/// Connect each distinct URL once, in route order, and build the router. A URL that cannot
-/// be used or reached is named by its route.
-pub async fn connect(routes: Vec<Checked>, drain: bool) -> anyhow::Result<Router> {
-    connect_shared(routes, Default::default(), &Publishers::for_relay(drain)).await
-}
-
-/// [`connect`], taking publishers from `publishers` (and adding those it connects): one
-/// connection per URL across several routers. `labels` go on the router's metrics.
+/// Connect each distinct URL once, in route order, and build the router, taking publishers
+/// from `publishers` (and adding those it connects): one connection per URL across several
+/// routers. A URL that cannot be used or reached is named by its route. `labels` go on the
+/// router's metrics.
 pub async fn connect_shared(
     routes: Vec<Checked>,
     labels: txoutbox::metrics::MetricLabels,
@@ -252,17 +249,23 @@ mod tests {
         let mut a = spec("a");
         a.event_type = Some("a.*".into());
         let checked = check(&[a, spec("b")], Some("null:")).unwrap();
-        let router = connect(checked, false).await.unwrap();
+        let router = connect_shared(checked, Default::default(), &Publishers::for_relay(false))
+            .await
+            .unwrap();
         assert_eq!(router.routes().len(), 3);
         // All three name `null:`: one publisher, so its kind (not `router`).
         assert_eq!(router.kind(), "null");
 
         let mut bad = spec("kaf");
         bad.publisher = Some("kafka://127.0.0.1:1?nope=1".into());
-        let e = connect(check(&[bad], None).unwrap(), false)
-            .await
-            .err()
-            .unwrap();
+        let e = connect_shared(
+            check(&[bad], None).unwrap(),
+            Default::default(),
+            &Publishers::for_relay(false),
+        )
+        .await
+        .err()
+        .unwrap();
         let text = format!("{e:#}");
         assert!(text.starts_with("route `kaf`: "), "{text}");
         assert!(text.contains("nope"), "{text}");

@@ -239,7 +239,7 @@ pub async fn run(ctx: &Ctx, a: SlotArgs) -> anyhow::Result<ExitCode> {
 mod pg {
     use std::process::ExitCode;
 
-    use anyhow::{bail, Context};
+    use anyhow::Context;
     use sqlx::PgPool;
     use txoutbox::store::postgres::wal;
 
@@ -275,10 +275,7 @@ mod pg {
                 // As the relay opens it: created, and every unpublished event committed before
                 // it existed handed to the table path (the stream never sees those).
                 let store = txoutbox::store::postgres::PgStore::new(pool.clone(), table.clone());
-                let Some(w) = txoutbox::store::Store::wal(&store) else {
-                    bail!("this store has no WAL source");
-                };
-                let opened = w.with_slot(slot)?.open_slot().await?;
+                let opened = store.wal().with_slot(slot)?.open_slot().await?;
                 if json {
                     println!(
                         "{}",

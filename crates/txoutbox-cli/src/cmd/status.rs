@@ -35,7 +35,7 @@ pub async fn run(ctx: &Ctx, a: StatusArgs) -> anyhow::Result<ExitCode> {
         match c.oldest_pending_age_secs {
             Some(s) => println!(
                 "oldest     {}",
-                humantime::format_duration(std::time::Duration::from_secs(s.max(0.0) as u64))
+                txoutbox::relay::format_duration(std::time::Duration::from_secs(s.max(0.0) as u64))
             ),
             None => println!("oldest     -"),
         }

@@ -172,6 +172,14 @@ async fn dashboard_shows_counts_and_retries_a_dead_letter() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    // The page is loaded once: the listener must be up first (a relay slow to start on a
+    // loaded machine would leave the browser on its error page, with no counts ever).
+    wait_until(60, "the admin listener", || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", admin_port))
+            .await
+            .is_ok()
+    })
+    .await;
     let client = &browser.client;
     client
         .goto(&format!("http://127.0.0.1:{admin_port}/"))

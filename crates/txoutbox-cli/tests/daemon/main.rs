@@ -10,6 +10,7 @@ mod bytes_cli;
 mod commands;
 #[path = "../common/mod.rs"]
 mod common;
+mod config_check;
 mod dashboard_browser;
 mod dashboard_outage;
 mod databases_cli;

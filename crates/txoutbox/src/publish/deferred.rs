@@ -39,9 +39,9 @@ impl Deferred {
     /// parse is the caller's to refuse first ([`connect`] says so with
     /// [`ConnectError::Config`]).
     pub fn connect_in_background(url: &str, first: &PublishError) -> Self {
-        let shown = super::redact_url(url);
+        let shown = crate::redact::redact_url(url);
         let inner: Arc<OnceLock<Box<dyn Publisher>>> = Arc::default();
-        let why = Arc::new(Mutex::new(super::redact_secrets(&first.chain())));
+        let why = Arc::new(Mutex::new(crate::redact::redact_secrets(&first.chain())));
         let task = {
             let (url, shown, inner, why) =
                 (url.to_string(), shown.clone(), inner.clone(), why.clone());
@@ -58,7 +58,7 @@ impl Deferred {
                             return;
                         }
                         Err(ConnectError::Publish(e)) => {
-                            let e = super::redact_secrets(&e.chain());
+                            let e = crate::redact::redact_secrets(&e.chain());
                             tracing::debug!(publisher = %shown, error = %e, "broker still not reachable");
                             if let Ok(mut w) = why.lock() {
                                 *w = e;
@@ -67,7 +67,7 @@ impl Deferred {
                         Err(ConnectError::Config(e)) => {
                             tracing::error!(publisher = %shown, error = %e, "publisher URL refused; not connecting");
                             if let Ok(mut w) = why.lock() {
-                                *w = super::redact_secrets(&e.to_string());
+                                *w = crate::redact::redact_secrets(&e.to_string());
                             }
                             return;
                         }

@@ -156,7 +156,7 @@ impl HttpPublisher {
         let endpoint = endpoint(u);
         let mut shown = endpoint.clone();
         shown.set_query(None);
-        let shown = super::redact_url(shown.as_str());
+        let shown = crate::redact::redact_url(shown.as_str());
         if secret.is_none() {
             tracing::warn!(endpoint = %shown, "no webhook secret ({SECRET_ENV} or secret_file): requests are not signed");
         }

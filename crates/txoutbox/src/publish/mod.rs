@@ -29,7 +29,7 @@ mod template;
     feature = "kafka"
 ))]
 mod tls;
-mod url;
+pub(crate) mod url;
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
@@ -72,6 +72,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub use crate::redact::{is_secret_name, redact_secrets, redact_url};
 pub use deferred::Deferred;
 pub use faulty::FaultyPublisher;
 pub use forward::Forward;
@@ -79,7 +80,6 @@ pub use message::Message;
 pub use route::{Matcher, Route, Router};
 pub use simple::{FilePublisher, NullPublisher, StdoutPublisher};
 pub use template::{Template, TemplateError};
-pub use url::{is_secret_name, redact_secrets, redact_url};
 
 /// A future that resolves once the broker has acknowledged (or refused) one message.
 pub type Ack = BoxFuture<'static, Result<(), PublishError>>;

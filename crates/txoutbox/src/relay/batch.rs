@@ -243,7 +243,7 @@ impl Relay {
             ErrorKind::Unavailable => false,
             _ => counted >= cfg.max_attempts,
         };
-        let error = crate::publish::redact_secrets(&e.chain());
+        let error = crate::redact::redact_secrets(&e.chain());
         tracing::warn!(event_id = %event.id, event_type = %event.event_type,
             aggregate_id = %event.aggregate_id, attempt = failures, kind = %e.kind(),
             dead, error = %error, "publish failed");

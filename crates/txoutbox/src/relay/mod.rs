@@ -30,6 +30,7 @@ use crate::store::{DeregisterParams, Membership, RebalanceParams, Store, WaitPar
 /// Moves committed events from a [`Store`] to a [`Publisher`].
 ///
 /// ```no_run
+/// # #[cfg(feature = "postgres")]
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// use txoutbox::{publish, relay::{Relay, RelayConfig}, store::postgres::PgStore, OutboxTable};
 /// let store = PgStore::new(pool, OutboxTable::default());
@@ -57,6 +58,9 @@ pub struct Relay {
     in_flight: Arc<in_flight::InFlight>,
     /// Events that failed for their publisher's outage, sent again once it answers.
     outage: Arc<outage::Outage>,
+    /// The WAL source's reader ([`Relay::with_wal`]); `None`: the relay claims rows.
+    #[cfg(feature = "wal")]
+    wal: Option<crate::store::postgres::wal::WalStore>,
 }
 
 /// Totals over a relay's life.
@@ -133,7 +137,21 @@ impl Relay {
             instance: uuid::Uuid::new_v4(),
             in_flight: Arc::default(),
             outage: Arc::default(),
+            #[cfg(feature = "wal")]
+            wal: None,
         }
+    }
+
+    /// Relay from PostgreSQL's WAL through `wal` ([`PgStore::wal`] of the relay's store)
+    /// rather than by claiming rows: sets [`RelayConfig::source`] to [`Source::Wal`]. The
+    /// relay's store is still the one events are handed to when they cannot go at once.
+    ///
+    /// [`PgStore::wal`]: crate::store::postgres::PgStore::wal
+    #[cfg(feature = "wal")]
+    pub fn with_wal(mut self, wal: crate::store::postgres::wal::WalStore) -> Self {
+        self.config.source = Source::Wal;
+        self.wal = Some(wal);
+        self
     }
 
     /// The settings this relay was built with.
@@ -447,6 +465,9 @@ impl Relay {
             instance: self.instance,
             in_flight: self.in_flight.clone(),
             outage: self.outage.clone(),
+            // A batch's task reads no WAL.
+            #[cfg(feature = "wal")]
+            wal: None,
         }
     }
 
@@ -481,6 +502,8 @@ impl Relay {
             instance: self.instance,
             in_flight: Arc::default(),
             outage: self.outage.clone(),
+            #[cfg(feature = "wal")]
+            wal: None,
         }
     }
 

@@ -413,12 +413,6 @@ pub trait Store: Send + Sync + 'static {
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error>;
     /// How many events are in each state, and the oldest pending one's age.
     async fn counts(&self) -> Result<Counts, Error>;
-    /// The WAL source over this store's database (`relay --source wal`), where it has one:
-    /// PostgreSQL's store. `None` for every other.
-    #[cfg(feature = "wal")]
-    fn wal(&self) -> Option<postgres::wal::WalStore> {
-        None
-    }
 }
 
 /// A boxed store is a store: a store picked at run time (`Box<dyn Operator>`) can drive a
@@ -451,10 +445,6 @@ impl<S: Store + ?Sized> Store for Box<S> {
     }
     async fn counts(&self) -> Result<Counts, Error> {
         (**self).counts().await
-    }
-    #[cfg(feature = "wal")]
-    fn wal(&self) -> Option<postgres::wal::WalStore> {
-        (**self).wal()
     }
 }
 

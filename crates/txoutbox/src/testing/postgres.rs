@@ -448,3 +448,20 @@ impl Drop for PgHarness {
         .join();
     }
 }
+
+/// A relay over a PostgreSQL store from its table or, when `config.source` says
+/// [`Source::Wal`](crate::relay::Source::Wal), from its WAL
+/// ([`Relay::with_wal`](crate::relay::Relay::with_wal) of [`PgStore::wal`]): what the tests
+/// that run one scenario on both sources build their relays with.
+pub fn relay(
+    store: PgStore,
+    publisher: Box<dyn crate::publish::Publisher>,
+    config: crate::relay::RelayConfig,
+) -> crate::relay::Relay {
+    #[cfg(feature = "wal")]
+    if config.source == crate::relay::Source::Wal {
+        let wal = store.wal();
+        return crate::relay::Relay::new(store, publisher, config).with_wal(wal);
+    }
+    crate::relay::Relay::new(store, publisher, config)
+}

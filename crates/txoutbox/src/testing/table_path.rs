@@ -51,7 +51,6 @@ impl Harness for TablePathHarness {
         let pg = self.0.store(retention).await;
         let wal = pg
             .wal()
-            .expect("a PostgreSQL store has a WAL side")
             .with_slot("txoutbox_conformance")
             .expect("a valid slot name");
         HandedOffStore {

@@ -283,7 +283,7 @@ async fn suite(b: &dyn Broker) {
 
 #[cfg(all(feature = "testing", feature = "postgres"))]
 async fn through_the_wal_relay(b: &dyn Broker) {
-    use txoutbox::relay::{Relay, RelayConfig, Source};
+    use txoutbox::relay::{RelayConfig, Source};
     use txoutbox::testing::postgres::PgHarness;
     use txoutbox::testing::Harness;
     let name = b.name();
@@ -293,7 +293,8 @@ async fn through_the_wal_relay(b: &dyn Broker) {
     cfg.poll_interval = Duration::from_millis(200);
     let before: std::collections::HashSet<String> =
         b.received().await.into_iter().map(|r| r.dedup_id).collect();
-    let relay = Relay::new(h.pool_store(), connect(&b.url()).await, cfg).spawn();
+    let relay =
+        txoutbox::testing::postgres::relay(h.pool_store(), connect(&b.url()).await, cfg).spawn();
     let outbox = h.outbox();
     let mut ids = Vec::new();
     for n in 0..30 {

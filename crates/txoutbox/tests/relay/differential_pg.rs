@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use txoutbox::relay::{Relay, RelayConfig, RelayHandle, Source};
+use txoutbox::relay::{RelayConfig, RelayHandle, Source};
 use txoutbox::retry::Backoff;
 use txoutbox::testing::postgres::PgHarness;
 use txoutbox::testing::Harness;
@@ -59,7 +59,8 @@ async fn run(source: Source, name: &str, write: Write) -> (Delivered, PgHarness)
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
     let id = format!("diff-{name}-{source:?}").to_lowercase();
-    let relay = Relay::new(h.pool_store(), p.boxed(), config(source, &id)).spawn();
+    let relay =
+        txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), config(source, &id)).spawn();
     if source == Source::Wal {
         streaming(&h).await;
     }

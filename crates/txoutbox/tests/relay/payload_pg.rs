@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use txoutbox::relay::{Relay, RelayConfig, Source};
+use txoutbox::relay::{RelayConfig, Source};
 use txoutbox::testing::postgres::PgHarness;
 use txoutbox::testing::store::{holds_exact_json, EXACT_JSON};
 use txoutbox::testing::Harness;
@@ -26,7 +26,7 @@ async fn delivers_payloads_as_stored(source: Source) {
     cfg.source = source;
     cfg.relay_id = format!("exact-{source:?}");
     cfg.poll_interval = Duration::from_millis(100);
-    let relay = Relay::new(h.pool_store(), p.boxed(), cfg).spawn();
+    let relay = txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), cfg).spawn();
     if source == Source::Wal {
         // What commits from now on comes through the stream, not the table path.
         crate::wal_pg::streaming(&h).await;

@@ -3,7 +3,7 @@
 //! the table source does (its replication connection asks for UTF-8, as sqlx's pool does).
 #![allow(clippy::unwrap_used)]
 
-use txoutbox::relay::{Relay, Source};
+use txoutbox::relay::Source;
 use txoutbox::testing::postgres::PgHarness;
 use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
@@ -29,7 +29,7 @@ async fn on_a_win1252_database_both_sources_deliver_non_ascii_text_as_written() 
     let text = "café – naïve € œuvre";
     for source in [Source::Wal, Source::Table] {
         let p = RecordingPublisher::new();
-        let relay = Relay::new(
+        let relay = txoutbox::testing::postgres::relay(
             db.store(&h),
             p.boxed(),
             config(&format!("enc-{}", source.as_str()), source),

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use txoutbox::relay::{Relay, RelayConfig, RelayError, RelayHandle, Source};
+use txoutbox::relay::{RelayConfig, RelayError, RelayHandle, Source};
 use txoutbox::store::postgres::wal::{self, stream::ReplicationConfig};
 use txoutbox::store::postgres::{relay_connect_options, PgStore};
 use txoutbox::testing::postgres::{database_url, PgHarness};
@@ -138,8 +138,18 @@ async fn two_databases_with_the_same_table_each_deliver_their_own_events_from_th
     let h = PgHarness::new().await;
     let other = OtherDatabase::new(&h).await;
     let (pa, pb) = (RecordingPublisher::new(), RecordingPublisher::new());
-    let a = Relay::new(h.pool_store(), pa.boxed(), config("wal-db-a", Source::Wal)).spawn();
-    let b = Relay::new(other.store(&h), pb.boxed(), config("wal-db-b", Source::Wal)).spawn();
+    let a = txoutbox::testing::postgres::relay(
+        h.pool_store(),
+        pa.boxed(),
+        config("wal-db-a", Source::Wal),
+    )
+    .spawn();
+    let b = txoutbox::testing::postgres::relay(
+        other.store(&h),
+        pb.boxed(),
+        config("wal-db-b", Source::Wal),
+    )
+    .spawn();
     // Each relay has a slot of its own database, named for it: the second did not take the
     // first's.
     let here = current_database(&h.pool).await;
@@ -214,9 +224,16 @@ async fn registered(h: &PgHarness, relay_id: &str) {
 async fn a_wal_relay_refuses_to_start_beside_a_table_relay_of_the_same_table() {
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
-    let table = Relay::new(h.pool_store(), p.boxed(), config("tbl-1", Source::Table)).spawn();
+    let table = txoutbox::testing::postgres::relay(
+        h.pool_store(),
+        p.boxed(),
+        config("tbl-1", Source::Table),
+    )
+    .spawn();
     registered(&h, "tbl-1").await;
-    let wal = Relay::new(h.pool_store(), p.boxed(), config("wal-1", Source::Wal)).spawn();
+    let wal =
+        txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), config("wal-1", Source::Wal))
+            .spawn();
     let e = refused(wal, "a WAL relay beside a table relay").await;
     assert!(e.contains("tbl-1"), "names the other relay: {e}");
     shutdown(table).await;
@@ -227,14 +244,21 @@ async fn a_wal_relay_refuses_to_start_beside_a_table_relay_of_the_same_table() {
 async fn a_table_relay_refuses_to_start_beside_a_running_wal_relay() {
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
-    let wal = Relay::new(h.pool_store(), p.boxed(), config("wal-2", Source::Wal)).spawn();
+    let wal =
+        txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), config("wal-2", Source::Wal))
+            .spawn();
     // The WAL relay delivers: it runs.
     let first = h.outbox().enqueue(&h.pool, &event(1)).await.unwrap();
     wait_until("the WAL relay delivered", || async {
         p.acked_ids().contains(&first)
     })
     .await;
-    let table = Relay::new(h.pool_store(), p.boxed(), config("tbl-2", Source::Table)).spawn();
+    let table = txoutbox::testing::postgres::relay(
+        h.pool_store(),
+        p.boxed(),
+        config("tbl-2", Source::Table),
+    )
+    .spawn();
     let e = refused(table, "a table relay beside a WAL relay").await;
     assert!(e.contains("wal-2"), "names the other relay: {e}");
     shutdown(wal).await;
@@ -245,7 +269,9 @@ async fn a_table_relay_refuses_to_start_beside_a_running_wal_relay() {
 async fn a_second_wal_relay_with_another_slot_refuses_to_start() {
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
-    let first = Relay::new(h.pool_store(), p.boxed(), config("wal-3", Source::Wal)).spawn();
+    let first =
+        txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), config("wal-3", Source::Wal))
+            .spawn();
     let e1 = h.outbox().enqueue(&h.pool, &event(1)).await.unwrap();
     wait_until("the first WAL relay delivered", || async {
         p.acked_ids().contains(&e1)
@@ -257,7 +283,7 @@ async fn a_second_wal_relay_with_another_slot_refuses_to_start() {
     );
     let mut cfg = config("wal-4", Source::Wal);
     cfg.slot = Some(slot.clone());
-    let second = Relay::new(h.pool_store(), p.boxed(), cfg).spawn();
+    let second = txoutbox::testing::postgres::relay(h.pool_store(), p.boxed(), cfg).spawn();
     let e = refused(second, "a second WAL relay of another slot").await;
     assert!(e.contains("wal-3"), "names the other relay: {e}");
     shutdown(first).await;

@@ -12,7 +12,7 @@ use sqlx::Connection;
 use txoutbox::relay::{Relay, RelayConfig, RelayError, RelayHandle, Source};
 use txoutbox::retry::Backoff;
 use txoutbox::store::postgres::wal;
-use txoutbox::store::{Ordering, Store};
+use txoutbox::store::Ordering;
 use txoutbox::testing::postgres::{database_url, PgHarness};
 use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
@@ -48,7 +48,7 @@ fn event(aggregate: &str, i: usize) -> NewEvent {
 }
 
 fn start(h: &PgHarness, publisher: &RecordingPublisher, cfg: RelayConfig) -> RelayHandle {
-    Relay::new(h.pool_store(), publisher.boxed(), cfg).spawn()
+    txoutbox::testing::postgres::relay(h.pool_store(), publisher.boxed(), cfg).spawn()
 }
 
 /// Wait until the relay has made its slot (what commits after it, the stream delivers). A
@@ -119,7 +119,8 @@ async fn reading_the_slot_through_sql_delivers_in_commit_order_too() {
     let h = PgHarness::new().await;
     let p = RecordingPublisher::new();
     let store = h.pool_store_sql(txoutbox::store::Retention::Mark);
-    let relay = Relay::new(store, p.boxed(), config("wal-order-sql")).spawn();
+    let relay =
+        txoutbox::testing::postgres::relay(store, p.boxed(), config("wal-order-sql")).spawn();
     commit_order(h, &p, relay).await;
 }
 
@@ -157,7 +158,8 @@ async fn over_a_unix_domain_socket_delivers_in_commit_order_too() {
     let store = h
         .pool_store_sql(txoutbox::store::Retention::Mark)
         .with_replication(cfg);
-    let relay = Relay::new(store, p.boxed(), config("wal-order-unix")).spawn();
+    let relay =
+        txoutbox::testing::postgres::relay(store, p.boxed(), config("wal-order-unix")).spawn();
     streaming(&h).await;
     let over_unix: bool = sqlx::query_scalar(
         "SELECT r.client_addr IS NULL AND r.client_port = -1 FROM pg_replication_slots s \
@@ -458,7 +460,7 @@ async fn a_standby_takes_over_when_the_reader_dies_and_two_never_read_at_once() 
     })
     .await;
     assert_eq!(standby.sent_count(), 0, "the standby read the slot too");
-    let wal_side = h.pool_store().wal().unwrap().named().await.unwrap();
+    let wal_side = h.pool_store().wal().named().await.unwrap();
     assert!(
         wal_side.reader_present().await.unwrap(),
         "a relay reads the slot"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use txoutbox::relay::{Relay, Source};
+use txoutbox::relay::Source;
 use txoutbox::store::postgres::wal::stream::ReplicationConfig;
 use txoutbox::testing::postgres::{database_url, PgHarness};
 use txoutbox::testing::Harness;
@@ -98,7 +98,9 @@ async fn a_frozen_replication_connection_is_noticed_and_delivery_resumes() {
         .pool_store_sql(txoutbox::store::Retention::Mark)
         .with_replication(replication);
     let p = RecordingPublisher::new();
-    let relay = Relay::new(store, p.boxed(), config("wal-silence", Source::Wal)).spawn();
+    let relay =
+        txoutbox::testing::postgres::relay(store, p.boxed(), config("wal-silence", Source::Wal))
+            .spawn();
     let slot = h.slot().await;
     let outbox = h.outbox();
     let event = |i: usize| {

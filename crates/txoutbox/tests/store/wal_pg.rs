@@ -258,9 +258,8 @@ async fn set_up_is_idempotent_and_bad_names_are_refused() {
 #[tokio::test]
 async fn a_transaction_is_visible_only_once_it_has_ended() {
     use std::time::Duration;
-    use txoutbox::store::Store;
     let h = PgHarness::new().await;
-    let w = h.pool_store().wal().unwrap();
+    let w = h.pool_store().wal();
     let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
     let mut tx = conn.begin().await.unwrap();
     let full: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
@@ -290,10 +289,10 @@ async fn a_transaction_is_visible_only_once_it_has_ended() {
 #[tokio::test]
 async fn a_settle_writes_nothing_while_a_transaction_of_its_batch_is_open() {
     use std::time::Duration;
-    use txoutbox::store::{Failure, Retention, Store};
+    use txoutbox::store::{Failure, Retention};
     for retention in [Retention::Mark, Retention::Delete] {
         let h = PgHarness::new().await;
-        let w = h.pool_store_with(retention).wal().unwrap();
+        let w = h.pool_store_with(retention).wal();
         let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
         let mut tx = conn.begin().await.unwrap();
         let id = h.outbox().enqueue(&mut *tx, &event("a", 1)).await.unwrap();

@@ -73,10 +73,11 @@ impl WalSource {
         relay: &Relay,
         cancel: &CancellationToken,
     ) -> Result<Option<Self>, RelayError> {
-        let Some(wal) = relay.store.wal() else {
+        let Some(wal) = relay.wal.clone() else {
             return Err(RelayError::Config(super::InvalidSetting {
                 field: "source",
-                rule: "wal needs PostgreSQL (15 or later); use --source table with this database",
+                rule: "wal needs the WAL reader of a PostgreSQL store: build the relay with \
+                       Relay::with_wal(PgStore::wal()), or use the table source",
             }));
         };
         let wal = match &relay.config.slot {

@@ -135,6 +135,22 @@ impl PgStore {
         self
     }
 
+    #[cfg(feature = "wal")]
+    /// The WAL source's reader of this store's table: what [`Relay::with_wal`] takes to
+    /// relay from PostgreSQL's WAL rather than by claiming rows
+    /// (`let wal = store.wal(); Relay::new(store, publisher, config).with_wal(wal)`). It shares the
+    /// store's pool, retention and [replication settings](Self::with_replication).
+    ///
+    /// [`Relay::with_wal`]: crate::relay::Relay::with_wal
+    pub fn wal(&self) -> wal::WalStore {
+        wal::WalStore::new(
+            self.pool.clone(),
+            self.table.clone(),
+            self.retention,
+            self.replication.clone(),
+        )
+    }
+
     /// The pool the store runs its statements on.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -389,15 +405,5 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         rows::counts(&r)
-    }
-
-    #[cfg(feature = "wal")]
-    fn wal(&self) -> Option<wal::WalStore> {
-        Some(wal::WalStore::new(
-            self.pool.clone(),
-            self.table.clone(),
-            self.retention,
-            self.replication.clone(),
-        ))
     }
 }

@@ -128,7 +128,7 @@ impl ReplicationConfig {
         let opts = PgConnectOptions::from_str(url).map_err(|e| {
             WalError::Config(format!(
                 "the database URL: {}",
-                crate::publish::redact_secrets(&e.to_string())
+                crate::redact::redact_secrets(&e.to_string())
             ))
         })?;
         Self::from_options(&opts)

@@ -133,7 +133,8 @@ pub struct StreamSettled {
 }
 
 /// The WAL relay's database side for one outbox table and slot. Get it from
-/// [`Store::wal`](crate::store::Store::wal) of a [`PgStore`].
+/// [`PgStore::wal`], and give it to the relay with
+/// [`Relay::with_wal`](crate::relay::Relay::with_wal).
 #[derive(Debug)]
 pub struct WalStore {
     pub(super) store: PgStore,
@@ -144,6 +145,21 @@ pub struct WalStore {
     replication: Option<ReplicationConfig>,
     /// Fired when the stream hands events to the table path, which then looks at once.
     pub(super) handed_off: Arc<Notify>,
+}
+
+/// A copy on the same pool, table, retention, slot and replication settings (the store's
+/// per-run state starts afresh).
+impl Clone for WalStore {
+    fn clone(&self) -> Self {
+        let mut copy = Self::new(
+            self.store.pool.clone(),
+            self.store.table.clone(),
+            self.store.retention,
+            self.replication.clone(),
+        );
+        copy.slot.clone_from(&self.slot);
+        copy
+    }
 }
 
 impl WalStore {
