@@ -275,64 +275,46 @@ async fn database(ctx: &Ctx, plan: &super::relay::Planned) -> Line {
                 tracing::warn!("{warning}");
             }
         }
-        anyhow::Ok(())
+        anyhow::Ok(format!("reachable, table {} migrated", ctx.table.display()))
     };
-    match tokio::time::timeout(CHECK_TIMEOUT, checked).await {
-        Ok(Ok(())) => Line {
-            ok: true,
-            what: format!(
-                "database {shown}: reachable, table {} migrated",
-                ctx.table.display()
-            ),
-        },
-        Ok(Err(e)) => Line {
-            ok: false,
-            what: format!(
-                "database {shown}: {}",
-                txoutbox::redact::redact_secrets(&format!("{e:#}"))
-            ),
-        },
-        Err(_) => Line {
-            ok: false,
-            what: format!(
-                "database {shown}: no answer in {}",
-                txoutbox::relay::format_duration(CHECK_TIMEOUT)
-            ),
-        },
-    }
+    line(
+        &format!("database {shown}"),
+        tokio::time::timeout(CHECK_TIMEOUT, checked).await,
+    )
 }
 
 /// A publisher URL: connected, then closed.
 async fn publisher(url: &str) -> Line {
-    let shown = txoutbox::redact::redact_url(url);
-    match tokio::time::timeout(CHECK_TIMEOUT, super::open_publisher(url)).await {
-        Ok(Ok(p)) => {
-            let closed = p.close().await;
-            Line {
-                ok: closed.is_ok(),
-                what: match closed {
-                    Ok(()) => format!("publisher {shown}: connected"),
-                    Err(e) => format!(
-                        "publisher {shown}: connected, but did not close: {}",
-                        txoutbox::redact::redact_secrets(&e.chain())
-                    ),
-                },
-            }
-        }
-        Ok(Err(e)) => Line {
-            ok: false,
-            what: format!(
-                "publisher {shown}: {}",
-                txoutbox::redact::redact_secrets(&format!("{e:#}"))
-            ),
-        },
-        Err(_) => Line {
-            ok: false,
-            what: format!(
-                "publisher {shown}: no answer in {}",
+    let checked = async {
+        let p = super::open_publisher(url).await?;
+        p.close()
+            .await
+            .map_err(|e| anyhow::anyhow!("connected, but did not close: {}", e.chain()))?;
+        anyhow::Ok("connected".to_string())
+    };
+    line(
+        &format!("publisher {}", txoutbox::redact::redact_url(url)),
+        tokio::time::timeout(CHECK_TIMEOUT, checked).await,
+    )
+}
+
+/// The line of the check of `what`: what it found, why it failed, or that it did not answer
+/// in time; secrets redacted.
+fn line(what: &str, outcome: Result<anyhow::Result<String>, tokio::time::error::Elapsed>) -> Line {
+    let (ok, said) = match outcome {
+        Ok(Ok(found)) => (true, found),
+        Ok(Err(e)) => (false, txoutbox::redact::redact_secrets(&format!("{e:#}"))),
+        Err(_) => (
+            false,
+            format!(
+                "no answer in {}",
                 txoutbox::relay::format_duration(CHECK_TIMEOUT)
             ),
-        },
+        ),
+    };
+    Line {
+        ok,
+        what: format!("{what}: {said}"),
     }
 }
 

@@ -80,6 +80,18 @@ impl TestSchema {
             .expect("run txoutbox")
     }
 
+    /// [`TestSchema::cli`] with `env` set too.
+    pub async fn cli_env(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let mut c = self.command(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        tokio::time::timeout(Duration::from_secs(120), c.output())
+            .await
+            .expect("command timed out")
+            .expect("run txoutbox")
+    }
+
     /// A relay (or any command) in the background. Its stderr goes to a log file in the temp
     /// directory (a pipe nobody reads would fill up and block it); the path is printed.
     pub fn spawn(&self, args: &[&str]) -> Child {

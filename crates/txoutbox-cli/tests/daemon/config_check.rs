@@ -4,19 +4,11 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::process::Output;
-use std::time::Duration;
 
 use crate::common::*;
 
 async fn run(db: &TestSchema, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = db.command(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    tokio::time::timeout(Duration::from_secs(90), c.output())
-        .await
-        .expect("config check timed out")
-        .unwrap()
+    db.cli_env(env, args).await
 }
 
 /// The line of the settings table for `key`, split into its words.

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::Output;
-use std::time::Duration;
 
 use crate::common::*;
 
@@ -32,14 +31,7 @@ impl Drop for Dir {
 }
 
 async fn run(db: &TestSchema, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut c = db.command(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    tokio::time::timeout(Duration::from_secs(60), c.output())
-        .await
-        .expect("command timed out")
-        .unwrap()
+    db.cli_env(env, args).await
 }
 
 /// Exit 2, one `error:` line that contains every one of `names`, and no panic.
