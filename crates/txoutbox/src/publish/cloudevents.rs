@@ -7,7 +7,7 @@
 //! .... `datacontenttype` is the message's content type (`application/json` for a JSON
 //! payload); each binding sends it in its own content-type field. A carrier without headers
 //! (a Kinesis record) takes the event in *structured content mode* instead: one JSON object
-//! in the CloudEvents JSON format ([`CloudEvents::structured`]).
+//! in the CloudEvents JSON format.
 
 use super::url::PublisherUrl;
 use super::{ConfigError, Message};
@@ -86,6 +86,7 @@ pub const AGGREGATE_TYPE_EXTENSION: &str = "aggregatetype";
 pub const HEADERS_EXTENSION: &str = "outboxheaders";
 
 /// Is `name` a CloudEvents attribute name: lowercase ASCII letters and digits?
+#[cfg(feature = "kinesis")]
 fn is_attribute_name(name: &str) -> bool {
     !name.is_empty()
         && name

@@ -11,7 +11,7 @@
 //! `timeout` (of each call, default `10s`), `max_message_bytes` (the largest record, data and
 //! partition key together: default 1048576, 1 MiB, a stream's limit unless it was raised; up to
 //! 10485760), `cloudevents` and `ce_source`. Credentials come from the standard AWS chain, as
-//! for [`sqs`](crate::publish::sqs).
+//! for `sqs://`, never from the URL.
 //!
 //! A record has no headers, only its data and its partition key. The partition key is the
 //! aggregate id (or `sha256-` and its hex SHA-256 when it is not 1 to 256 characters), so one
@@ -23,12 +23,12 @@
 //! file of JSON lines.
 //!
 //! Records go out with `PutRecords`, up to 500 and 5 MiB a call, one call at a time; each
-//! [`Ack`](crate::publish::Ack) resolves from its own entry of the answer. `PutRecords` goes on
+//! [`Ack`] resolves from its own entry of the answer. `PutRecords` goes on
 //! past a failed record, so a later record of the same partition key could land before the
 //! failed one's retry: a call therefore carries at most one record of each aggregate, and a
 //! record that fails fails its aggregate's records queued behind it. With that, each aggregate's
 //! records reach its shard in the order sent, and the relay may pipeline an aggregate
-//! ([`Publisher::keeps_key_order`](crate::publish::Publisher::keeps_key_order)).
+//! ([`Publisher::keeps_key_order`]).
 //!
 //! Errors: a record over `max_message_bytes` or one Kinesis refuses as invalid is *permanent*;
 //! throttling (`ProvisionedThroughputExceededException`) and `InternalFailure` are *transient*;
