@@ -409,3 +409,42 @@ impl fmt::Display for ErrorKind {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheme whose publisher is compiled out names its feature; an ARN after `//` is read
+    /// as the ARN, not as a host and port.
+    #[tokio::test]
+    async fn schemes_compiled_out_name_their_feature() {
+        #[cfg(not(feature = "kinesis"))]
+        for url in [
+            "kinesis://orders",
+            "kinesis://arn:aws:kinesis:eu-west-1:1:stream/o",
+        ] {
+            match connect(url).await {
+                Err(ConnectError::Config(ConfigError::FeatureNotEnabled { feature, .. })) => {
+                    assert_eq!(feature, "kinesis")
+                }
+                Err(e) => panic!("{url}: {e}"),
+                Ok(_) => panic!("{url}: connected"),
+            }
+        }
+        #[cfg(feature = "kinesis")]
+        match connect("kinesis://arn:aws:kinesis:eu-west-1:1:nostream/o").await {
+            Err(ConnectError::Config(ConfigError::BadUrl { reason, .. })) => {
+                assert!(reason.contains("names no stream"), "{reason}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("connected"),
+        }
+        match connect("nosuch://x").await {
+            Err(ConnectError::Config(ConfigError::UnknownScheme { scheme })) => {
+                assert_eq!(scheme, "nosuch")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("connected"),
+        }
+    }
+}

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_kinesis::types::ShardIteratorType;
 use txoutbox::publish::{self, ConnectError, ErrorKind, Message, Publisher};
 
-const REGION: &str = "us-east-1";
+pub(crate) const REGION: &str = "us-east-1";
 
 /// The emulator's endpoint (`SQS_ENDPOINT`: one moto serves SQS, SNS and Kinesis).
-fn endpoint() -> String {
+pub(crate) fn endpoint() -> String {
     std::env::var("SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
 }
 
@@ -53,14 +53,14 @@ async fn kinesis() -> aws_sdk_kinesis::Client {
     aws_sdk_kinesis::Client::new(&config)
 }
 
-/// A stream of its own for one test, deleted when dropped... by `delete`.
-struct Stream {
+/// A stream of its own for one test, removed by `delete`.
+pub(crate) struct Stream {
     client: aws_sdk_kinesis::Client,
-    name: String,
+    pub(crate) name: String,
 }
 
 impl Stream {
-    async fn create(test: &str, shards: i32) -> Self {
+    pub(crate) async fn create(test: &str, shards: i32) -> Self {
         let client = kinesis().await;
         let name = format!(
             "txo-{test}-{}",
@@ -76,7 +76,7 @@ impl Stream {
         Self { client, name }
     }
 
-    fn url(&self, params: &str) -> String {
+    pub(crate) fn url(&self, params: &str) -> String {
         let sep = if params.is_empty() { "" } else { "&" };
         format!(
             "kinesis://{}?endpoint={}&region={REGION}{sep}{params}",
@@ -86,7 +86,7 @@ impl Stream {
     }
 
     /// Every record of every shard, each shard's in its order: (shard, partition key, data).
-    async fn records(&self) -> Vec<(String, String, Vec<u8>)> {
+    pub(crate) async fn records(&self) -> Vec<(String, String, Vec<u8>)> {
         let shards = self
             .client
             .list_shards()
@@ -143,7 +143,7 @@ impl Stream {
         }
     }
 
-    async fn delete(self) {
+    pub(crate) async fn delete(&self) {
         let _ = self
             .client
             .delete_stream()
