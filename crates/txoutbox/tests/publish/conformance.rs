@@ -1271,14 +1271,10 @@ impl Broker for Kinesis {
         "kinesis"
     }
     fn address(&self) -> String {
-        let endpoint = crate::kinesis::endpoint();
-        endpoint
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_string()
+        crate::moto::address()
     }
     fn url_at(&self, addr: &str) -> String {
-        let region = crate::kinesis::REGION;
+        let region = crate::moto::REGION;
         format!(
             "kinesis://{}?endpoint=http://{addr}&region={region}&timeout=5s",
             self.0.name

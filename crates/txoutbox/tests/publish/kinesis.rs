@@ -8,49 +8,15 @@
 #![cfg(feature = "kinesis")]
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use aws_sdk_kinesis::types::ShardIteratorType;
 use txoutbox::publish::{self, ConnectError, ErrorKind, Message, Publisher};
 
-pub(crate) const REGION: &str = "us-east-1";
-
-/// The emulator's endpoint (`SQS_ENDPOINT`: one moto serves SQS, SNS and Kinesis).
-pub(crate) fn endpoint() -> String {
-    std::env::var("SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
-}
-
-/// Dummy credentials for the emulator, through the standard chain's environment variables
-/// (scripts/test.sh exports them; set here when it did not).
-fn credentials() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        for (k, v) in [
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
-            ("AWS_REGION", REGION),
-        ] {
-            if std::env::var_os(k).is_none() {
-                std::env::set_var(k, v);
-            }
-        }
-    });
-}
+use crate::moto::{endpoint, REGION};
 
 async fn kinesis() -> aws_sdk_kinesis::Client {
-    credentials();
-    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .http_client(http)
-        .region(aws_config::Region::new(REGION))
-        .endpoint_url(endpoint())
-        .load()
-        .await;
-    aws_sdk_kinesis::Client::new(&config)
+    aws_sdk_kinesis::Client::new(&crate::moto::sdk_config().await)
 }
 
 /// A stream of its own for one test, removed by `delete`.
@@ -328,7 +294,7 @@ async fn an_oversize_record_is_dead_lettered_without_blocking_others() {
 /// endpoint that does not answer.
 #[tokio::test]
 async fn a_missing_stream_is_a_clear_error() {
-    credentials();
+    crate::moto::credentials();
     let name = format!(
         "txo-missing-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]

@@ -7,6 +7,7 @@ mod conformance;
 mod http;
 mod kafka;
 mod kinesis;
+mod moto;
 mod mqtt;
 mod nats;
 mod nats_reconnect;
