@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the services the tests need (PostgreSQL, MariaDB, NATS JetStream, RabbitMQ, Redis,
-# Mosquitto, and moto as the Amazon SQS and SNS emulator)
+# Mosquitto, and moto as the Amazon SQS, SNS and Kinesis emulator)
 # when they are not answering on loopback, installing them from Debian packages when they are
 # missing.
 # Safe to run again: it only acts on what is down.
@@ -123,8 +123,8 @@ if ! up 1883; then
   fi
   wait_port 1883 Mosquitto
 fi
-# --- Amazon SQS and SNS: moto's server mode (from PyPI, in a virtualenv of its own) ----------
-# The sqs:// and sns:// tests reach it at SQS_ENDPOINT=http://127.0.0.1:4566 with dummy
+# --- Amazon SQS, SNS and Kinesis: moto's server mode (from PyPI, in a virtualenv of its own) -
+# The sqs://, sns:// and kinesis:// tests reach it at SQS_ENDPOINT=http://127.0.0.1:4566 with dummy
 # credentials; moto keeps everything in memory.
 moto_dir=/opt/txoutbox-moto
 moto_version=5.2.5
@@ -134,7 +134,7 @@ if ! up 4566; then
     python3 -m venv "$moto_dir" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$moto_dir"; }
     "$moto_dir/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
   fi
-  log "starting moto (SQS, SNS) on 127.0.0.1:4566 (log: /tmp/moto.log)"
+  log "starting moto (SQS, SNS, Kinesis) on 127.0.0.1:4566 (log: /tmp/moto.log)"
   nohup "$moto_dir/bin/moto_server" -H 127.0.0.1 -p 4566 >/tmp/moto.log 2>&1 </dev/null &
   wait_port 4566 moto
 fi

@@ -18,7 +18,7 @@ export MYSQL_URL="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export NATS_URL="${NATS_URL:-nats://127.0.0.1:4222}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export KAFKA_BROKERS="${KAFKA_BROKERS:-127.0.0.1:9092}"
-# moto (scripts/services.sh) for the sqs:// and sns:// tests, with dummy credentials (moto takes
+# moto (scripts/services.sh) for the sqs://, sns:// and kinesis:// tests, with dummy credentials (moto takes
 # any); set here rather than by the test process, which then need not change its environment.
 export SQS_ENDPOINT="${SQS_ENDPOINT:-http://127.0.0.1:4566}"
 export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-testing}"

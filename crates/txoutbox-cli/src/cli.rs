@@ -220,11 +220,11 @@ pub struct EnqueueArgs {
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// Where to publish: nats://, amqp://, redis://, mqtt://, kafka://, https://, sqs://QUEUE,
-    /// sns://TOPIC_ARN, stdout:, file:PATH or null: (required unless the config file has
+    /// sns://TOPIC_ARN, kinesis://STREAM, stdout:, file:PATH or null: (required unless the config file has
     /// [[route]] entries, after which it is the default route, or [[outbox]] entries with
     /// their own; the TLS forms tls://, amqps://,
     /// rediss://, mqtts://, kafkas://, https:// take tls_ca, tls_cert and tls_key parameters;
-    /// sqs:// and sns:// take their credentials from the standard AWS chain)
+    /// sqs://, sns:// and kinesis:// take their credentials from the standard AWS chain)
     #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
     pub publisher: Option<String>,
     /// File holding the publisher URL (when it carries a password); a trailing newline is

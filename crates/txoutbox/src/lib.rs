@@ -29,7 +29,7 @@
 //! Cargo features, none on by default (each database and broker is a dependency tree of its
 //! own, and several build C code): `postgres`, `mysql`, `sqlite` (the stores), `wal` (the WAL
 //! source on PostgreSQL, [`relay::Source::Wal`]), `nats`, `amqp`, `redis`, `mqtt`, `http`,
-//! `kafka`, `sqs`, `sns` (publishers), `otel` (W3C trace context from the writer's span through
+//! `kafka`, `sqs`, `sns`, `kinesis` (publishers), `otel` (W3C trace context from the writer's span through
 //! the relay's publish span to the broker message, see [`otel`]), `testing` (the store
 //! conformance suite, for a backend's tests), `clap` (`clap::ValueEnum` on [`relay::Mode`] and
 //! [`relay::OnDeadLetter`], for command lines that take them). `cargo add txoutbox -F

@@ -114,6 +114,7 @@ fn kind_of(url: &str) -> &'static str {
         "http" | "https" => "http",
         "sqs" => "sqs",
         "sns" => "sns",
+        "kinesis" => "kinesis",
         _ => "deferred",
     }
 }

@@ -8,14 +8,9 @@ use crate::event::OutboxEvent;
 /// The header (field, attribute) that carries [`Message::content_type`] on brokers without a
 /// content-type field of their own: NATS, Kafka, Redis Streams, SQS and SNS.
 // Unused when no broker that needs it is compiled in.
+// (SQS and SNS name their attribute `aws::CONTENT_TYPE_ATTRIBUTE`.)
 #[cfg_attr(
-    not(any(
-        feature = "nats",
-        feature = "kafka",
-        feature = "redis",
-        feature = "sqs",
-        feature = "sns"
-    )),
+    not(any(feature = "nats", feature = "kafka", feature = "redis")),
     allow(dead_code)
 )]
 pub(crate) const CONTENT_TYPE_HEADER: &str = "content-type";

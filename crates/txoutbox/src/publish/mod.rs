@@ -10,8 +10,11 @@
 //! Publishers are picked from a URL at run time ([`connect`]); a scheme whose cargo feature
 //! is compiled out is a clear [`PublishError`], not a panic.
 
-#[cfg(any(feature = "sqs", feature = "sns"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqs", feature = "sns"))))]
+#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqs", feature = "sns", feature = "kinesis")))
+)]
 pub mod aws;
 mod deferred;
 mod faulty;
@@ -42,7 +45,8 @@ pub mod amqp;
     feature = "amqp",
     feature = "kafka",
     feature = "sqs",
-    feature = "sns"
+    feature = "sns",
+    feature = "kinesis"
 ))]
 pub mod cloudevents;
 #[cfg(feature = "http")]
@@ -60,6 +64,9 @@ pub mod nats;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "kinesis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kinesis")))]
+pub use aws::kinesis;
 #[cfg(feature = "sns")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sns")))]
 pub use aws::sns;
@@ -250,7 +257,7 @@ pub enum ConfigError {
         reason: String,
     },
     /// No publisher has this scheme.
-    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, sqs, sns, stdout, file, null)")]
+    #[error("publisher scheme `{scheme}` is not supported (expected one of: nats, tls, amqp, amqps, redis, rediss, mqtt, mqtts, kafka, kafkas, http, https, sqs, sns, kinesis, stdout, file, null)")]
     UnknownScheme {
         /// The URL's scheme, as given.
         scheme: String,
@@ -285,18 +292,20 @@ pub enum ConfigError {
 }
 
 /// Open the publisher named by `url` (`nats://`, `amqp://`, `redis://`, `mqtt://`, `kafka://`,
-/// `https://`, their TLS forms, `sqs://`, `sns://`, `stdout:`, `file:PATH`, `null:`).
+/// `https://`, their TLS forms, `sqs://`, `sns://`, `kinesis://`, `stdout:`, `file:PATH`,
+/// `null:`).
 ///
 /// Connection problems are reported as a [`PublishError`]; a malformed URL as a
 /// [`ConfigError`]. Neither message contains the URL's password.
 pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
-    // A topic ARN holds colons that would read as a port after `//`: `sns://arn:...` is
-    // taken as `sns:arn:...`.
+    // A topic or stream ARN holds colons that would read as a port after `//`:
+    // `sns://arn:...` is taken as `sns:arn:...`, and so for `kinesis://arn:...`.
     let trimmed = url.trim();
-    let parsed = match trimmed.strip_prefix("sns://arn:") {
-        Some(rest) => url::parse(&format!("sns:arn:{rest}"))?,
-        None => url::parse(trimmed)?,
-    };
+    let arn = ["sns", "kinesis"].into_iter().find_map(|scheme| {
+        let rest = trimmed.strip_prefix(scheme)?.strip_prefix("://arn:")?;
+        Some(format!("{scheme}:arn:{rest}"))
+    });
+    let parsed = url::parse(arn.as_deref().unwrap_or(trimmed))?;
     match parsed.scheme() {
         "stdout" => Ok(Box::new(StdoutPublisher::from_url(&parsed)?)),
         "file" => Ok(Box::new(FilePublisher::from_url(&parsed).await?)),
@@ -357,6 +366,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Publisher>, ConnectError> {
             feature: "sns",
         }
         .into()),
+        #[cfg(feature = "kinesis")]
+        "kinesis" => Ok(Box::new(kinesis::KinesisPublisher::connect(&parsed).await?)),
+        #[cfg(not(feature = "kinesis"))]
+        "kinesis" => Err(ConfigError::FeatureNotEnabled {
+            scheme: "kinesis".into(),
+            feature: "kinesis",
+        }
+        .into()),
         #[cfg(feature = "http")]
         "http" | "https" => Ok(Box::new(http::HttpPublisher::connect(&parsed)?)),
         #[cfg(not(feature = "http"))]
@@ -390,5 +407,44 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Permanent => "permanent",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheme whose publisher is compiled out names its feature; an ARN after `//` is read
+    /// as the ARN, not as a host and port.
+    #[tokio::test]
+    async fn schemes_compiled_out_name_their_feature() {
+        #[cfg(not(feature = "kinesis"))]
+        for url in [
+            "kinesis://orders",
+            "kinesis://arn:aws:kinesis:eu-west-1:1:stream/o",
+        ] {
+            match connect(url).await {
+                Err(ConnectError::Config(ConfigError::FeatureNotEnabled { feature, .. })) => {
+                    assert_eq!(feature, "kinesis")
+                }
+                Err(e) => panic!("{url}: {e}"),
+                Ok(_) => panic!("{url}: connected"),
+            }
+        }
+        #[cfg(feature = "kinesis")]
+        match connect("kinesis://arn:aws:kinesis:eu-west-1:1:nostream/o").await {
+            Err(ConnectError::Config(ConfigError::BadUrl { reason, .. })) => {
+                assert!(reason.contains("names no stream"), "{reason}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("connected"),
+        }
+        match connect("nosuch://x").await {
+            Err(ConnectError::Config(ConfigError::UnknownScheme { scheme })) => {
+                assert_eq!(scheme, "nosuch")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("connected"),
+        }
     }
 }

@@ -15,7 +15,6 @@ use super::{ready_ack, Ack, ConfigError, Message, PublishError, Publisher};
 /// a JSON one that does not parse) is `payload_base64`, its bytes in standard base64, so that
 /// no byte is lost.
 pub fn json_line(m: &Message) -> Vec<u8> {
-    use base64::Engine as _;
     #[derive(serde::Serialize)]
     struct Line<'a> {
         id: uuid::Uuid,
@@ -32,14 +31,7 @@ pub fn json_line(m: &Message) -> Vec<u8> {
         #[serde(skip_serializing_if = "Option::is_none")]
         payload_base64: Option<String>,
     }
-    let payload = m
-        .is_json()
-        .then(|| std::str::from_utf8(&m.body).ok())
-        .flatten()
-        .and_then(|text| serde_json::value::RawValue::from_string(minify(text)).ok());
-    let payload_base64 = payload
-        .is_none()
-        .then(|| base64::engine::general_purpose::STANDARD.encode(&m.body));
+    let (payload, payload_base64) = json_or_base64(m);
     let line = Line {
         id: m.id,
         seq: m.seq,
@@ -58,6 +50,23 @@ pub fn json_line(m: &Message) -> Vec<u8> {
     let mut line = serde_json::to_vec(&line).unwrap_or_default();
     line.push(b'\n');
     line
+}
+
+/// The body of `m` as a JSON document holds it: the JSON itself, digit for digit (on one
+/// line), when the content type is JSON and the body parses; else its bytes in standard base64.
+pub(crate) fn json_or_base64(
+    m: &Message,
+) -> (Option<Box<serde_json::value::RawValue>>, Option<String>) {
+    use base64::Engine as _;
+    let json = m
+        .is_json()
+        .then(|| std::str::from_utf8(&m.body).ok())
+        .flatten()
+        .and_then(|text| serde_json::value::RawValue::from_string(minify(text)).ok());
+    let base64 = json
+        .is_none()
+        .then(|| base64::engine::general_purpose::STANDARD.encode(&m.body));
+    (json, base64)
 }
 
 /// JSON text without the white space between its tokens (inside strings it is kept): the

@@ -8,7 +8,8 @@
         feature = "http",
         feature = "kafka",
         feature = "sqs",
-        feature = "sns"
+        feature = "sns",
+        feature = "kinesis"
     )),
     allow(dead_code)
 )]

@@ -62,7 +62,7 @@ impl Relay {
 
     /// May one aggregate's events be in flight together? Unordered: yes. Ordered: only with a
     /// publisher that keeps key order ([`Publisher::keeps_key_order`]: Kafka, SQS and SNS
-    /// FIFO), and only in `skip` mode. Such a broker keeps a key's order across *retries*;
+    /// FIFO, Kinesis), and only in `skip` mode. Such a broker keeps a key's order across *retries*;
     /// a message it refuses for good (too large, invalid) does not stop the ones already sent
     /// behind it, which then reach consumers. In `skip` mode that is what must happen anyway;
     /// in `hold` mode they must wait behind the dead letter, so each waits for the

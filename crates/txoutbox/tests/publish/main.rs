@@ -6,6 +6,8 @@ mod aws;
 mod conformance;
 mod http;
 mod kafka;
+mod kinesis;
+mod moto;
 mod mqtt;
 mod nats;
 mod nats_reconnect;
@@ -16,7 +18,7 @@ mod routes;
 /// The official Python clients of `scripts/clients.sh` (`TXOUTBOX_CLIENTS_PYTHON`, which
 /// `scripts/test.sh` sets): `None`, with a message, when they are not installed, except under
 /// CI, where that fails.
-#[cfg(any(feature = "kafka", feature = "sqs"))]
+#[cfg(any(feature = "kafka", feature = "sqs", feature = "kinesis"))]
 pub fn clients_python() -> Option<String> {
     match std::env::var("TXOUTBOX_CLIENTS_PYTHON") {
         Ok(p) if !p.is_empty() => Some(p),

@@ -1,74 +1,92 @@
-//! The sender task: it sends up to 10 messages a call, one call at a time, and settles each
-//! one's [`Ack`] from its own entry in the answer.
+//! The sender task: it sends up to a service's limit of entries (and bytes) a call, one call at
+//! a time, and settles each one's [`Ack`] from its own entry in the answer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::Prepared;
 use crate::publish::{Ack, ErrorKind, Message, PublishError};
 
 /// Entries in one `SendMessageBatch` or `PublishBatch` call.
+#[cfg(any(feature = "sqs", feature = "sns"))]
 pub const MAX_BATCH: usize = 10;
 
-/// Sends one batch of up to [`MAX_BATCH`] entries; the answer has one result per entry, in
+/// One entry of a batch call, ready to send.
+pub(crate) trait Entry: Clone + Send + Sync + 'static {
+    /// The ordering key (an SQS or SNS FIFO message group, a Kinesis partition key): one
+    /// call carries at most one entry of a key, and a failed entry fails its key's entries
+    /// queued behind it. `None`: no order to keep.
+    fn key(&self) -> Option<&str>;
+    /// What the service counts against its limits.
+    fn size(&self) -> usize;
+}
+
+/// How much one call may carry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub entries: usize,
+    /// Bytes in all; an entry larger than this (a service's record may be) goes alone.
+    pub bytes: usize,
+}
+
+/// Sends one batch of up to [`Limits`] entries; the answer has one result per entry, in
 /// order, or one error for the whole call.
 #[async_trait::async_trait]
 pub(crate) trait SendBatch: Send + Sync + 'static {
-    async fn send_batch(&self, entries: &[Prepared]) -> Results;
+    type Entry: Entry;
+    async fn send_batch(&self, entries: &[Self::Entry]) -> Results;
 }
 
 /// The answer to one batch call: one result per entry, in order, or one error for the call.
 pub(crate) type Results = Result<Vec<Result<(), PublishError>>, PublishError>;
 
-struct Pending {
-    prepared: Prepared,
-    /// The message group, and the event's seq, for the FIFO order rules.
-    group: Option<String>,
+struct Pending<E> {
+    prepared: E,
+    /// The event's seq, for the order rules of a keyed entry.
     seq: i64,
     /// The how-manieth message handed over.
     index: u64,
     done: oneshot::Sender<Result<(), PublishError>>,
 }
 
-enum Command {
-    Send(Box<Pending>),
+enum Command<E> {
+    Send(Box<Pending<E>>),
     Flush(oneshot::Sender<()>),
 }
 
-/// A group whose message failed: its later messages that were handed over before the failure
-/// was reported fail too, with the same kind, so that none of them reaches the queue ahead of
-/// the failed one's retry (the relay pipelines a FIFO destination's aggregates).
+/// A key whose entry failed: its later entries that were handed over before the failure was
+/// reported fail too, with the same kind, so that none of them reaches the service ahead of
+/// the failed one's retry (the relay pipelines the aggregates of a destination that keeps key
+/// order).
 struct Failed {
     seq: i64,
     until_index: u64,
     kind: ErrorKind,
 }
 
-/// The sender: `send` queues a message; one task sends the queue in calls of up to
-/// [`MAX_BATCH`] entries (and at most `max_bytes` in all), one call at a time, so that what
-/// queues up during a call goes in the next. For a FIFO destination a call carries at most
-/// one message of each group, and a failed message fails its group's messages queued behind
-/// it (see [`Failed`]), so one aggregate's messages reach the queue in the order sent.
-pub(crate) struct Sender {
-    tx: mpsc::UnboundedSender<Command>,
+/// The sender: `send` queues an entry; one task sends the queue in calls within [`Limits`],
+/// one call at a time, so that what queues up during a call goes in the next. A call carries
+/// at most one entry of each key ([`Entry::key`]), and a failed entry fails its key's entries
+/// queued behind it (see [`Failed`]), so one aggregate's entries reach the service in the
+/// order sent.
+pub(crate) struct Sender<E> {
+    tx: mpsc::UnboundedSender<Command<E>>,
     handed: Arc<AtomicU64>,
 }
 
-impl Sender {
-    pub(crate) fn spawn(backend: impl SendBatch, fifo: bool, max_bytes: usize) -> Self {
+impl<E: Entry> Sender<E> {
+    pub(crate) fn spawn(backend: impl SendBatch<Entry = E>, limits: Limits) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let handed = Arc::new(AtomicU64::new(0));
-        tokio::spawn(run(backend, rx, fifo, max_bytes, handed.clone()));
+        tokio::spawn(run(backend, rx, limits, handed.clone()));
         Self { tx, handed }
     }
 
-    pub(crate) fn send(&self, m: &Message, prepared: Prepared) -> Result<Ack, PublishError> {
+    pub(crate) fn send(&self, m: &Message, prepared: E) -> Result<Ack, PublishError> {
         let (done, rx) = oneshot::channel();
         let pending = Pending {
-            group: prepared.group_id.clone(),
             prepared,
             seq: m.seq,
             index: self.handed.fetch_add(1, Ordering::SeqCst),
@@ -99,14 +117,13 @@ fn copy_error(e: &PublishError) -> PublishError {
     PublishError::new(e.kind(), e.chain())
 }
 
-async fn run(
-    backend: impl SendBatch,
-    mut rx: mpsc::UnboundedReceiver<Command>,
-    fifo: bool,
-    max_bytes: usize,
+async fn run<B: SendBatch>(
+    backend: B,
+    mut rx: mpsc::UnboundedReceiver<Command<B::Entry>>,
+    limits: Limits,
     handed: Arc<AtomicU64>,
 ) {
-    let mut queue: VecDeque<Box<Pending>> = VecDeque::new();
+    let mut queue: VecDeque<Box<Pending<B::Entry>>> = VecDeque::new();
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     let mut failed: HashMap<String, Failed> = HashMap::new();
     let mut open = true;
@@ -139,12 +156,12 @@ async fn run(
             }
         }
         // Pick the batch, front to back.
-        let mut batch: Vec<Box<Pending>> = Vec::new();
+        let mut batch: Vec<Box<Pending<B::Entry>>> = Vec::new();
         let mut bytes = 0;
         let mut rest = VecDeque::with_capacity(queue.len());
-        let mut taken_groups: Vec<String> = Vec::new();
+        let mut taken_keys: HashSet<String> = HashSet::new();
         while let Some(p) = queue.pop_front() {
-            if let Some(g) = &p.group {
+            if let Some(g) = p.prepared.key() {
                 if let Some(f) = failed.get(g) {
                     if p.index >= f.until_index {
                         failed.remove(g);
@@ -152,7 +169,7 @@ async fn run(
                         let e = PublishError::new(
                             f.kind,
                             format!(
-                                "not sent: an earlier message of group {g:?} (seq {}) failed, and this one must not overtake it",
+                                "not sent: an earlier message of key {g:?} (seq {}) failed, and this one must not overtake it",
                                 f.seq
                             ),
                         );
@@ -161,32 +178,28 @@ async fn run(
                     }
                 }
             }
-            if batch.len() == MAX_BATCH || bytes + p.prepared.size > max_bytes {
+            let size = p.prepared.size();
+            if !batch.is_empty() && (batch.len() == limits.entries || bytes + size > limits.bytes) {
                 // Full: this one and all behind it wait for the next call.
                 rest.push_back(p);
                 rest.extend(queue.drain(..));
                 break;
             }
-            // A FIFO group already in this call waits for the next.
-            if fifo
-                && p.group
-                    .as_ref()
-                    .is_some_and(|g| taken_groups.iter().any(|t| t == g))
-            {
-                rest.push_back(p);
-                continue;
+            // A key already in this call waits for the next.
+            if let Some(g) = p.prepared.key() {
+                if !taken_keys.insert(g.to_string()) {
+                    rest.push_back(p);
+                    continue;
+                }
             }
-            bytes += p.prepared.size;
-            if let Some(g) = &p.group {
-                taken_groups.push(g.clone());
-            }
+            bytes += size;
             batch.push(p);
         }
         queue = rest;
         if batch.is_empty() {
             continue;
         }
-        let entries: Vec<Prepared> = batch.iter().map(|p| p.prepared.clone()).collect();
+        let entries: Vec<B::Entry> = batch.iter().map(|p| p.prepared.clone()).collect();
         let results = match backend.send_batch(&entries).await {
             Ok(results) => results.into_iter().map(Some).collect::<Vec<_>>(),
             // One entry can make the whole call invalid: each alone then, so that only the
@@ -221,9 +234,9 @@ async fn run(
                     "the service's answer did not mention this message",
                 ))
             });
-            if let (Err(e), Some(g), true) = (&result, &p.group, fifo) {
+            if let (Err(e), Some(g)) = (&result, p.prepared.key()) {
                 if !e.is_permanent() {
-                    failed.entry(g.clone()).or_insert(Failed {
+                    failed.entry(g.to_string()).or_insert(Failed {
                         seq: p.seq,
                         until_index,
                         kind: e.kind(),
@@ -237,6 +250,7 @@ async fn run(
 
 /// The results of a batch call, one per entry in order, from the ids (`0`..`n`) of the
 /// successful and the failed entries; an entry named by neither is an error.
+#[cfg(any(feature = "sqs", feature = "sns"))]
 pub(crate) fn settle(
     n: usize,
     successful: impl IntoIterator<Item = String>,
@@ -271,15 +285,34 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::publish::aws::message::prepare;
-    use crate::publish::aws::message::tests::message;
-    use crate::publish::aws::DEFAULT_MAX_MESSAGE_BYTES;
+
+    const LIMITS: Limits = Limits {
+        entries: 10,
+        bytes: 1024,
+    };
+
+    /// An entry as any service's: a body, and a key when the order is kept.
+    #[derive(Debug, Clone)]
+    struct Prepared {
+        body: String,
+        key: Option<String>,
+    }
+
+    impl Entry for Prepared {
+        fn key(&self) -> Option<&str> {
+            self.key.as_deref()
+        }
+        fn size(&self) -> usize {
+            self.body.len()
+        }
+    }
 
     /// A backend that fails the entries whose body is `fail` and records what it was sent.
     struct Scripted(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
 
     #[async_trait::async_trait]
     impl SendBatch for Scripted {
+        type Entry = Prepared;
         async fn send_batch(&self, entries: &[Prepared]) -> Results {
             self.0
                 .lock()
@@ -304,6 +337,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl SendBatch for WholeCall {
+        type Entry = Prepared;
         async fn send_batch(&self, entries: &[Prepared]) -> Results {
             *self.0.lock().unwrap() += 1;
             if entries.iter().any(|e| e.body == "bad") {
@@ -318,10 +352,10 @@ mod tests {
     #[tokio::test]
     async fn a_call_refused_for_good_is_split() {
         let calls = Arc::new(std::sync::Mutex::new(0));
-        let s = Sender::spawn(WholeCall(calls.clone()), false, DEFAULT_MAX_MESSAGE_BYTES);
+        let s = Sender::spawn(WholeCall(calls.clone()), LIMITS);
         let mut acks = Vec::new();
         for body in ["a", "bad", "c"] {
-            let (m, p) = entry(body, "g", 1);
+            let (m, p) = entry(body, "g", 1, false);
             acks.push(s.send(&m, p).unwrap());
         }
         let mut results = Vec::new();
@@ -334,21 +368,24 @@ mod tests {
         assert!(*calls.lock().unwrap() >= 2);
     }
 
-    fn entry(body: &str, group: &str, seq: i64) -> (Message, Prepared) {
-        let mut m = message(&[]);
+    fn entry(body: &str, key: &str, seq: i64, keyed: bool) -> (Message, Prepared) {
+        let mut m = crate::publish::forward::tests::message();
         m.seq = seq;
-        m.aggregate_id = group.into();
-        m.body = body.as_bytes().to_vec();
-        let p = prepare(&m, None, true, DEFAULT_MAX_MESSAGE_BYTES, "q").unwrap();
+        m.aggregate_id = key.into();
+        let p = Prepared {
+            body: body.into(),
+            key: keyed.then(|| key.to_string()),
+        };
         (m, p)
     }
 
-    /// A FIFO call carries one message per group; a failed message fails the messages of its
-    /// group handed over before the failure was known, and only those.
+    /// A call carries one entry per key (an SQS FIFO group, a Kinesis partition key); a failed
+    /// entry fails the entries of its key handed over before the failure was known, and only
+    /// those.
     #[tokio::test]
-    async fn fifo_batches_keep_each_group_in_order() {
+    async fn keyed_batches_keep_each_key_in_order() {
         let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let s = Sender::spawn(Scripted(calls.clone()), true, DEFAULT_MAX_MESSAGE_BYTES);
+        let s = Sender::spawn(Scripted(calls.clone()), LIMITS);
         let mut acks = Vec::new();
         for (body, group, seq) in [
             ("a1", "a", 1),
@@ -358,7 +395,7 @@ mod tests {
             ("a3", "a", 5),
             ("b3", "b", 6),
         ] {
-            let (m, p) = entry(body, group, seq);
+            let (m, p) = entry(body, group, seq, true);
             acks.push((body, s.send(&m, p).unwrap()));
         }
         let mut results = BTreeMap::new();
@@ -389,10 +426,43 @@ mod tests {
         );
         // The retry (handed over after the failure was reported) goes through, and so does
         // what follows it.
-        let (m, p) = entry("b2", "b", 4);
+        let (m, p) = entry("b2", "b", 4, true);
         s.send(&m, p).unwrap().await.unwrap();
-        let (m, p) = entry("b3", "b", 6);
+        let (m, p) = entry("b3", "b", 6, true);
         s.send(&m, p).unwrap().await.unwrap();
         s.flush().await;
+    }
+
+    /// Calls stay within the limits of entries and bytes, and an entry larger than the byte
+    /// limit (a Kinesis record may be) goes alone rather than never.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_keep_to_the_limits() {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = Sender::spawn(Scripted(calls.clone()), LIMITS);
+        let mut acks = Vec::new();
+        for n in 0..25 {
+            let body = if n == 12 {
+                "x".repeat(2000)
+            } else {
+                format!("{n:0>100}")
+            };
+            let (m, p) = entry(&body, &format!("k{n}"), n, true);
+            acks.push(s.send(&m, p).unwrap());
+        }
+        for a in acks {
+            a.await.unwrap();
+        }
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 25);
+        for call in &calls {
+            let bytes: usize = call.iter().map(String::len).sum();
+            assert!(call.len() <= LIMITS.entries, "{} entries", call.len());
+            assert!(
+                bytes <= LIMITS.bytes || call.len() == 1,
+                "{bytes} bytes in {} entries",
+                call.len()
+            );
+        }
+        assert!(calls.iter().any(|c| c.len() == 1 && c[0].len() == 2000));
     }
 }

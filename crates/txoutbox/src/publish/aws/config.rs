@@ -1,4 +1,4 @@
-//! The URL's settings that both publishers share, and the SDK configuration they make.
+//! The URL's settings that the AWS publishers share, and the SDK configuration they make.
 
 use std::time::Duration;
 
@@ -6,7 +6,7 @@ use crate::publish::cloudevents::CloudEvents;
 use crate::publish::url::PublisherUrl;
 use crate::publish::ConfigError;
 
-/// The URL parameters both publishers take (the CloudEvents ones included).
+/// The URL parameters the SQS and SNS publishers take (the CloudEvents ones included).
 pub(crate) const PARAMS: &[&str] = &[
     "region",
     "endpoint",
@@ -23,7 +23,21 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// SQS's current limit, the largest `max_message_bytes` accepted.
 pub const LIMIT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
-/// The settings of the URL that both publishers share.
+/// How large one message may be: by default, and at most (`max_message_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SizeLimit {
+    pub default: usize,
+    pub max: usize,
+}
+
+/// SQS's and SNS's [`SizeLimit`].
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub(crate) const MESSAGE_SIZE: SizeLimit = SizeLimit {
+    default: DEFAULT_MAX_MESSAGE_BYTES,
+    max: LIMIT_MAX_MESSAGE_BYTES,
+};
+
+/// The settings of the URL that the AWS publishers share.
 #[derive(Debug, Clone)]
 pub(crate) struct Common {
     pub region: Option<String>,
@@ -34,7 +48,8 @@ pub(crate) struct Common {
 }
 
 impl Common {
-    pub(crate) fn from_url(url: &PublisherUrl) -> Result<Self, ConfigError> {
+    /// The settings of `url`; `max_message_bytes` within `size`.
+    pub(crate) fn from_url(url: &PublisherUrl, size: SizeLimit) -> Result<Self, ConfigError> {
         let region = url.param("region").map(str::to_string);
         if let Some(r) = &region {
             if r.is_empty()
@@ -65,11 +80,11 @@ impl Common {
             }
         };
         let timeout = url.duration_param("timeout", Duration::from_secs(10))?;
-        let max_message_bytes = url.parse_param("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)?;
-        if !(1024..=LIMIT_MAX_MESSAGE_BYTES).contains(&max_message_bytes) {
+        let max_message_bytes = url.parse_param("max_message_bytes", size.default)?;
+        if !(1024..=size.max).contains(&max_message_bytes) {
             return Err(ConfigError::BadParam {
                 name: "max_message_bytes".into(),
-                reason: format!("{max_message_bytes}: must be 1024 to {LIMIT_MAX_MESSAGE_BYTES}"),
+                reason: format!("{max_message_bytes}: must be 1024 to {}", size.max),
             });
         }
         Ok(Self {

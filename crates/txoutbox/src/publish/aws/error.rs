@@ -4,6 +4,7 @@
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
+#[cfg(any(feature = "sqs", feature = "sns"))]
 use super::Prepared;
 use crate::publish::PublishError;
 
@@ -22,6 +23,8 @@ fn is_throttling(code: &str) -> bool {
             | "KMSThrottling"
             | "KMSThrottlingException"
             | "SlowDown"
+            | "ProvisionedThroughputExceededException"
+            | "LimitExceededException"
     ) || code.ends_with("OverLimit")
         || code == "AWS.SimpleQueueService.RequestThrottled"
 }
@@ -41,6 +44,7 @@ fn is_permanent_entry(code: &str) -> bool {
             | "MessageTooLong"
             | "ValidationError"
             | "ValidationException"
+            | "InvalidArgumentException"
             | "AWS.SimpleQueueService.InvalidMessageContents"
     )
 }
@@ -70,6 +74,12 @@ fn is_setup_error(code: &str) -> bool {
             | "KMSDisabled"
             | "KMSNotFound"
             | "KMSInvalidState"
+            | "KMSAccessDeniedException"
+            | "KMSDisabledException"
+            | "KMSNotFoundException"
+            | "KMSInvalidStateException"
+            | "KMSOptInRequired"
+            | "ResourceNotFoundException"
             | "OptInRequired"
             | "InvalidAction"
     )
@@ -182,6 +192,7 @@ fn messages(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// One failed entry of a batch call (its id is its index in `entries`): the id, and its error
 /// naming the event.
+#[cfg(any(feature = "sqs", feature = "sns"))]
 pub(crate) fn failed_entry(
     entries: &[Prepared],
     what: &str,
@@ -281,6 +292,23 @@ mod tests {
         );
         assert_eq!(
             entry_error("x", "KMSAccessDenied", None, true).kind(),
+            ErrorKind::Unavailable
+        );
+        // Kinesis's per-record codes, and what a whole call may say.
+        assert_eq!(
+            entry_error("x", "ProvisionedThroughputExceededException", None, false).kind(),
+            ErrorKind::Transient
+        );
+        assert_eq!(
+            entry_error("x", "InternalFailure", None, false).kind(),
+            ErrorKind::Transient
+        );
+        assert_eq!(
+            entry_error("x", "ResourceNotFoundException", None, true).kind(),
+            ErrorKind::Unavailable
+        );
+        assert_eq!(
+            entry_error("x", "KMSDisabledException", None, true).kind(),
             ErrorKind::Unavailable
         );
     }

@@ -39,6 +39,15 @@ pub struct Prepared {
     pub size: usize,
 }
 
+impl super::batch::Entry for Prepared {
+    fn key(&self) -> Option<&str> {
+        self.group_id.as_deref()
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
 /// Is `name` a valid message attribute name (SQS's and SNS's rule): 1 to 256 of ASCII
 /// letters, digits, `_`, `-` and `.`; not starting with `AWS.` or `Amazon.` (any case), not
 /// starting or ending with `.`, no `..`.
@@ -121,13 +130,7 @@ pub fn group_id(aggregate_id: &str) -> String {
     let ok = !aggregate_id.is_empty()
         && aggregate_id.len() <= MAX_GROUP_ID
         && aggregate_id.bytes().all(|b| b.is_ascii_graphic());
-    if ok {
-        return aggregate_id.to_string();
-    }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(aggregate_id.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256-{hex}")
+    super::key_or_digest(aggregate_id, ok)
 }
 
 /// The message body as the services take it (text), and whether it is base64: the body as it

@@ -1,7 +1,7 @@
 //! The publisher both services share: it prepares each message, and its [`Sender`] sends them
 //! in batches to one queue or topic through the service's own SDK ([`Service`]).
 
-use super::batch::{Results, SendBatch, Sender};
+use super::batch::{Limits, Results, SendBatch, Sender, MAX_BATCH};
 use super::config::Common;
 use super::message::{prepare, Prepared};
 use crate::publish::cloudevents::CloudEvents;
@@ -33,7 +33,7 @@ pub struct Destination<S> {
     fifo: bool,
     cloudevents: Option<CloudEvents>,
     max_message_bytes: usize,
-    sender: Sender,
+    sender: Sender<Prepared>,
 }
 
 impl<S: Service> std::fmt::Debug for Destination<S> {
@@ -55,6 +55,7 @@ struct Bound<S> {
 
 #[async_trait::async_trait]
 impl<S: Service> SendBatch for Bound<S> {
+    type Entry = Prepared;
     async fn send_batch(&self, entries: &[Prepared]) -> Results {
         self.service
             .send_batch(&self.target, &self.name, entries)
@@ -80,7 +81,13 @@ impl<S: Service> Destination<S> {
             name: name.clone(),
         };
         let destination = Self {
-            sender: Sender::spawn(bound, fifo, common.max_message_bytes),
+            sender: Sender::spawn(
+                bound,
+                Limits {
+                    entries: MAX_BATCH,
+                    bytes: common.max_message_bytes,
+                },
+            ),
             what,
             service,
             target,

@@ -71,7 +71,7 @@ impl SnsPublisher {
     /// Check the URL, load the SDK configuration and check the topic (`GetTopicAttributes`).
     pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
         url.only_params(aws::PARAMS)?;
-        let common = Common::from_url(url)?;
+        let common = Common::from_url(url, aws::MESSAGE_SIZE)?;
         let path = url.url().path();
         let topic = parse_arn(path).map_err(|reason| ConfigError::BadUrl {
             url: url.redacted(),

@@ -156,7 +156,7 @@ impl SqsPublisher {
     /// name, `GetQueueAttributes` for a URL).
     pub async fn connect(url: &PublisherUrl) -> Result<Self, ConnectError> {
         url.only_params(aws::PARAMS)?;
-        let common = Common::from_url(url)?;
+        let common = Common::from_url(url, aws::MESSAGE_SIZE)?;
         let target = target(url, common.endpoint.as_deref())?;
         let derived_region = match &target {
             Target::Url { region, .. } => region.clone(),
