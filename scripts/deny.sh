@@ -16,8 +16,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $VERSION" ]; then
   echo "deny: installing cargo-deny $VERSION with cargo" >&2
   # cargo-deny has no optional features to leave out. Its release profile asks for fat LTO in
-  # one codegen unit, which makes the build several times slower for a tool whose check takes
-  # seconds: build it with cargo's usual release settings instead.
+  # one codegen unit: the same CPU time here (3.6 vs 3.8 CPU minutes), but its last and
+  # largest crate then compiles on one core. Cargo's usual release settings let it use both.
   CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
     cargo install --locked "cargo-deny@$VERSION"
 fi
