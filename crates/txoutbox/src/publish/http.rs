@@ -160,14 +160,15 @@ impl HttpPublisher {
         if secret.is_none() {
             tracing::warn!(endpoint = %shown, "no webhook secret ({SECRET_ENV} or secret_file): requests are not signed");
         }
-        let mut builder = reqwest::Client::builder()
+        let tls = TlsFiles::from_url(url, url.scheme() == "https", "https://")?;
+        let builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")));
-        if let Some(tls) = TlsFiles::from_url(url, url.scheme() == "https", "https://")? {
-            builder = tls_options(builder, &tls)?;
-        }
+            .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")))
+            // Always ours, also for `http://`: reqwest is built without a crypto provider of
+            // its own and would otherwise look for the process's default.
+            .tls_backend_preconfigured(tls_config(tls.as_ref())?);
         let client = builder.build().map_err(|e| {
             PublishError::unavailable("cannot build the HTTP client").with_source(e)
         })?;
@@ -233,36 +234,61 @@ impl HttpPublisher {
     }
 }
 
-/// The URL without txoutbox's own parameters (the others keep their order).
-/// `tls_ca` replaces the built-in roots; `tls_cert` + `tls_key` become the client identity.
-fn tls_options(
-    mut builder: reqwest::ClientBuilder,
-    tls: &TlsFiles,
-) -> Result<reqwest::ClientBuilder, ConfigError> {
-    // reqwest's messages about a bad PEM do not quote it; keep them anyway out of caution.
+/// The client's TLS, with ring: the roots are `tls_ca`'s certificates if given, else the
+/// Mozilla roots built in (webpki-roots); `tls_cert` + `tls_key` become the client identity.
+fn tls_config(tls: Option<&TlsFiles>) -> Result<rustls::ClientConfig, ConnectError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    // The errors name the parameter, never the content.
     let bad = |name: &str, what: &str| ConfigError::BadParam {
         name: name.into(),
         reason: format!("not a usable {what}"),
     };
-    if let Some(ca) = &tls.ca {
-        let certs = reqwest::Certificate::from_pem_bundle(ca)
-            .map_err(|_| bad("tls_ca", "PEM certificate bundle"))?;
-        builder = builder.tls_built_in_root_certs(false);
-        for cert in certs {
-            builder = builder.add_root_certificate(cert);
+    let mut roots = rustls::RootCertStore::empty();
+    match tls.and_then(|t| t.ca.as_deref()) {
+        Some(ca) => {
+            let certs = CertificateDer::pem_slice_iter(ca)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| bad("tls_ca", "PEM certificate bundle"))?;
+            if certs.is_empty() {
+                return Err(bad("tls_ca", "PEM certificate bundle (no certificate in it)").into());
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|_| bad("tls_ca", "PEM certificate bundle"))?;
+            }
         }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
-    if let Some((cert, key)) = &tls.client {
-        let mut pem = cert.clone();
-        pem.push(b'\n');
-        pem.extend_from_slice(key);
-        let identity = reqwest::Identity::from_pem(&pem)
-            .map_err(|_| bad("tls_cert", "PEM certificate and key (tls_cert, tls_key)"))?;
-        builder = builder.identity(identity);
-    }
-    Ok(builder)
+    // ring, named here: the process may hold more than one rustls provider, and then none is
+    // the default.
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| {
+            PublishError::unavailable("cannot set up the HTTP client's TLS").with_source(e)
+        })?
+        .with_root_certificates(roots);
+    let mut config = match tls.and_then(|t| t.client.as_ref()) {
+        Some((cert, key)) => {
+            let pair = "PEM certificate and key (tls_cert, tls_key)";
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| bad("tls_cert", pair))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| bad("tls_key", pair))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|_| bad("tls_cert", pair))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    // HTTP/1.1 only (reqwest is built without HTTP/2), as reqwest asks for it itself.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
 }
 
+/// The URL without txoutbox's own parameters (the others keep their order).
 fn endpoint(u: &url::Url) -> url::Url {
     let kept: Vec<(String, String)> = u
         .query_pairs()
