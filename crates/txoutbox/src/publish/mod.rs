@@ -79,7 +79,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-pub use crate::redact::{is_secret_name, redact_secrets, redact_url};
 pub use deferred::Deferred;
 pub use faulty::FaultyPublisher;
 pub use forward::Forward;
