@@ -16,11 +16,19 @@ async fn http_json(port: u16, path: &str) -> Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// The admin listener up and its outbox connected (the listener starts before the database
+/// answers, and says so on `/readyz` meanwhile).
 async fn wait_listening(port: u16) {
-    wait_until(60, "the admin listener", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
+    wait_until(60, "the admin listener, its outbox connected", || async move {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
-            .is_ok()
+            .is_err()
+        {
+            return false;
+        }
+        let (_, body) = http(port, "GET", "/readyz", None, "").await;
+        serde_json::from_str::<serde_json::Value>(&body)
+            .is_ok_and(|v| v["database"] == "ok")
     })
     .await;
 }
