@@ -1,9 +1,11 @@
 //! One file per subcommand.
 
+pub mod completions;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
 pub mod events;
+pub mod man;
 pub mod many;
 pub mod migrate;
 pub mod relay;
