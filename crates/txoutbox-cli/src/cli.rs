@@ -237,8 +237,6 @@ pub struct RelayArgs {
     /// The config file's `[[route]]` entries, in order (not a flag: routes live in the file).
     #[arg(skip)]
     pub routes: Vec<crate::config::RouteSpec>,
-    #[command(flatten)]
-    pub tuning: RelayTuning,
     /// Where committed events come from: `table` claims rows of the outbox table (every
     /// database); `wal` reads them from PostgreSQL's logical replication slot in commit order
     /// (PostgreSQL 15+, wal_level = logical, a role with REPLICATION; see docs/wal.md)
@@ -248,6 +246,8 @@ pub struct RelayArgs {
     /// a-z, 0-9, _) [default: txoutbox_<database>_<schema>_<table>]
     #[arg(long, help_heading = "Source", env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
     pub slot: Option<String>,
+    #[command(flatten)]
+    pub tuning: RelayTuning,
     /// Exit 0 once nothing is pending or leased
     #[arg(long, env = "TXOUTBOX_DRAIN")]
     pub drain: bool,
