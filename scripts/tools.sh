@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the tools the tests need besides the services: headless Chromium and its WebDriver
-# (the dashboard's browser test), promtool (the alert rules check) and python3's venv (the
-# official clients of scripts/clients.sh), from Debian packages,
+# (the dashboard's browser test), promtool (the alert rules check and the /metrics
+# exposition), groff (the man pages render) and python3's venv (the official clients of
+# scripts/clients.sh), from Debian packages,
 # only when they are missing. Safe to run again.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v promtool >/dev/null || missing+=(prometheus)
+command -v groff >/dev/null || missing+=(groff-base)
 # python3's venv, for the official clients of scripts/clients.sh.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -eq 0 ]; then

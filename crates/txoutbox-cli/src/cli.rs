@@ -58,7 +58,7 @@ static DEFAULTS: LazyLock<Defaults> = LazyLock::new(|| {
 #[derive(Debug, Parser)]
 #[command(
     name = "txoutbox",
-    version,
+    version = crate::version::LONG,
     propagate_version = true,
     max_term_width = 100
 )]
@@ -74,12 +74,19 @@ pub struct Global {
     /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app,
     /// mysql://user@127.0.0.1:3306/app (MySQL 8, MariaDB 10.6+) or sqlite://path/to/outbox.db
     /// (created if missing; one relay per file)
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    #[arg(
+        long,
+        help_heading = "Database",
+        env = "DATABASE_URL",
+        global = true,
+        hide_env_values = true
+    )]
     pub database_url: Option<String>,
     /// File holding the database URL (e.g. a Docker or Kubernetes secret); a trailing
     /// newline is ignored. Instead of --database-url
     #[arg(
         long,
+        help_heading = "Database",
         env = "DATABASE_URL_FILE",
         global = true,
         value_name = "PATH",
@@ -89,6 +96,7 @@ pub struct Global {
     /// Schema of the outbox table (MySQL: a database, `public` = the URL's; SQLite: only `public`)
     #[arg(
         long,
+        help_heading = "Database",
         env = "TXOUTBOX_SCHEMA",
         global = true,
         default_value = DEFAULTS.schema.as_str(),
@@ -98,6 +106,7 @@ pub struct Global {
     /// Name of the outbox table
     #[arg(
         long,
+        help_heading = "Database",
         env = "TXOUTBOX_TABLE",
         global = true,
         default_value = DEFAULTS.table.as_str(),
@@ -159,6 +168,12 @@ pub enum Command {
     /// rolled back), the relay, and a check that exactly the committed events were delivered.
     /// Without --database-url it runs on an SQLite file in the temporary directory
     Demo(DemoArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell (e.g.
+    /// `txoutbox completions bash > /usr/share/bash-completion/completions/txoutbox`)
+    Completions(crate::cmd::completions::CompletionsArgs),
+    /// Print the man page (roff; `txoutbox man | man -l -`), or write a page for every command
+    /// into a directory with --dir
+    Man(crate::cmd::man::ManArgs),
     /// Check a configuration before running it: `txoutbox [--config FILE] config check
     /// [RELAY OPTIONS]`
     #[command(subcommand)]
@@ -225,12 +240,18 @@ pub struct RelayArgs {
     /// their own; the TLS forms tls://, amqps://,
     /// rediss://, mqtts://, kafkas://, https:// take tls_ca, tls_cert and tls_key parameters;
     /// sqs://, sns:// and kinesis:// take their credentials from the standard AWS chain)
-    #[arg(long, env = "TXOUTBOX_PUBLISHER", hide_env_values = true)]
+    #[arg(
+        long,
+        help_heading = "Publisher",
+        env = "TXOUTBOX_PUBLISHER",
+        hide_env_values = true
+    )]
     pub publisher: Option<String>,
     /// File holding the publisher URL (when it carries a password); a trailing newline is
     /// ignored. Instead of --publisher
     #[arg(
         long,
+        help_heading = "Publisher",
         env = "TXOUTBOX_PUBLISHER_FILE",
         value_name = "PATH",
         conflicts_with = "publisher"
@@ -239,17 +260,17 @@ pub struct RelayArgs {
     /// The config file's `[[route]]` entries, in order (not a flag: routes live in the file).
     #[arg(skip)]
     pub routes: Vec<crate::config::RouteSpec>,
-    #[command(flatten)]
-    pub tuning: RelayTuning,
     /// Where committed events come from: `table` claims rows of the outbox table (every
     /// database); `wal` reads them from PostgreSQL's logical replication slot in commit order
     /// (PostgreSQL 15+, wal_level = logical, a role with REPLICATION; see docs/wal.md)
-    #[arg(long, env = "TXOUTBOX_SOURCE", value_enum, default_value_t = DEFAULTS.relay.source)]
+    #[arg(long, help_heading = "Source", env = "TXOUTBOX_SOURCE", value_enum, default_value_t = DEFAULTS.relay.source)]
     pub source: Source,
     /// With --source wal: the replication slot to read, created when missing (1 to 63 of
     /// a-z, 0-9, _) [default: txoutbox_<database>_<schema>_<table>]
-    #[arg(long, env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
+    #[arg(long, help_heading = "Source", env = "TXOUTBOX_SLOT", value_name = "NAME", value_parser = parse_slot)]
     pub slot: Option<String>,
+    #[command(flatten)]
+    pub tuning: RelayTuning,
     /// Exit 0 once nothing is pending or leased
     #[arg(long, env = "TXOUTBOX_DRAIN")]
     pub drain: bool,
@@ -263,16 +284,22 @@ pub struct OpsArgs {
     /// Address of the admin listener (metrics, health, API, dashboard), or `off`
     /// [default: 127.0.0.1:8720, skipped with a warning when that port is taken]. A
     /// non-loopback address needs --admin-token
-    #[arg(long, env = "TXOUTBOX_ADMIN_ADDR")]
+    #[arg(long, help_heading = "Admin", env = "TXOUTBOX_ADMIN_ADDR")]
     pub admin_addr: Option<String>,
     /// Bearer token for the admin API's mutating calls (retry, discard), and for every
     /// /api/ call when --admin-addr is not a loopback address
-    #[arg(long, env = "TXOUTBOX_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        help_heading = "Admin",
+        env = "TXOUTBOX_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     pub admin_token: Option<String>,
     /// File holding the admin token; a trailing newline is ignored. Instead of
     /// --admin-token
     #[arg(
         long,
+        help_heading = "Admin",
         env = "TXOUTBOX_ADMIN_TOKEN_FILE",
         value_name = "PATH",
         conflicts_with = "admin_token"
@@ -281,14 +308,14 @@ pub struct OpsArgs {
     /// How often the database-backed gauges (pending, leased, dead, oldest), the
     /// dashboard's history and the counts of /api/v1/status are refreshed, and, while events
     /// wait, how often the relay logs its progress (100ms to 1h)
-    #[arg(long, env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = within(DurationRange::METRICS_INTERVAL))]
+    #[arg(long, help_heading = "Admin", env = "TXOUTBOX_METRICS_INTERVAL", default_value = "5s", value_parser = within(DurationRange::METRICS_INTERVAL))]
     pub metrics_interval: Duration,
     /// How often the retention purge looks for published events older than --retention-period
     /// (100ms to 1d)
-    #[arg(long, env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = within(DurationRange::RETENTION_INTERVAL))]
+    #[arg(long, help_heading = "Retention", env = "TXOUTBOX_RETENTION_INTERVAL", default_value = DEFAULTS.retention_interval.as_str(), value_parser = within(DurationRange::RETENTION_INTERVAL))]
     pub retention_interval: Duration,
     /// Rows deleted per purge statement
-    #[arg(long, env = "TXOUTBOX_RETENTION_BATCH", default_value_t = DEFAULTS.purger.batch, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    #[arg(long, help_heading = "Retention", env = "TXOUTBOX_RETENTION_BATCH", default_value_t = DEFAULTS.purger.batch, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub retention_batch: i64,
 }
 
@@ -296,59 +323,60 @@ pub struct OpsArgs {
 #[derive(Debug, Args, Clone)]
 pub struct RelayTuning {
     /// Events claimed per batch (1 to 100000)
-    #[arg(long, env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size, value_parser = count::<usize>(1, 100_000))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_BATCH_SIZE", default_value_t = DEFAULTS.relay.batch_size, value_parser = count::<usize>(1, 100_000))]
     pub batch_size: usize,
     /// Messages awaiting broker acknowledgement at once, at most (1 to 1000000)
-    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight, value_parser = count::<usize>(1, 1_000_000))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_MAX_IN_FLIGHT", default_value_t = DEFAULTS.relay.max_in_flight, value_parser = count::<usize>(1, 1_000_000))]
     pub max_in_flight: usize,
     /// Payload bytes one batch claims, at most: a batch stops before the event that would
     /// pass it, and an event larger goes alone (e.g. 16MiB, 512KiB; 1KiB to 4GiB)
-    #[arg(long, env = "TXOUTBOX_MAX_BATCH_BYTES", default_value = "16MiB", value_parser = parse_bytes)]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_MAX_BATCH_BYTES", default_value = "16MiB", value_parser = parse_bytes)]
     pub max_batch_bytes: u64,
     /// Payload bytes of the batches in flight, at most: no batch is claimed while those in
     /// flight hold this much. With --max-event-bytes it bounds the relay's memory, whatever
     /// the rows hold (1KiB to 4GiB, at least --max-batch-bytes)
-    #[arg(long, env = "TXOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
     pub max_in_flight_bytes: u64,
     /// An event whose payload is larger is never read: it is dead-lettered at once, its size
     /// in the error. Raise it for a broker that takes more (1KiB to 4GiB)
-    #[arg(long, env = "TXOUTBOX_MAX_EVENT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_MAX_EVENT_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
     pub max_event_bytes: u64,
     /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
-    #[arg(long, env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
     pub poll_interval: Duration,
     /// How long a claim holds its events; a dead relay's events return after this (1s to 1d)
-    #[arg(long, env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
     pub lease: Duration,
     /// Failed attempts before an event is dead-lettered (1 to 1000000)
-    #[arg(long, env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts, value_parser = count::<u32>(1, 1_000_000))]
+    #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_MAX_ATTEMPTS", default_value_t = DEFAULTS.relay.max_attempts, value_parser = count::<u32>(1, 1_000_000))]
     pub max_attempts: u32,
     /// First retry delay (doubles per attempt, with jitter; 1ms to 1d)
-    #[arg(long, env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = within(DurationRange::BACKOFF))]
+    #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_BACKOFF_BASE", default_value = DEFAULTS.backoff_base.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_base: Duration,
     /// Longest retry delay (1ms to 1d)
-    #[arg(long, env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = within(DurationRange::BACKOFF))]
+    #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_BACKOFF_MAX", default_value = DEFAULTS.backoff_max.as_str(), value_parser = within(DurationRange::BACKOFF))]
     pub backoff_max: Duration,
     /// On shutdown, how long to wait for in-flight acknowledgements (0s to 1h)
-    #[arg(long, env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = within(DurationRange::SHUTDOWN_TIMEOUT))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_SHUTDOWN_TIMEOUT", default_value = DEFAULTS.shutdown_timeout.as_str(), value_parser = within(DurationRange::SHUTDOWN_TIMEOUT))]
     pub shutdown_timeout: Duration,
     /// Keep published events this long (e.g. 7d, 12h), then delete them in batches;
     /// 0 deletes each event as soon as it is published (at most 36500d). Dead letters are
     /// always kept
     /// [default: 7d; 0 with --source wal, whose drain an UPDATE per kept row slows: docs/wal.md]
-    #[arg(long, env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = within(DurationRange::RETENTION_PERIOD))]
+    #[arg(long, help_heading = "Retention", env = "TXOUTBOX_RETENTION_PERIOD", value_name = "RETENTION_PERIOD", value_parser = within(DurationRange::RETENTION_PERIOD))]
     pub retention_period: Option<Duration>,
     /// This relay's name in locked_by (default host:pid:random)
-    #[arg(long, env = "TXOUTBOX_RELAY_ID")]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_RELAY_ID")]
     pub relay_id: Option<String>,
     /// Whether each aggregate's events keep their order, also with many relays (they share the
     /// aggregate-hash partitions). All relays of one table must use the same mode
-    #[arg(long, env = "TXOUTBOX_MODE", value_enum, default_value_t = DEFAULTS.relay.mode())]
+    #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_MODE", value_enum, default_value_t = DEFAULTS.relay.mode())]
     pub mode: Mode,
     /// Ordered mode: what becomes of an aggregate's later events when one of its events is
     /// dead-lettered
     #[arg(
         long,
+        help_heading = "Retries and ordering",
         env = "TXOUTBOX_ON_DEAD_LETTER",
         value_enum,
         default_value_t = DEFAULTS.relay.on_dead_letter()
@@ -356,15 +384,15 @@ pub struct RelayTuning {
     pub on_dead_letter: OnDeadLetter,
     /// How long a relay's partitions last without its heartbeat: a dead relay's share is
     /// taken over after this (2s to 1h)
-    #[arg(long, env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
+    #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
     pub partition_lease: Duration,
     /// Batches in flight at once: the next batch is claimed while earlier ones are being
     /// published and settled (per-aggregate order is kept either way; 1 to 64)
-    #[arg(long, env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline, value_parser = count::<usize>(1, 64))]
+    #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline, value_parser = count::<usize>(1, 64))]
     pub pipeline: usize,
     /// For tests and failure drills: make this fraction (0 to 1) of publishes fail
     /// transiently, half before sending, half by losing the broker's acknowledgement
-    #[arg(long, env = "TXOUTBOX_INJECT_FAULTS", default_value_t = 0.0, value_parser = parse_fraction)]
+    #[arg(long, help_heading = "Testing", env = "TXOUTBOX_INJECT_FAULTS", default_value_t = 0.0, value_parser = parse_fraction)]
     pub inject_faults: f64,
 }
 

@@ -11,6 +11,7 @@ mod secrets;
 #[cfg(feature = "otel")]
 mod telemetry;
 mod values;
+mod version;
 
 use std::process::ExitCode;
 
@@ -79,6 +80,10 @@ fn main() -> ExitCode {
             None => e.exit(), // usage errors exit 2, --help/--version 0
         },
     };
+    // Text about the command line itself: no database, no runtime, no [[outbox]] to go through.
+    if let Some(outcome) = offline(&cli.command) {
+        return exit_code(outcome);
+    }
     if let Command::Relay(relay) = &mut cli.command {
         relay.routes = routes;
     }
@@ -147,6 +152,11 @@ fn main() -> ExitCode {
         let outboxes = outboxes.into_iter().map(|(n, c, _)| (n, c)).collect();
         runtime.block_on(run_outboxes(cli, outboxes))
     };
+    exit_code(outcome)
+}
+
+/// The process's exit code for a command's outcome, its error printed.
+fn exit_code(outcome: anyhow::Result<ExitCode>) -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
@@ -197,6 +207,18 @@ async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 .into(),
         )
         .into()),
+        Command::Completions(a) => cmd::completions::run(&a),
+        Command::Man(a) => cmd::man::run(&a),
+    }
+}
+
+/// The commands that print what the command line describes (`completions`, `man`): run
+/// without a database or a runtime. `None` for every other command.
+fn offline(command: &Command) -> Option<anyhow::Result<ExitCode>> {
+    match command {
+        Command::Completions(a) => Some(cmd::completions::run(a)),
+        Command::Man(a) => Some(cmd::man::run(a)),
+        _ => None,
     }
 }
 

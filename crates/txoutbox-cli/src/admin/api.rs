@@ -128,14 +128,17 @@ pub async fn history(
 
 pub async fn metrics(State(s): State<SharedState>) -> Response {
     match &s.metrics {
-        Some(h) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            h.render(),
-        )
-            .into_response(),
+        Some(h) => {
+            super::process::collect();
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                h.render(),
+            )
+                .into_response()
+        }
         None => (StatusCode::NOT_FOUND, "metrics are not enabled\n").into_response(),
     }
 }

@@ -8,6 +8,7 @@ mod auth;
 mod dashboard;
 mod error;
 pub mod ops;
+pub mod process;
 pub mod sampler;
 
 use anyhow::Context;
@@ -285,6 +286,7 @@ fn new_recorder() -> anyhow::Result<PrometheusHandle> {
         .context("metric buckets")?
         .install_recorder()
         .context("cannot install the Prometheus recorder")?;
+    process::describe();
     Ok(handle)
 }
 

@@ -1,11 +1,12 @@
 //! One file per subcommand.
 
+pub mod completions;
 pub mod config;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
 pub mod events;
-
+pub mod man;
 pub mod migrate;
 pub mod relay;
 mod routes;

@@ -24,17 +24,20 @@ async fn get_json(port: u16, path: &str) -> (u16, Value) {
 /// The admin listener up and its outbox connected (the listener starts before the database
 /// answers, and says so on `/readyz` meanwhile).
 async fn wait_listening(port: u16) {
-    wait_until(60, "the admin listener, its outbox connected", || async move {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        let (_, body) = http(port, "GET", "/readyz", None, "").await;
-        serde_json::from_str::<serde_json::Value>(&body)
-            .is_ok_and(|v| v["database"] == "ok")
-    })
+    wait_until(
+        60,
+        "the admin listener, its outbox connected",
+        || async move {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            let (_, body) = http(port, "GET", "/readyz", None, "").await;
+            serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["database"] == "ok")
+        },
+    )
     .await;
 }
 
@@ -71,14 +74,18 @@ async fn readiness_api_says_the_broker_is_down_on_a_single_table_relay() {
     ]);
     wait_listening(port).await;
     // The listener is up before the database is connected: wait for both to be seen.
-    wait_until(30, "/readyz answers 503 naming the broker, the database connected", || {
-        still_running(&mut relay);
-        async move {
-            let (status, body) = http(port, "GET", "/readyz", None, "").await;
-            let (_, v) = get_json(port, "/api/v1/readiness").await;
-            status == 503 && body.contains(&down.to_string()) && v["database"] == "ok"
-        }
-    })
+    wait_until(
+        30,
+        "/readyz answers 503 naming the broker, the database connected",
+        || {
+            still_running(&mut relay);
+            async move {
+                let (status, body) = http(port, "GET", "/readyz", None, "").await;
+                let (_, v) = get_json(port, "/api/v1/readiness").await;
+                status == 503 && body.contains(&down.to_string()) && v["database"] == "ok"
+            }
+        },
+    )
     .await;
     let (status, v) = get_json(port, "/api/v1/readiness").await;
     assert_eq!(status, 200, "the dashboard's readiness call: {v}");

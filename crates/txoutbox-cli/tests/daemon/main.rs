@@ -6,6 +6,7 @@
 mod amqp_daemon;
 mod aws_cli;
 mod bad_input;
+mod binary_cli;
 mod bytes_cli;
 mod commands;
 #[path = "../common/mod.rs"]

@@ -19,17 +19,20 @@ async fn http_json(port: u16, path: &str) -> Value {
 /// The admin listener up and its outbox connected (the listener starts before the database
 /// answers, and says so on `/readyz` meanwhile).
 async fn wait_listening(port: u16) {
-    wait_until(60, "the admin listener, its outbox connected", || async move {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        let (_, body) = http(port, "GET", "/readyz", None, "").await;
-        serde_json::from_str::<serde_json::Value>(&body)
-            .is_ok_and(|v| v["database"] == "ok")
-    })
+    wait_until(
+        60,
+        "the admin listener, its outbox connected",
+        || async move {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            let (_, body) = http(port, "GET", "/readyz", None, "").await;
+            serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["database"] == "ok")
+        },
+    )
     .await;
 }
 
