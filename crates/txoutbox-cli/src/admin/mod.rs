@@ -158,10 +158,13 @@ impl OutboxAdmin {
     }
 
     pub(super) fn not_connected(&self) -> String {
-        let name = self.name.as_deref().unwrap_or("the outbox");
+        let name = match self.name.as_deref() {
+            Some(name) => format!("outbox `{name}`"),
+            None => "the database".to_string(),
+        };
         match self.error() {
-            Some(e) => format!("outbox `{name}` is not connected: {e}"),
-            None => format!("outbox `{name}` is not connected yet"),
+            Some(e) => format!("{name} is not connected: {e}"),
+            None => format!("{name} is not connected yet"),
         }
     }
 }

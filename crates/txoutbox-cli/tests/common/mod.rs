@@ -366,3 +366,23 @@ impl Drop for DbProxy {
         self.cut();
     }
 }
+
+/// The admin listener on `port` up and its outbox connected: the relay starts its listener
+/// before the database answers (and says so on `/readyz` meanwhile).
+pub async fn wait_connected(port: u16) {
+    wait_until(
+        60,
+        "the admin listener, its outbox connected",
+        || async move {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            let (_, body) = http(port, "GET", "/readyz", None, "").await;
+            serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["database"] == "ok")
+        },
+    )
+    .await;
+}

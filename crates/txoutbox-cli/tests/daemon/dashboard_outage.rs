@@ -21,26 +21,6 @@ async fn get_json(port: u16, path: &str) -> (u16, Value) {
     (status, v)
 }
 
-/// The admin listener up and its outbox connected (the listener starts before the database
-/// answers, and says so on `/readyz` meanwhile).
-async fn wait_listening(port: u16) {
-    wait_until(
-        60,
-        "the admin listener, its outbox connected",
-        || async move {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_err()
-            {
-                return false;
-            }
-            let (_, body) = http(port, "GET", "/readyz", None, "").await;
-            serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["database"] == "ok")
-        },
-    )
-    .await;
-}
-
 fn still_running(relay: &mut tokio::process::Child) {
     if let Ok(Some(status)) = relay.try_wait() {
         panic!("the relay exited ({status})");
@@ -72,7 +52,7 @@ async fn readiness_api_says_the_broker_is_down_on_a_single_table_relay() {
         "--metrics-interval",
         "200ms",
     ]);
-    wait_listening(port).await;
+    wait_connected(port).await;
     // The listener is up before the database is connected: wait for both to be seen.
     wait_until(
         30,
@@ -128,7 +108,7 @@ async fn a_database_outage_keeps_the_last_reading_stale_and_is_logged_once() {
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    wait_connected(port).await;
     wait_until(
         30,
         "a status reading of the 4 pending events",

@@ -16,26 +16,6 @@ async fn http_json(port: u16, path: &str) -> Value {
     serde_json::from_str(&body).unwrap()
 }
 
-/// The admin listener up and its outbox connected (the listener starts before the database
-/// answers, and says so on `/readyz` meanwhile).
-async fn wait_listening(port: u16) {
-    wait_until(
-        60,
-        "the admin listener, its outbox connected",
-        || async move {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_err()
-            {
-                return false;
-            }
-            let (_, body) = http(port, "GET", "/readyz", None, "").await;
-            serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["database"] == "ok")
-        },
-    )
-    .await;
-}
-
 /// Every metric the shipped dashboard and alert rules query, read from those files, is on
 /// `/metrics` of a relay that has not published anything: a panel of a fresh relay shows 0,
 /// not "no data", and an `increase()` alert sees the first failure.
@@ -85,7 +65,7 @@ async fn a_fresh_relay_exposes_every_metric_the_dashboard_and_rules_query() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    wait_connected(port).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let (_, m) = http(port, "GET", "/metrics", None, "").await;
@@ -146,7 +126,7 @@ async fn admin_listener_serves_metrics_health_and_api() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    wait_connected(port).await;
     assert_eq!(http(port, "GET", "/healthz", None, "").await.0, 200);
     let ready = http_json(port, "/readyz").await;
     assert_eq!(ready["database"], "ok");
@@ -458,7 +438,7 @@ async fn every_api_call_needs_the_token_off_loopback() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    wait_connected(port).await;
     for path in [
         "/api/v1/status",
         "/api/v1/history",
@@ -508,7 +488,7 @@ async fn readiness_and_status_answer_while_admin_queries_are_stuck() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    wait_connected(port).await;
     wait_until(30, "a status reading", || async {
         http(port, "GET", "/api/v1/status", None, "").await.0 == 200
     })

@@ -241,15 +241,6 @@ async fn http_status(port: u16, method: &str, path: &str, token: Option<&str>) -
         .unwrap_or(0)
 }
 
-async fn wait_http(port: u16) {
-    wait_until(60, "the admin listener", || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn admin_token_from_a_file_guards_changes() {
     const TOKEN: &str = "adm-Tok-5e21";
@@ -276,7 +267,7 @@ async fn admin_token_from_a_file_guards_changes() {
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
         .spawn()
         .unwrap();
-    wait_http(port).await;
+    wait_connected(port).await;
     let retry = format!("/api/v1/dead-letters/{dead}/retry");
     assert_eq!(http_status(port, "POST", &retry, None).await, 401);
     assert_eq!(http_status(port, "POST", &retry, Some("wrong")).await, 401);
@@ -396,7 +387,7 @@ async fn secrets_in_url_query_strings_are_never_shown() {
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap();
-        wait_http(port).await;
+        wait_connected(port).await;
         wait_until(60, "a failed publish", || async {
             db.scalar("SELECT count(*) FROM {t} WHERE last_error IS NOT NULL")
                 .await

@@ -189,13 +189,22 @@ impl Supervisor {
                                 .set(1.0);
                                 self.admin.set_relay_id(config.relay_id.clone());
                             }
-                            if !self.restart {
+                            // The one outbox's relay ends the process, but for a database
+                            // that stopped answering (while it registered): that is waited
+                            // out, as at start-up.
+                            let transient = matches!(
+                                &e,
+                                txoutbox::relay::RelayError::Store(s) if s.is_transient()
+                            );
+                            if !self.restart && !(transient && !self.drain) {
                                 return Err(fatal(e));
                             }
-                            (
-                                "relay failed; starting it again",
-                                anyhow::Error::new(e).context("relay failed"),
-                            )
+                            let what = if transient {
+                                "database not reachable; retrying"
+                            } else {
+                                "relay failed; starting it again"
+                            };
+                            (what, anyhow::Error::new(e).context("relay failed"))
                         }
                     }
                 }
