@@ -73,6 +73,9 @@ pub fn init() -> anyhow::Result<Option<Telemetry>> {
     if disabled || endpoint.is_none() {
         return Ok(None);
     }
+    // reqwest is built without a default TLS provider (`rustls-no-provider`): its client
+    // refuses to start unless the process has one. Already installed is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(url) = &endpoint {
         if url.trim().to_ascii_lowercase().starts_with("https://") {
             bail!(
