@@ -170,11 +170,13 @@ pub async fn run(outboxes: Vec<(String, Ctx, RelayArgs)>) -> anyhow::Result<Exit
         };
         tasks.push(tokio::spawn(run.run().instrument(span)));
     }
+    crate::notify::ready(); // systemd Type=notify: the listener listens, relays started
     let signals = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
             super::relay::wait_for_signal().await;
             tracing::info!("shutdown requested: finishing in-flight events");
+            crate::notify::stopping();
             cancel.cancel();
         })
     };

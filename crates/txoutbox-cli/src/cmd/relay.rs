@@ -87,11 +87,13 @@ pub async fn run(ctx: &Ctx, a: RelayArgs) -> anyhow::Result<ExitCode> {
     // --- end operations ---------------------------------------------------------------------
     let ordering = config.ordering;
     let handle = Relay::new(store, Box::new(broker), config).spawn();
+    crate::notify::ready(); // systemd Type=notify: the relay runs, the admin listener listens
     let cancel = handle.cancel_token();
     let interrupted = handle.cancel_token();
     let signals = tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested: finishing in-flight events");
+        crate::notify::stopping();
         cancel.cancel();
     });
     let stats = handle.join().await;
