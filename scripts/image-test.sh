@@ -54,7 +54,25 @@ if ! bah inspect --type image "$base" >/dev/null 2>&1; then
   rm -rf "$work/rootfs"
   debootstrap --variant=minbase bookworm "$work/rootfs" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
     || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
-  rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin
+  # As the official slim image is made: no package cache or lists, apt keeps no downloaded
+  # package, and dpkg installs no documentation, manual or translation.
+  rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin \
+    "$work/rootfs/var/cache/apt/archives/"*.deb
+  cat >"$work/rootfs/etc/apt/apt.conf.d/docker-clean" <<'APT'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+APT
+  cat >"$work/rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'DPKG'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/man/*
+DPKG
+  find "$work/rootfs/usr/share/doc" -mindepth 2 ! -name copyright ! -type d -delete
+  rm -rf "$work/rootfs/usr/share/info/"* "$work/rootfs/usr/share/locale/"* "$work/rootfs/usr/share/man/"*
   ctr=$(bah from scratch)
   mnt=$(bah mount "$ctr")
   tar -C "$work/rootfs" -c . | tar -C "$mnt" -x
