@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod config;
 mod ctx;
+mod notify;
 mod origin;
 mod preview;
 mod secrets;

@@ -17,6 +17,7 @@ mod dashboard_outage;
 mod databases_cli;
 mod drain_cli;
 mod memory_cli;
+mod notify_cli;
 mod ops;
 mod ordering_process;
 mod otel;

@@ -206,11 +206,13 @@ pub async fn run(outboxes: Vec<Outbox>) -> anyhow::Result<ExitCode> {
         };
         tasks.push(tokio::spawn(run.run().instrument(span)));
     }
+    crate::notify::ready(); // systemd Type=notify: the listener listens, the relays started
     let signals = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested: finishing in-flight events");
+            crate::notify::stopping();
             cancel.cancel();
         })
     };
