@@ -23,15 +23,9 @@ async fn next_message(sock: &UnixDatagram, waiting_for: &str) -> String {
 }
 
 /// Start `args` with `NOTIFY_SOCKET` set, check READY=1 (with the admin listener answering
-/// by then, and `/readyz` too when `ready_at_once`), SIGTERM it, check STOPPING=1 and a clean
+/// by then, and `/readyz` once the outboxes connect), SIGTERM it, check STOPPING=1 and a clean
 /// exit.
-async fn ready_then_stopping(
-    db: &TestSchema,
-    dir: &Path,
-    args: &[&str],
-    port: u16,
-    ready_at_once: bool,
-) {
+async fn ready_then_stopping(db: &TestSchema, dir: &Path, args: &[&str], port: u16) {
     let path = dir.join(unique("notify"));
     let sock = UnixDatagram::bind(&path).unwrap();
     let log = dir.join(unique("relay")).with_extension("log");
@@ -46,19 +40,13 @@ async fn ready_then_stopping(
     let lines: Vec<&str> = ready.lines().collect();
     assert!(lines.contains(&"READY=1"), "{ready:?}");
     assert!(lines.contains(&"STATUS=relaying"), "{ready:?}");
-    // The listener answers at once. A relay of one table has connected its database before it
-    // says READY=1; with [[outbox]] entries each outbox connects in the background (one whose
-    // database is down must not hold the others back), so /readyz follows.
+    // The listener answers at once; each outbox connects its database in the background (one
+    // whose database is down must not hold the others back), so /readyz follows.
     assert_eq!(http(port, "GET", "/healthz", None, "").await.0, 200);
-    if ready_at_once {
-        let (code, body) = http(port, "GET", "/readyz", None, "").await;
-        assert_eq!(code, 200, "{body}");
-    } else {
-        wait_until(30, "/readyz 200", || async {
-            http(port, "GET", "/readyz", None, "").await.0 == 200
-        })
-        .await;
-    }
+    wait_until(30, "/readyz 200", || async {
+        http(port, "GET", "/readyz", None, "").await.0 == 200
+    })
+    .await;
     signal(&child, "TERM");
     let stopping = next_message(&sock, "STOPPING=1").await;
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
@@ -86,7 +74,6 @@ async fn relay_tells_systemd_when_it_is_ready_and_when_it_stops() {
         &dir,
         &["relay", "--publisher", "stdout:", "--admin-addr", &addr],
         port,
-        true,
     )
     .await;
 
@@ -108,7 +95,6 @@ async fn relay_tells_systemd_when_it_is_ready_and_when_it_stops() {
         &dir,
         &["--config", &config, "relay", "--admin-addr", &addr],
         port,
-        false,
     )
     .await;
 

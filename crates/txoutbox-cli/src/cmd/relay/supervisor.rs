@@ -196,7 +196,8 @@ impl Supervisor {
                                 &e,
                                 txoutbox::relay::RelayError::Store(s) if s.is_transient()
                             );
-                            if !self.restart && !(transient && !self.drain) {
+                            let waited_out = transient && !self.drain;
+                            if !self.restart && !waited_out {
                                 return Err(fatal(e));
                             }
                             let what = if transient {
