@@ -133,6 +133,21 @@ impl Common {
     }
 }
 
+/// A URL with a user name or password is refused: AWS credentials come from the standard
+/// chain, never from the URL (where they would end up in logs and process listings).
+#[cfg_attr(not(any(feature = "sqs", feature = "kinesis")), allow(dead_code))]
+pub(crate) fn no_credentials(url: &PublisherUrl) -> Result<(), String> {
+    let u = url.url();
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(
+            "credentials do not go in the URL: they come from the standard AWS chain \
+                    (AWS_ACCESS_KEY_ID, profiles, roles)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,11 +106,7 @@ fn stream(url: &PublisherUrl) -> Result<Stream, ConfigError> {
         reason,
     };
     let u = url.url();
-    if !u.username().is_empty() || u.password().is_some() {
-        return Err(bad(
-            "credentials do not go in the URL: they come from the standard AWS chain (AWS_ACCESS_KEY_ID, profiles, roles)".into(),
-        ));
-    }
+    super::config::no_credentials(url).map_err(bad)?;
     if let Some(arn) = u.path().strip_prefix("arn:") {
         // arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME
         let parts: Vec<&str> = arn.split(':').collect();

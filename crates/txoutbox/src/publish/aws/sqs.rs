@@ -101,11 +101,7 @@ fn target(url: &PublisherUrl, endpoint: Option<&str>) -> Result<Target, ConfigEr
         reason,
     };
     let u = url.url();
-    if !u.username().is_empty() || u.password().is_some() {
-        return Err(bad(
-            "credentials do not go in the URL: they come from the standard AWS chain (AWS_ACCESS_KEY_ID, profiles, roles)".into(),
-        ));
-    }
+    super::config::no_credentials(url).map_err(bad)?;
     let host = u.host_str().unwrap_or("");
     let path = u.path().trim_matches('/');
     if host.is_empty() {
