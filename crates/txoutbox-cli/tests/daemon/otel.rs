@@ -137,6 +137,9 @@ impl Receiver {
 async fn writer_provider(base: &str) -> opentelemetry_sdk::trace::SdkTracerProvider {
     let endpoint = format!("{base}/v1/traces");
     tokio::task::spawn_blocking(move || {
+        // The workspace's one reqwest has no TLS provider of its own (as the daemon does in
+        // telemetry::init): the exporter's client needs one installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(endpoint)
