@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Command;
 
+mod keys;
+
 /// Where `--config` / `TXOUTBOX_CONFIG` points, if anywhere (read before clap parses).
 pub fn config_path(args: &[OsString]) -> Option<PathBuf> {
     let mut it = args.iter();
@@ -111,46 +113,46 @@ pub fn apply_file(mut cmd: Command, path: &Path) -> anyhow::Result<FileSettings>
             path.display()
         );
     }
+    let file = format!("config file {}", path.display());
+    let mut top = toml::Table::new();
     for (key, value) in table {
-        if let toml::Value::Table(section) = value {
-            let Some(sub) = cmd.find_subcommand(&key).map(|s| s.get_name().to_string()) else {
-                bail!("config file {}: unknown section [{key}]", path.display());
-            };
-            for (k, v) in section {
-                let (id, v) = setting(path, &format!("{key}.{k}"), &k, v)?;
-                let has = cmd
-                    .find_subcommand(&sub)
-                    .is_some_and(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()));
-                if !has {
-                    bail!(
-                        "config file {}: unknown setting `{key}.{k}`",
-                        path.display()
-                    );
-                }
-                cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
-                origins.push((id, format!("`{key}.{k}` in config file {}", path.display())));
+        let toml::Value::Table(section) = value else {
+            top.insert(key, value);
+            continue;
+        };
+        let Some(sub) = cmd.find_subcommand(&key).map(|s| s.get_name().to_string()) else {
+            bail!("{file}: unknown section [{key}]");
+        };
+        for (id, v) in keys::read(&file, &format!("{key}."), section)? {
+            let has = cmd
+                .find_subcommand(&sub)
+                .is_some_and(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()));
+            if !has {
+                bail!("{file}: `{key}.{id}` is not a setting of `txoutbox {sub}`");
             }
-        } else {
-            let (id, v) = setting(path, &key, &key, value)?;
-            let mut found = false;
-            if cmd.get_arguments().any(|a| a.get_id() == id.as_str()) {
-                cmd = cmd.mut_arg(&id, |a| a.default_value(v.clone()));
-                found = true;
-            }
-            let subs: Vec<String> = cmd
-                .get_subcommands()
-                .filter(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()))
-                .map(|s| s.get_name().to_string())
-                .collect();
-            for sub in subs {
-                cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
-                found = true;
-            }
-            if !found {
-                bail!("config file {}: unknown setting `{key}`", path.display());
-            }
-            origins.push((id, format!("`{key}` in config file {}", path.display())));
+            cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
+            origins.push((id.clone(), format!("`{key}.{id}` in {file}")));
         }
+    }
+    for (id, v) in keys::read(&file, "", top)? {
+        let mut found = false;
+        if cmd.get_arguments().any(|a| a.get_id() == id.as_str()) {
+            cmd = cmd.mut_arg(&id, |a| a.default_value(v.clone()));
+            found = true;
+        }
+        let subs: Vec<String> = cmd
+            .get_subcommands()
+            .filter(|s| s.get_arguments().any(|a| a.get_id() == id.as_str()))
+            .map(|s| s.get_name().to_string())
+            .collect();
+        for sub in subs {
+            cmd = cmd.mut_subcommand(&sub, |s| s.mut_arg(&id, |a| a.default_value(v.clone())));
+            found = true;
+        }
+        if !found {
+            bail!("{file}: unknown setting `{id}`");
+        }
+        origins.push((id.clone(), format!("`{id}` in {file}")));
     }
     Ok(FileSettings {
         command: cmd,
@@ -224,25 +226,24 @@ fn outboxes(path: &Path, cmd: &Command, value: toml::Value) -> anyhow::Result<Ve
             )?,
             None => Vec::new(),
         };
-        let mut settings = Vec::new();
-        for (k, v) in entry {
-            let (id, v) = setting(path, &format!("outbox `{name}`: {k}"), &k, v)?;
+        for key in entry.keys() {
+            let id = key.replace('-', "_");
             if PROCESS_WIDE.contains(&id.as_str()) {
                 bail!(
-                    "{}: `{k}` is the process's, not one outbox's: set it at the top level or \
+                    "{}: `{key}` is the process's, not one outbox's: set it at the top level or \
                      under [relay]",
                     at(&name)
                 );
             }
             if !allowed.contains(&id) {
                 bail!(
-                    "{}: unknown setting `{k}` (an outbox takes name, route and: {})",
+                    "{}: unknown setting `{key}` (an outbox takes name, route and: {})",
                     at(&name),
                     allowed.join(", ")
                 );
             }
-            settings.push((id, v));
         }
+        let settings = keys::read(&at(&name), "", entry)?;
         out.push(OutboxSpec {
             name,
             settings,
@@ -387,262 +388,5 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-fn setting(path: &Path, full: &str, key: &str, v: toml::Value) -> anyhow::Result<(String, String)> {
-    let id = key.replace('-', "_");
-    let v = match v {
-        toml::Value::String(s) => s,
-        toml::Value::Integer(i) => i.to_string(),
-        toml::Value::Float(f) => f.to_string(),
-        toml::Value::Boolean(b) => b.to_string(),
-        other => bail!(
-            "config file {}: setting `{full}` must be a string, number or boolean, not {}",
-            path.display(),
-            other.type_str()
-        ),
-    };
-    Ok((id, v))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cli::{Cli, Command as Cmd};
-    use clap::{CommandFactory, FromArgMatches};
-
-    /// `file` written to a temporary path and applied to the CLI's command.
-    fn load(file: &str) -> anyhow::Result<FileSettings> {
-        let dir = std::env::temp_dir().join(format!("txoutbox-cfg-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("c.toml");
-        std::fs::write(&path, file)?;
-        let loaded = apply_file(Cli::command(), &path);
-        std::fs::remove_dir_all(&dir)?;
-        loaded
-    }
-
-    fn parse(file: &str, args: &[&str]) -> anyhow::Result<Cli> {
-        let m = load(file)?.command.try_get_matches_from(args)?;
-        Ok(Cli::from_arg_matches(&m)?)
-    }
-
-    fn routes_of(file: &str) -> anyhow::Result<Vec<RouteSpec>> {
-        Ok(load(file)?.routes)
-    }
-
-    #[test]
-    fn routes_are_read_in_order_beside_the_other_settings() {
-        let routes = routes_of(
-            r#"
-schema = "app"
-[relay]
-publisher = "null:"
-
-[[route]]
-name = "orders"
-event_type = "order.*"
-publisher = "kafka://127.0.0.1:9092?topic=orders"
-
-[[route]]
-name = "audit"
-aggregate_type = "user"
-headers = { audit = "yes", tenant = "acme-*" }
-publisher_file = "/run/secrets/sqs"
-"#,
-        )
-        .unwrap();
-        assert_eq!(routes.len(), 2);
-        assert_eq!(routes[0].name, "orders");
-        assert_eq!(routes[0].event_type.as_deref(), Some("order.*"));
-        assert_eq!(routes[0].aggregate_type, None);
-        assert_eq!(routes[1].headers.len(), 2);
-        assert_eq!(routes[1].headers["tenant"], "acme-*");
-        assert_eq!(
-            routes[1].publisher_file.as_deref(),
-            Some(Path::new("/run/secrets/sqs"))
-        );
-        assert!(routes_of("schema = \"app\"\n").unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_bad_route_entry_is_named() {
-        let e = routes_of("[[route]]\nname = \"a\"\npublisher = \"null:\"\n[[route]]\nname = \"b\"\nevnt_type = \"x\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("[[route]] number 2 (`b`)"), "{e}");
-        assert!(e.contains("evnt_type"), "{e}");
-        let e = routes_of("[[route]]\nevent_type = \"x\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("number 1") && e.contains("name"), "{e}");
-        let e = routes_of("route = \"x\"\n").unwrap_err().to_string();
-        assert!(e.contains("[[route]]"), "{e}");
-        let e = routes_of("[[route]]\nname = \"a\"\nheaders = { x = 1 }\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("(`a`)") && e.contains("headers.x"), "{e}");
-        let e = routes_of("[[route]]\nname = \"a\"\nevent_type = 5\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("event_type"), "{e}");
-    }
-
-    #[test]
-    fn outboxes_are_read_with_their_routes_and_settings() {
-        let file = load(
-            r#"
-batch_size = 7
-[[outbox]]
-name = "a"
-schema = "s_a"
-batch-size = 3
-publisher = "null:"
-[[outbox]]
-name = "b"
-database_url = "sqlite:///tmp/b.db"
-[[outbox.route]]
-name = "r1"
-event_type = "x.*"
-publisher = "stdout:"
-"#,
-        )
-        .unwrap();
-        assert!(file.routes.is_empty());
-        let [a, b] = &file.outboxes[..] else {
-            panic!("{:?}", file.outboxes)
-        };
-        assert_eq!(a.name, "a");
-        assert_eq!(
-            a.settings,
-            [
-                ("batch_size".to_string(), "3".to_string()),
-                ("publisher".to_string(), "null:".to_string()),
-                ("schema".to_string(), "s_a".to_string())
-            ]
-        );
-        assert!(a.routes.is_empty());
-        assert_eq!(b.routes.len(), 1);
-        assert_eq!(b.routes[0].event_type.as_deref(), Some("x.*"));
-        // The entry's value, then the file's top level, beneath flags on other keys.
-        let cmd = outbox_command(file.command.clone(), a);
-        let m = cmd
-            .clone()
-            .try_get_matches_from(["txoutbox", "relay", "--max-in-flight", "5"])
-            .unwrap();
-        assert!(outbox_conflicts(&cmd, &m, a).is_empty());
-        let cli = Cli::from_arg_matches(&m).unwrap();
-        assert_eq!(cli.global.schema, "s_a");
-        let Cmd::Relay(r) = cli.command else { panic!() };
-        assert_eq!((r.tuning.batch_size, r.tuning.max_in_flight), (3, 5));
-        let cli = Cli::from_arg_matches(
-            &outbox_command(file.command.clone(), b)
-                .try_get_matches_from(["txoutbox", "relay"])
-                .unwrap(),
-        )
-        .unwrap();
-        let Cmd::Relay(r) = cli.command else { panic!() };
-        assert_eq!(r.tuning.batch_size, 7);
-        // A flag for what the entry sets is a conflict.
-        let m = cmd
-            .clone()
-            .try_get_matches_from(["txoutbox", "--schema", "z", "relay", "--batch-size", "9"])
-            .unwrap();
-        let both: Vec<(String, String)> = ["batch_size", "schema"]
-            .iter()
-            .map(|k| (k.to_string(), k.to_string()))
-            .collect();
-        assert_eq!(outbox_conflicts(&cmd, &m, a), both);
-        // The other half of a pair counts too, and no other source gives it.
-        let m = cmd
-            .clone()
-            .try_get_matches_from(["txoutbox", "relay", "--publisher-file", "/p"])
-            .unwrap();
-        assert_eq!(
-            outbox_conflicts(&cmd, &m, a),
-            [("publisher".to_string(), "publisher_file".to_string())]
-        );
-    }
-
-    #[test]
-    fn a_bad_outbox_entry_is_named() {
-        let e = |f: &str| load(f).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e("outbox = 1\n").contains("[[outbox]]"));
-        assert!(e("[[outbox]]\nschema = \"x\"\n").contains("needs a `name`"));
-        assert!(e("[[outbox]]\nname = \"a b\"\n").contains("1 to 64"));
-        let err = e("[[outbox]]\nname = \"a\"\nmetrics_interval = \"1s\"\n");
-        assert!(
-            err.contains("(`a`)") && err.contains("the process's"),
-            "{err}"
-        );
-        let err = e("[[outbox]]\nname = \"a\"\nfoo = 1\n");
-        assert!(
-            err.contains("unknown setting `foo`") && err.contains("batch_size"),
-            "{err}"
-        );
-        let err = e("[[route]]\nname = \"r\"\npublisher = \"null:\"\n[[outbox]]\nname = \"a\"\n");
-        assert!(err.contains("[[outbox.route]]"), "{err}");
-    }
-
-    #[test]
-    fn file_values_are_defaults_and_flags_win() {
-        let cli = parse(
-            "schema = \"app\"\n[relay]\nbatch_size = 7\npublisher = \"null:\"\n",
-            &["txoutbox", "relay", "--batch-size", "9"],
-        )
-        .unwrap();
-        assert_eq!(cli.global.schema, "app");
-        let Cmd::Relay(r) = cli.command else { panic!() };
-        assert_eq!(r.tuning.batch_size, 9);
-        assert_eq!(r.publisher.as_deref(), Some("null:"));
-    }
-
-    #[test]
-    fn source_and_slot_come_from_the_file_and_flags_win() {
-        use txoutbox::relay::Source;
-        let file = "[relay]\nsource = \"wal\"\nslot = \"s1\"\n";
-        let cli = parse(file, &["txoutbox", "relay"]).unwrap();
-        let Cmd::Relay(r) = cli.command else { panic!() };
-        assert_eq!((r.source, r.slot.as_deref()), (Source::Wal, Some("s1")));
-        let cli = parse(
-            file,
-            &["txoutbox", "relay", "--source", "table", "--slot", "s2"],
-        )
-        .unwrap();
-        let Cmd::Relay(r) = cli.command else { panic!() };
-        assert_eq!((r.source, r.slot.as_deref()), (Source::Table, Some("s2")));
-        let e = parse("[relay]\nslot = \"No\"\n", &["txoutbox", "relay"])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("replication slot name"), "{e}");
-    }
-
-    /// A syntax error says where, never what the line holds (a value may be a secret).
-    #[test]
-    fn a_toml_syntax_error_names_the_place_not_the_line() {
-        for file in [
-            "schema = \"app\"\nadmin_token = \"s3cr3t\n",
-            "admin_token = \"s3cr3t\" x\n",
-            "[relay]\nadmin_token=s3cr3t\n",
-        ] {
-            let e = load(file).err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(e.contains("not valid TOML at line"), "{file:?}: {e}");
-            assert!(!e.contains("s3cr3t"), "{file:?}: {e}");
-        }
-        let e = load("a = 1\nb = = 2\n")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap();
-        assert!(e.contains("line 2, column 5"), "{e}");
-    }
-
-    #[test]
-    fn unknown_keys_are_named() {
-        let e = parse("batch_sise = 3\n", &["txoutbox", "status"])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("batch_sise"), "{e}");
-        let e = parse("[relay]\nfoo = 1\n", &["txoutbox", "status"])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("relay.foo"), "{e}");
-    }
-}
+mod tests;
