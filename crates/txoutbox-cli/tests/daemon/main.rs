@@ -23,6 +23,8 @@ mod ordering_process;
 mod otel;
 mod outboxes_cli;
 mod relay_process;
+mod replay_cli;
+mod replay_nats;
 mod routes_cli;
 mod secrets;
 mod settings_cli;
