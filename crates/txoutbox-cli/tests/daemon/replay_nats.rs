@@ -300,6 +300,25 @@ async fn the_admin_api_replays_with_the_token_and_counts_without_it() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["replayed"], 2, "{text}");
     assert!(v["next_from_seq"].as_i64().is_some(), "{text}");
+    // One replay per outbox at a time: while a slow one runs (3 events at 1 a second, to
+    // `null:`), another call is a 409.
+    let slow = tokio::spawn(http(
+        port,
+        "POST",
+        "/api/v1/replay",
+        Some("t0ken"),
+        r#"{"publisher": "null:", "rate": 1, "limit": 3}"#,
+    ));
+    let mut refused = false;
+    while !slow.is_finished() && !refused {
+        let (status, text) =
+            http(port, "POST", "/api/v1/replay", None, r#"{"dry_run": true}"#).await;
+        refused = status == 409;
+        assert!(status == 200 || refused, "{status}: {text}");
+    }
+    assert!(refused, "a second replay meanwhile is refused");
+    let (status, text) = slow.await.unwrap();
+    assert_eq!(status, 200, "{text}");
     stop(relay).await;
     assert_eq!(rows(&db).await, before, "replay changes no row");
     first.cleanup().await;
