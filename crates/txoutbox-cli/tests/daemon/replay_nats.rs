@@ -214,6 +214,20 @@ async fn only_retained_events_are_replayed_and_bad_input_is_refused() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("s3cret"), "{args:?}: {err}");
     }
+    // The target from a file (a URL with a password is a secret).
+    let file = std::env::temp_dir().join(unique("replay_publisher"));
+    std::fs::write(&file, format!("{}\n", stream.publisher_url())).unwrap();
+    let out = db
+        .cli(&["replay", "--publisher-file", file.to_str().unwrap()])
+        .await;
+    let _ = std::fs::remove_file(&file);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("replayed 2 event(s)"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(stream.count().await, 2);
     // Deleted on settle (the WAL source's default): nothing retained, and it says so.
     sqlx::query(&format!(
         "DELETE FROM {} WHERE processed_at IS NOT NULL",
@@ -236,7 +250,7 @@ async fn only_retained_events_are_replayed_and_bad_input_is_refused() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(stream.count().await, 0);
+    assert_eq!(stream.count().await, 2, "nothing more sent");
     let after = rows(&db).await;
     assert_eq!(after.len(), before.len() - 2);
     stream.cleanup().await;
