@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 use crate::error::Error;
 use crate::publish::{Message, PublishError, Publisher};
-use crate::store::{EventFilter, FilterError, Operator, Page};
+use crate::store::{EventFilter, EventPage, FilterError, Operator, Page};
 use crate::{EventState, OutboxEvent};
 
 /// Events read per page of the listing: bounds the rows held at once.
@@ -170,8 +170,29 @@ pub async fn replay(
     r: &Replay,
     progress: &mut (dyn FnMut(&ReplayReport) + Send),
 ) -> Result<ReplayReport, ReplayError> {
-    r.filter.check()?;
     let listing = r.filter.listing();
+    let listing = &listing;
+    run(
+        move |page| store.list_events(listing, page),
+        publisher,
+        r,
+        progress,
+    )
+    .await
+}
+
+/// [`replay`] over pages that `read` returns (one call per page, in `seq` order).
+async fn run<F, Fut>(
+    mut read: F,
+    publisher: Option<&dyn Publisher>,
+    r: &Replay,
+    progress: &mut (dyn FnMut(&ReplayReport) + Send),
+) -> Result<ReplayReport, ReplayError>
+where
+    F: FnMut(Page) -> Fut,
+    Fut: std::future::Future<Output = Result<EventPage, Error>>,
+{
+    r.filter.check()?;
     let mut sender = publisher.map(|p| Sender::new(p, r));
     let mut report = ReplayReport::default();
     let mut page = Page {
@@ -179,10 +200,7 @@ pub async fn replay(
         limit: PAGE,
     };
     'pages: loop {
-        let got = store
-            .list_events(&listing, page)
-            .await
-            .map_err(ReplayError::Store)?;
+        let got = read(page).await.map_err(ReplayError::Store)?;
         for e in &got.events {
             if r.filter.to_seq.is_some_and(|to| e.seq > to) {
                 break 'pages;
@@ -328,5 +346,204 @@ impl<'a> Sender<'a> {
                 done: report.clone(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use chrono::{DateTime, Utc};
+
+    use super::*;
+    use crate::publish::Ack;
+
+    /// Event `seq` of aggregate `agg`.
+    fn ev(seq: i64, agg: &str) -> OutboxEvent {
+        OutboxEvent {
+            id: Uuid::from_u128(seq as u128),
+            seq,
+            aggregate_type: "order".into(),
+            aggregate_id: agg.into(),
+            event_type: if seq % 2 == 0 { "even" } else { "odd" }.into(),
+            payload: crate::JsonPayload::null(),
+            payload_bytes: None,
+            content_type: None,
+            headers: Default::default(),
+            attempts: 0,
+            attempts_unavailable: 0,
+            available_at: DateTime::<Utc>::MIN_UTC,
+            created_at: DateTime::<Utc>::MIN_UTC,
+            processed_at: Some(DateTime::<Utc>::MIN_UTC),
+            dead_at: None,
+            locked_by: None,
+            locked_until: None,
+            last_error: None,
+        }
+    }
+
+    /// A publisher that records what it was sent, counts sends of an aggregate that has a
+    /// message unacknowledged, and refuses `fail` (through its acknowledgement).
+    #[derive(Default)]
+    struct Fake {
+        sent: Mutex<Vec<i64>>,
+        unacked: Arc<Mutex<HashMap<String, usize>>>,
+        overlaps: AtomicUsize,
+        fail: Option<i64>,
+        key_order: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Publisher for Fake {
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        fn keeps_key_order(&self) -> bool {
+            self.key_order
+        }
+        async fn send(&self, m: &Message) -> Result<Ack, PublishError> {
+            {
+                let mut unacked = self.unacked.lock().unwrap();
+                let n = unacked.entry(m.aggregate_id.clone()).or_default();
+                if *n > 0 {
+                    self.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                *n += 1;
+            }
+            self.sent.lock().unwrap().push(m.seq);
+            let (unacked, agg) = (self.unacked.clone(), m.aggregate_id.clone());
+            let fails = self.fail == Some(m.seq);
+            Ok(Box::pin(async move {
+                tokio::task::yield_now().await;
+                *unacked.lock().unwrap().get_mut(&agg).unwrap() -= 1;
+                if fails {
+                    Err(PublishError::transient("refused"))
+                } else {
+                    Ok(())
+                }
+            }))
+        }
+    }
+
+    /// Pages of `size` over `events` (in seq order), as a store lists them.
+    async fn go(
+        events: &[OutboxEvent],
+        size: usize,
+        p: Option<&Fake>,
+        r: &Replay,
+    ) -> Result<ReplayReport, ReplayError> {
+        let read = |page: Page| {
+            let after = page.after_seq.unwrap_or(i64::MIN);
+            let rest: Vec<OutboxEvent> = events.iter().filter(|e| e.seq > after).cloned().collect();
+            let more = rest.len() > size;
+            let events: Vec<OutboxEvent> = rest.into_iter().take(size).collect();
+            let next_after_seq = if more {
+                events.last().map(|e| e.seq)
+            } else {
+                None
+            };
+            futures::future::ready(Ok(EventPage {
+                events,
+                next_after_seq,
+            }))
+        };
+        run(read, p.map(|p| p as &dyn Publisher), r, &mut |_| {}).await
+    }
+
+    fn interleaved() -> Vec<OutboxEvent> {
+        (1..=30)
+            .map(|s| ev(s, ["a", "b", "c"][(s % 3) as usize]))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_aggregate_has_one_message_unacknowledged_and_all_go_in_seq_order() {
+        let p = Fake::default();
+        let report = go(&interleaved(), 7, Some(&p), &Replay::default())
+            .await
+            .unwrap();
+        assert_eq!(report.replayed, 30);
+        assert_eq!(report.by_event_type["even"], 15);
+        assert_eq!(report.last_seq, Some(30));
+        assert_eq!(p.overlaps.load(Ordering::SeqCst), 0);
+        assert_eq!(*p.sent.lock().unwrap(), (1..=30).collect::<Vec<_>>());
+        // A broker that keeps key order may have several of one aggregate in flight.
+        let p = Fake {
+            key_order: true,
+            ..Fake::default()
+        };
+        go(&interleaved(), 7, Some(&p), &Replay::default())
+            .await
+            .unwrap();
+        assert!(p.overlaps.load(Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_event_stops_its_aggregate_and_names_the_seq_to_go_on_from() {
+        let p = Fake {
+            fail: Some(10),
+            ..Fake::default()
+        };
+        let e = go(&interleaved(), 7, Some(&p), &Replay::default())
+            .await
+            .unwrap_err();
+        let ReplayError::Publish { seq, done, .. } = e else {
+            panic!("{e}")
+        };
+        assert_eq!(seq, 10);
+        // Everything before 10 was acknowledged; nothing of 10's aggregate after it went.
+        assert!(done.replayed >= 9, "{done:?}");
+        let agg_of_10 = interleaved()[9].aggregate_id.clone();
+        let sent = p.sent.lock().unwrap().clone();
+        assert!(
+            !sent
+                .iter()
+                .any(|s| *s > 10 && interleaved()[*s as usize - 1].aggregate_id == agg_of_10),
+            "{sent:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn limit_range_and_dry_run() {
+        let all = interleaved();
+        let mut r = Replay {
+            limit: Some(5),
+            ..Replay::default()
+        };
+        r.filter.from_seq = Some(4);
+        let p = Fake::default();
+        let report = go(&all, 3, Some(&p), &r).await.unwrap();
+        assert_eq!(*p.sent.lock().unwrap(), vec![4, 5, 6, 7, 8]);
+        assert_eq!(report.next_from_seq, Some(9));
+        r.limit = None;
+        r.filter.to_seq = Some(12);
+        let report = go(&all, 3, None, &r).await.unwrap();
+        assert_eq!((report.replayed, report.next_from_seq), (9, None));
+        r.filter.to_seq = Some(3);
+        assert!(matches!(
+            go(&all, 3, None, &r).await,
+            Err(ReplayError::Filter(_))
+        ));
+    }
+
+    /// 11 sends at 20 a second: the last goes 10/20 s after the first (a lower bound only).
+    #[tokio::test]
+    async fn the_rate_spaces_the_sends() {
+        let r = Replay {
+            rate: NonZeroU32::new(20),
+            ..Replay::default()
+        };
+        let start = std::time::Instant::now();
+        go(&interleaved()[..11], 100, Some(&Fake::default()), &r)
+            .await
+            .unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(450),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }
