@@ -25,6 +25,7 @@ mod outboxes_cli;
 mod relay_process;
 mod replay_cli;
 mod replay_nats;
+mod replay_wal;
 mod routes_cli;
 mod secrets;
 mod settings_cli;

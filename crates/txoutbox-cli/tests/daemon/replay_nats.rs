@@ -13,14 +13,14 @@ use crate::common::*;
 /// One JetStream message as the test compares it: subject (without the stream's prefix),
 /// headers, payload.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Msg {
-    subject: String,
-    headers: BTreeMap<String, Vec<String>>,
-    payload: Vec<u8>,
+pub(crate) struct Msg {
+    pub subject: String,
+    pub headers: BTreeMap<String, Vec<String>>,
+    pub payload: Vec<u8>,
 }
 
 /// Every message of `s`, in stream order.
-async fn messages(s: &TestStream) -> Vec<Msg> {
+pub(crate) async fn messages(s: &TestStream) -> Vec<Msg> {
     let stream = s.js.get_stream(&s.name).await.expect("stream exists");
     let last = stream.cached_info().state.last_sequence;
     let mut out = Vec::new();
@@ -41,7 +41,7 @@ async fn messages(s: &TestStream) -> Vec<Msg> {
 }
 
 /// Every row, every column, as JSON text in seq order: what "no row changed" compares.
-async fn rows(db: &TestSchema) -> Vec<String> {
+pub(crate) async fn rows(db: &TestSchema) -> Vec<String> {
     sqlx::query_scalar(&format!(
         "SELECT to_jsonb(t)::text FROM {} t ORDER BY seq",
         db.table()
