@@ -121,15 +121,22 @@ pub async fn replay(
     RawQuery(q): RawQuery,
     body: Bytes,
 ) -> Result<Response, AppError> {
-    let b: Body = serde_json::from_slice(&body).map_err(|e| {
-        AppError::BadRequest(format!(
-            "send a JSON body: {{\"publisher\": URL, \"event_type\", \"aggregate_type\", \
-             \"aggregate_id\", \"created_after\", \"created_before\", \"from_seq\", \
-             \"to_seq\", \"limit\", \"rate\", \"dry_run\"}} ({e})"
-        ))
-    })?;
+    // Only a dry run goes without the token: a body that does not say so (or does not
+    // parse) answers as a change would.
+    let may_change = s.auth.mutate(&headers);
+    let b: Body = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            may_change?;
+            return Err(AppError::BadRequest(format!(
+                "send a JSON body: {{\"publisher\": URL, \"event_type\", \"aggregate_type\", \
+                 \"aggregate_id\", \"created_after\", \"created_before\", \"from_seq\", \
+                 \"to_seq\", \"limit\", \"rate\", \"dry_run\"}} ({e})"
+            )));
+        }
+    };
     if !b.dry_run {
-        s.auth.mutate(&headers)?;
+        may_change?;
     }
     let o = s.outbox(q.as_deref())?;
     let store = o.store()?;

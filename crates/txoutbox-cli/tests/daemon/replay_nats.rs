@@ -281,6 +281,11 @@ async fn the_admin_api_replays_with_the_token_and_counts_without_it() {
         let (status, text) = http(port, "POST", "/api/v1/replay", token, &body).await;
         assert_eq!(status, 401, "{token:?}: {text}");
     }
+    let (status, text) = http(port, "POST", "/api/v1/replay", None, "not json").await;
+    assert_eq!(
+        status, 401,
+        "a body that is no dry run needs the token first: {text}"
+    );
     assert_eq!(second.count().await, 0, "refused: nothing sent");
     // A dry run is a read: open on loopback.
     let (status, text) = http(port, "POST", "/api/v1/replay", None, r#"{"dry_run": true}"#).await;
