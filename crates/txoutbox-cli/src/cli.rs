@@ -12,7 +12,9 @@ use txoutbox::OutboxTable;
 use crate::values::{count, parse_bytes, parse_fraction, parse_slot, within};
 
 mod operator;
+mod replay;
 pub use operator::*;
+pub use replay::ReplayArgs;
 
 /// The library's defaults, which the flags start from and `--help` shows: defined once, in
 /// `RelayConfig::default()`, `Purger::default()` and `OutboxTable::default()`.
@@ -165,6 +167,10 @@ pub enum Command {
     /// List and inspect events in any state
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Publish retained events again (published rows the table still keeps), filtered by time,
+    /// seq range, aggregate and type, to a publisher you name: e.g. for a consumer that lost
+    /// its data. Read-only on the table; rate-limited with --rate; --dry-run counts
+    Replay(ReplayArgs),
     /// Run the seed's order service end to end: orders and events in transactions (some
     /// rolled back), the relay, and a check that exactly the committed events were delivered.
     /// Without --database-url it runs on an SQLite file in the temporary directory

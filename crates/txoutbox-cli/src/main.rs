@@ -198,6 +198,7 @@ async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Slot(a) => cmd::slot::run(ctx, a).await,
         Command::Dlq(a) => cmd::dlq::run(ctx, a).await,
         Command::Events(a) => cmd::events::run(ctx, a).await,
+        Command::Replay(a) => cmd::replay::run(ctx, a).await,
         Command::Demo(a) => cmd::demo::run(ctx, a).await,
         // `main` runs `config check` as `relay`'s command line; here only when it came
         // after options it does not take.

@@ -15,6 +15,14 @@ pub fn resolve(cli: &mut Cli) -> Result<(), UsageError> {
     if let Some(path) = cli.global.database_url_file.take() {
         cli.global.database_url = Some(read("--database-url-file (DATABASE_URL_FILE)", &path)?);
     }
+    if let Command::Replay(replay) = &mut cli.command {
+        if let Some(path) = replay.publisher_file.take() {
+            replay.publisher = Some(read(
+                "--publisher-file (TXOUTBOX_REPLAY_PUBLISHER_FILE)",
+                &path,
+            )?);
+        }
+    }
     if let Command::Relay(relay) = &mut cli.command {
         if let Some(path) = relay.publisher_file.take() {
             relay.publisher = Some(read("--publisher-file (TXOUTBOX_PUBLISHER_FILE)", &path)?);

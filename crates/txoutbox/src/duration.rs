@@ -57,6 +57,8 @@ impl DurationRange {
     pub const PARTITION_LEASE: Self = Self::new(secs(2), secs(HOUR));
     /// How long published rows are kept (`Purger::keep`; 0: deleted on settle).
     pub const RETENTION_PERIOD: Self = Self::new(Duration::ZERO, secs(36_500 * DAY));
+    /// How far back `txoutbox replay --since` reaches (events created since then).
+    pub const REPLAY_SINCE: Self = Self::new(ms(1), secs(36_500 * DAY));
     /// How often the retention purge runs (`Purger::every`).
     pub const RETENTION_INTERVAL: Self = Self::new(ms(100), secs(DAY));
     /// How often the daemon refreshes its database-backed gauges.

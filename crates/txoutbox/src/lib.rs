@@ -60,6 +60,7 @@ pub mod payload;
 pub mod publish;
 pub mod redact;
 pub mod relay;
+pub mod replay;
 pub mod retention;
 pub mod retry;
 pub mod store;

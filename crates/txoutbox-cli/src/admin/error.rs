@@ -20,6 +20,8 @@ pub enum AppError {
     Forbidden(String),
     /// 404
     NotFound(String),
+    /// 409: the call conflicts with one under way (a replay); the message says so.
+    Conflict(String),
     /// 503: not available yet (no reading taken yet); the message says so.
     Unavailable(String),
     /// 500: logged, not shown.
@@ -52,6 +54,7 @@ impl IntoResponse for AppError {
             ),
             AppError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             AppError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            AppError::Conflict(m) => (StatusCode::CONFLICT, m),
             AppError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, m),
             AppError::Internal(e) => {
                 let e = txoutbox::redact::redact_secrets(&format!("{e:#}"));

@@ -9,6 +9,7 @@ mod dashboard;
 mod error;
 pub mod ops;
 pub mod process;
+mod replay;
 pub mod sampler;
 
 use anyhow::Context;
@@ -47,6 +48,8 @@ pub struct OutboxAdmin {
     pub history: Arc<sampler::History>,
     conn: std::sync::RwLock<Option<Conn>>,
     error: std::sync::Mutex<Option<String>>,
+    /// Held while `POST /api/v1/replay` runs: one replay per outbox at a time.
+    replaying: tokio::sync::Mutex<()>,
 }
 
 /// An outbox's database handles for the admin listener.
@@ -76,6 +79,7 @@ impl OutboxAdmin {
             history: Arc::default(),
             conn: std::sync::RwLock::new(None),
             error: std::sync::Mutex::new(None),
+            replaying: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -237,6 +241,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/dead-letters/{id}/retry", post(api::retry_one))
         .route("/dead-letters/{id}/discard", post(api::discard_one))
+        .route("/replay", post(replay::replay))
         .fallback(api::not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -9,6 +9,7 @@ pub mod events;
 pub mod man;
 pub mod migrate;
 pub mod relay;
+pub mod replay;
 mod routes;
 pub mod slot;
 pub mod status;
