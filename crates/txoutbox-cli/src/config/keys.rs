@@ -78,10 +78,10 @@ pub fn read(place: &str, at: &str, table: toml::Table) -> anyhow::Result<Vec<(St
             let hint = nearest(&id)
                 .map(|n| format!(" (did you mean `{n}`?)"))
                 .unwrap_or_default();
-            bail!("config file {file}: unknown setting `{at}{key}`{hint}");
+            bail!("{file}: unknown setting `{at}{key}`{hint}");
         }
         if keys.insert(id.clone(), value).is_some() {
-            bail!("config file {file}: `{at}{id}` is set twice (as `{key}` and with `_`)");
+            bail!("{file}: `{at}{id}` is set twice (as `{key}` and with `_`)");
         }
     }
     let typed: Keys = serde_path_to_error::deserialize(toml::Value::Table(keys)).map_err(|e| {
@@ -92,7 +92,7 @@ pub fn read(place: &str, at: &str, table: toml::Table) -> anyhow::Result<Vec<(St
         } else {
             e.inner().to_string()
         };
-        anyhow::anyhow!("config file {file}: `{at}{key}`: {}", first_line(&why))
+        anyhow::anyhow!("{file}: `{at}{key}`: {}", first_line(&why))
     })?;
     typed.settings()
 }

@@ -462,7 +462,7 @@ async fn a_bad_outbox_entry_is_one_error_that_names_it() {
         ),
         (
             format!("{ok}[[outbox]]\nname = \"b\"\nbatch_size = \"many\"\n"),
-            vec!["outbox `b`", "many"],
+            vec!["[[outbox]] number 2 (`b`): `batch_size`", "many", "whole number"],
             vec![],
         ),
         (
