@@ -19,7 +19,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use txoutbox::publish::{PublishError, Publisher};
+use txoutbox::publish::Publisher;
 use txoutbox::store::Operator;
 use txoutbox::OutboxTable;
 
@@ -307,26 +307,6 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
-}
-
-/// A publisher lent to a relay by its owner (the process's pool of publishers, shared by
-/// several outboxes' relays): the relay closes its publisher when it stops, and closing this
-/// leaves the lent one open; its owner closes it once, after every relay that uses it has
-/// stopped. Everything else is the lent publisher's.
-pub struct Lent(pub Arc<dyn Publisher>);
-
-#[async_trait::async_trait]
-impl txoutbox::publish::Forward for Lent {
-    type Inner = dyn Publisher;
-
-    fn inner(&self) -> &dyn Publisher {
-        &*self.0
-    }
-
-    /// Not closed here: its owner closes it.
-    async fn close(&self) -> Result<(), PublishError> {
-        Ok(())
-    }
 }
 
 #[cfg(all(test, feature = "sqlite", feature = "mysql"))]

@@ -81,7 +81,12 @@ pub async fn run(ctx: &Ctx, a: DemoArgs) -> anyhow::Result<ExitCode> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bar.finish();
+    let publisher = relay.publisher();
     relay.shutdown().await.context("relay failed")?;
+    // The relay leaves its publisher open: this command made it, and closes it.
+    if let Err(e) = publisher.close().await {
+        tracing::warn!(error = %e, "publisher did not close cleanly");
+    }
 
     let d = delivered.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
     let got = committed.iter().filter(|id| d.contains(*id)).count();

@@ -144,12 +144,12 @@ pub trait Publisher: Send + Sync + 'static {
         self.check().await
     }
 
-    /// Flush and close. Called once, on shutdown, by the publisher's owner: whoever was
-    /// handed it (a [`Relay`](crate::relay::Relay) closes the one it was given when it stops).
-    /// A wrapper ([`Forward`], and so `Box` and `Arc`) closes the publisher it wraps; a
-    /// publisher shared by several users is closed by whoever shared it out, once every user
-    /// has stopped, never by each user (lend it to them behind a wrapper whose `close` leaves
-    /// it open).
+    /// Flush and close. Called once, on shutdown, by the publisher's owner: whoever made it
+    /// (the caller), never whoever it was lent to. A [`Relay`](crate::relay::Relay) does not
+    /// close the publisher it was given; its owner closes it once the relay has stopped
+    /// ([`Relay::publisher`](crate::relay::Relay::publisher)), and a publisher shared by
+    /// several relays once every one has stopped. A wrapper ([`Forward`], and so `Box` and
+    /// `Arc`) closes the publisher it wraps.
     async fn close(&self) -> Result<(), PublishError> {
         Ok(())
     }

@@ -38,8 +38,11 @@ use membership::{heartbeat_loop, rebalance};
 /// let store = PgStore::new(pool, OutboxTable::default());
 /// let publisher = publish::connect("nats://127.0.0.1:4222?stream=OUTBOX").await?;
 /// let handle = Relay::new(store, publisher, RelayConfig::default()).spawn();
-/// // ... on shutdown: finish in-flight events, settle them, release leases.
+/// // ... on shutdown: finish in-flight events, settle them, release leases; then close the
+/// // publisher, which the relay leaves open (its owner closes it).
+/// let publisher = handle.publisher();
 /// let stats = handle.shutdown().await?;
+/// publisher.close().await?;
 /// println!("published {}", stats.published);
 /// # Ok(()) }
 /// ```
@@ -161,19 +164,19 @@ impl Relay {
         &self.config
     }
 
-    /// Run until `cancel` fires (or, with `exit_when_drained`, until nothing is left).
-    /// On cancel: stop reading, finish and settle what is in flight, release leases. The
-    /// publisher is closed when the relay stops, however it stops.
-    pub async fn run(&self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
-        let result = self.run_open(&cancel).await;
-        if let Err(e) = self.publisher.close().await {
-            tracing::warn!(error = %e, "publisher did not close cleanly");
-        }
-        result
+    /// The publisher this relay publishes to. The relay never closes it: its owner does,
+    /// once the relay has stopped (`let p = relay.publisher(); relay.run(..).await; p.close()`),
+    /// and a publisher shared by several relays once every one of them has stopped.
+    pub fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
     }
 
-    /// [`Relay::run`] up to closing the publisher: the source picked by the settings, run.
-    async fn run_open(&self, cancel: &CancellationToken) -> Result<RelayStats, RelayError> {
+    /// Run until `cancel` fires (or, with `exit_when_drained`, until nothing is left).
+    /// On cancel: stop reading, finish and settle what is in flight, release leases. The
+    /// publisher is left open, however the relay stops: close it with [`Publisher::close`]
+    /// once it returns ([`Relay::publisher`]).
+    pub async fn run(&self, cancel: CancellationToken) -> Result<RelayStats, RelayError> {
+        let cancel = &cancel;
         self.config.validate().map_err(RelayError::Config)?;
         match self.config.source {
             Source::Table => {
@@ -512,11 +515,16 @@ impl Relay {
     /// Run on a task of its own. The handle stops it gracefully.
     pub fn spawn(self) -> RelayHandle {
         let cancel = CancellationToken::new();
+        let publisher = self.publisher();
         let task = {
             let cancel = cancel.clone();
             crate::relay::spawn_here(async move { self.run(cancel).await })
         };
-        RelayHandle { cancel, task }
+        RelayHandle {
+            cancel,
+            task,
+            publisher,
+        }
     }
 }
 
@@ -524,9 +532,15 @@ impl Relay {
 pub struct RelayHandle {
     cancel: CancellationToken,
     task: JoinHandle<Result<RelayStats, RelayError>>,
+    publisher: Arc<dyn Publisher>,
 }
 
 impl RelayHandle {
+    /// The relay's publisher, to close once the relay has stopped ([`Relay::publisher`]).
+    pub fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
     /// The token that stops the relay (e.g. to tie it to the service's own shutdown).
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()

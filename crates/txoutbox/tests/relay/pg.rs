@@ -106,9 +106,16 @@ async fn delivers_everything_once_in_order_with_the_message_contract() {
         db.processed().await == 1000
     })
     .await;
+    let owned = handle.publisher();
     let stats = shutdown(handle).await;
     assert_eq!(stats.published, 1000);
-    assert!(publisher.is_closed(), "publisher closed on shutdown");
+    // The relay leaves its publisher open: its owner closes it.
+    assert!(
+        !publisher.is_closed(),
+        "the relay closed a publisher it does not own"
+    );
+    owned.close().await.unwrap();
+    assert!(publisher.is_closed(), "closed by its owner");
 
     let acked = publisher.acked();
     assert_eq!(acked.len(), 1000);
@@ -515,7 +522,10 @@ async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
         .collect();
     assert_eq!(acked, published);
     assert_eq!(stats.published as i64, processed);
-    assert!(publisher.is_closed());
+    assert!(
+        !publisher.is_closed(),
+        "the relay closed a publisher it does not own"
+    );
 
     // What is left is delivered by the next relay.
     let next = RecordingPublisher::new();

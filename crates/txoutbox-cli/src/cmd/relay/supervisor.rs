@@ -14,7 +14,7 @@ use txoutbox::store::Operator;
 
 use super::{redact, shown_publishers, Plan};
 use crate::admin::ops::Ops;
-use crate::admin::{Lent, OutboxAdmin};
+use crate::admin::OutboxAdmin;
 use crate::cmd::retention;
 use crate::cmd::slot::SlotReader;
 use crate::ctx::{RelayStore, UsageError};
@@ -152,7 +152,7 @@ impl Supervisor {
                         retention_period = %txoutbox::relay::format_duration(self.plan.keep),
                         "starting relay"
                     );
-                    let relay = store.relay(Box::new(Lent(publisher)), config.clone());
+                    let relay = store.relay(Box::new(publisher), config.clone());
                     let ran = std::time::Instant::now();
                     let result = relay.run(self.cancel.clone()).await;
                     stop.cancel();
