@@ -4,8 +4,7 @@ use super::*;
 
 #[test]
 fn own_params_are_taken_off_the_endpoint() {
-    let u =
-        url::Url::parse("https://u:p@h/x?token=a%20b&timeout=5s&secret_file=/s&z=1").unwrap();
+    let u = url::Url::parse("https://u:p@h/x?token=a%20b&timeout=5s&secret_file=/s&z=1").unwrap();
     assert_eq!(endpoint(&u).as_str(), "https://u:p@h/x?token=a+b&z=1");
     let u = url::Url::parse("http://h/x?timeout=5s").unwrap();
     assert_eq!(endpoint(&u).as_str(), "http://h/x");
