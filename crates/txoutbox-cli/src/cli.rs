@@ -269,7 +269,7 @@ pub struct RelayArgs {
     pub routes: Vec<crate::config::RouteSpec>,
     /// Where committed events come from: `table` claims rows of the outbox table (every
     /// database); `wal` reads them from PostgreSQL's logical replication slot in commit order
-    /// (PostgreSQL 15+, wal_level = logical, a role with REPLICATION; see docs/wal.md)
+    /// (PostgreSQL 14+, wal_level = logical, a role with REPLICATION; see docs/wal.md)
     #[arg(long, help_heading = "Source", env = "TXOUTBOX_SOURCE", value_enum, default_value_t = DEFAULTS.relay.source)]
     pub source: Source,
     /// With --source wal: the replication slot to read, created when missing (1 to 63 of

@@ -66,7 +66,7 @@ pub enum Source {
     /// Claim rows of the outbox table (every database).
     #[default]
     Table,
-    /// Read committed inserts from PostgreSQL's logical replication stream (PostgreSQL 15+,
+    /// Read committed inserts from PostgreSQL's logical replication stream (PostgreSQL 14+,
     /// `wal_level = logical`), in commit order; events that cannot go now are handed to the
     /// table, which is also the way back when the stream's slot is lost.
     Wal,

@@ -204,9 +204,18 @@ async fn an_idle_stream_sends_status_updates() {
     };
     let before = reply_time().await;
     let started = chrono::Utc::now();
-    // Nothing to stream: `next` waits, and sends its status update meanwhile.
-    let idle = tokio::time::timeout(Duration::from_secs(11), stream.next()).await;
-    assert!(idle.is_err(), "nothing was inserted: {idle:?}");
+    // Nothing to stream: `next` waits, and sends its status update meanwhile. PostgreSQL 14
+    // streams every transaction of the database, those without a change of the publication's
+    // as a Begin and a Commit alone (the other tests write beside this one); 15 and later skip
+    // them.
+    let idle_until = tokio::time::Instant::now() + Duration::from_secs(11);
+    loop {
+        match tokio::time::timeout_at(idle_until, stream.next()).await {
+            Err(_) => break,
+            Ok(Ok(empty)) if matches!(empty.data.first(), Some(b'B' | b'C')) => {}
+            other => panic!("nothing was inserted: {other:?}"),
+        }
+    }
     let after = reply_time()
         .await
         .expect("a status update reached the server");

@@ -43,8 +43,9 @@ use crate::OutboxTable;
 /// tries.
 const IMMEDIATE_TRIES: u32 = 3;
 
-/// The oldest server the WAL source runs on (`server_version_num`).
-const MIN_SERVER_VERSION: i32 = 150_000;
+/// The oldest server the WAL source runs on (`server_version_num`): 14 brought the `binary` and
+/// `messages` options of `pgoutput` that it reads the slot with.
+const MIN_SERVER_VERSION: i32 = 140_000;
 
 /// An aggregate: its type and id.
 pub type AggregateKey = (String, String);
@@ -241,7 +242,7 @@ impl WalStore {
         self.store.pool()
     }
 
-    /// Check the server before reading: PostgreSQL 15 or later, `wal_level = logical`, the
+    /// Check the server before reading: PostgreSQL 14 or later, `wal_level = logical`, the
     /// schema migrated, the publication there (created if missing). Returns warnings to log
     /// (e.g. `max_slot_wal_keep_size` unlimited).
     pub async fn preflight(&self) -> Result<Vec<String>, Error> {
@@ -252,7 +253,7 @@ impl WalStore {
             .map_err(Error::Database)?;
         if version.trim().parse::<i32>().unwrap_or(0) < MIN_SERVER_VERSION {
             return Err(WalError::Setup(format!(
-                "the WAL source needs PostgreSQL 15 or later (server_version_num {version}); \
+                "the WAL source needs PostgreSQL 14 or later (server_version_num {version}); \
                  use --source table"
             ))
             .into());
