@@ -8,7 +8,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::check::FinalTruth;
+use crate::check::{FinalTruth, Verdict};
 use crate::relays::RelaySlot;
 
 /// Record every claim (who, from when, until when) with triggers, so the checker can tell
@@ -197,4 +197,201 @@ pub(crate) struct Audit {
     pub in_flight_at_freeze: usize,
     /// A WAL run's stream sends, under no lease.
     pub unleased: usize,
+}
+
+/// One relay slot's sends of an event, as its broker tap saw them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sent {
+    /// The relay slot (`chaos-r<slot>-g*`).
+    pub slot: usize,
+    /// Its first send of the event (seconds since the epoch).
+    pub first: f64,
+    /// How many times it sent it.
+    pub times: usize,
+    /// The relay whose claim of the event covered that first send: the table path's (or the
+    /// table source's) claim. `None`: no claim of this slot covered it, so with `--source wal`
+    /// the stream sent it (or a relay sent it outside its lease).
+    pub claimed_by: Option<String>,
+}
+
+/// Who sent each of `ids`, from the broker taps and the claim audit: every slot that sent it,
+/// in the order of their first sends. Partition leases are not looked at: an ordered table
+/// relay's sends show as unclaimed.
+pub(crate) async fn senders(
+    pool: &PgPool,
+    slots: &[RelaySlot],
+    ids: &[Uuid],
+) -> anyhow::Result<HashMap<Uuid, Vec<Sent>>> {
+    let rows: Vec<(Uuid, String, f64, f64)> = sqlx::query_as(
+        "SELECT id, relay, extract(epoch FROM claimed_at)::float8, extract(epoch FROM locked_until)::float8
+         FROM chaos_claims WHERE id = ANY($1) ORDER BY claimed_at",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .context("read the claims of the events out of order")?;
+    let wanted: HashSet<String> = ids.iter().map(Uuid::to_string).collect();
+    let mut out: HashMap<Uuid, Vec<Sent>> = HashMap::new();
+    for s in slots {
+        let Some(tap) = s.broker.tap() else { continue };
+        let log = tap.lock().map(|l| l.clone()).unwrap_or_default();
+        let mut mine: HashMap<Uuid, Sent> = HashMap::new();
+        for (id, at) in log.iter().filter(|(id, _)| wanted.contains(id)) {
+            let Ok(id) = Uuid::parse_str(id) else {
+                continue;
+            };
+            let sent = mine.entry(id).or_insert(Sent {
+                slot: s.index,
+                first: epoch(*at),
+                times: 0,
+                claimed_by: None,
+            });
+            sent.times += 1;
+        }
+        let prefix = format!("chaos-r{}-", s.index);
+        for (id, mut sent) in mine {
+            // The latest claim that covers it.
+            sent.claimed_by = rows
+                .iter()
+                .rfind(|(c, relay, from, until)| {
+                    *c == id
+                        && relay.starts_with(&prefix)
+                        && sent.first + 0.05 >= *from
+                        && sent.first <= *until
+                })
+                .map(|(_, relay, _, _)| relay.clone());
+            out.entry(id).or_default().push(sent);
+        }
+    }
+    for sends in out.values_mut() {
+        sends.sort_by(|a, b| a.first.total_cmp(&b.first));
+    }
+    Ok(out)
+}
+
+/// Each order violation the verdict names, with who sent the two events (from the broker taps
+/// and the claim audit): which relay slot, when, and by which path.
+pub(crate) async fn print_violations(
+    pool: &PgPool,
+    slots: &[RelaySlot],
+    verdict: &Verdict,
+    wal: bool,
+) -> anyhow::Result<()> {
+    let ids: Vec<Uuid> = verdict
+        .violations
+        .iter()
+        .flat_map(|v| [v.late.id, v.ahead.id])
+        .collect();
+    let sent = senders(pool, slots, &ids).await?;
+    let attempts: HashMap<Uuid, i32> =
+        sqlx::query_as("SELECT id, attempts FROM chaos_commits WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(pool)
+            .await
+            .context("read the failed attempts of the events out of order")?
+            .into_iter()
+            .collect();
+    let tried = |id: &Uuid| attempts.get(id).copied().unwrap_or(0);
+    for v in &verdict.violations {
+        println!(
+            "order violation: aggregate {}: seq {} ({}, broker position {}, failed attempts {}) first delivered after seq {} ({}, position {}, failed attempts {})",
+            v.aggregate,
+            v.late.seq,
+            v.late.id,
+            v.late.position,
+            tried(&v.late.id),
+            v.ahead.seq,
+            v.ahead.id,
+            v.ahead.position,
+            tried(&v.ahead.id),
+        );
+        println!(
+            "  seq {} sent by {}; seq {} sent by {}",
+            v.ahead.seq,
+            describe_sends(sent.get(&v.ahead.id), wal),
+            v.late.seq,
+            describe_sends(sent.get(&v.late.id), wal),
+        );
+    }
+    if verdict.order_violations > verdict.violations.len() {
+        println!(
+            "order violations not shown: {}",
+            verdict.order_violations - verdict.violations.len()
+        );
+    }
+    Ok(())
+}
+
+/// `sends` in a line: `r2 at 17:55:16.030 (table path, chaos-r2-g1's claim)`, per slot.
+pub(crate) fn describe_sends(sends: Option<&Vec<Sent>>, wal: bool) -> String {
+    let Some(sends) = sends.filter(|s| !s.is_empty()) else {
+        return "no send seen on the wire".into();
+    };
+    let unclaimed = if wal { "stream" } else { "no row claim" };
+    sends
+        .iter()
+        .map(|s| {
+            let path = match &s.claimed_by {
+                Some(relay) if wal => format!("table path, {relay}'s claim"),
+                Some(relay) => format!("{relay}'s claim"),
+                None => unclaimed.to_string(),
+            };
+            let again = if s.times > 1 {
+                format!(", sent {} times", s.times)
+            } else {
+                String::new()
+            };
+            format!("r{} at {} ({path}{again})", s.slot, clock(s.first))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Seconds since the epoch as a UTC time of day, `HH:MM:SS.mmm` (what the relays' logs show).
+pub(crate) fn clock(epoch: f64) -> String {
+    let ms = (epoch * 1000.0).round() as u64;
+    let day = ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        day / 3_600_000,
+        day / 60_000 % 60,
+        day / 1000 % 60,
+        day % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sends_are_described_by_slot_time_and_path() {
+        // 2026-12-06T17:55:16.030Z and .072Z.
+        let at = 1_796_579_716.030;
+        assert_eq!(clock(at), "17:55:16.030");
+        let sends = vec![
+            Sent {
+                slot: 2,
+                first: at,
+                times: 1,
+                claimed_by: Some("chaos-r2-g1".into()),
+            },
+            Sent {
+                slot: 0,
+                first: at + 0.042,
+                times: 3,
+                claimed_by: None,
+            },
+        ];
+        assert_eq!(
+            describe_sends(Some(&sends), true),
+            "r2 at 17:55:16.030 (table path, chaos-r2-g1's claim), \
+             r0 at 17:55:16.072 (stream, sent 3 times)"
+        );
+        assert_eq!(
+            describe_sends(Some(&sends[1..].to_vec()), false),
+            "r0 at 17:55:16.072 (no row claim, sent 3 times)"
+        );
+        assert_eq!(describe_sends(None, true), "no send seen on the wire");
+    }
 }

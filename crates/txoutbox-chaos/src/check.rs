@@ -43,6 +43,29 @@ pub struct Verdict {
     pub poison_wrong: usize,
     /// A few lost ids, for the report.
     pub lost_sample: Vec<Uuid>,
+    /// The first order violations, for the report (at most [`MAX_VIOLATIONS_SHOWN`]).
+    pub violations: Vec<Violation>,
+}
+
+/// How many order violations the verdict names.
+pub const MAX_VIOLATIONS_SHOWN: usize = 20;
+
+/// One delivery in the broker's order: the event, its seq, and its position in the stream
+/// (0-based, duplicates counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub id: Uuid,
+    pub seq: i64,
+    pub position: usize,
+}
+
+/// An event of `aggregate` first delivered (`late`) after an event of the same aggregate
+/// with a higher seq (`ahead`, the highest delivered before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub aggregate: String,
+    pub late: Delivered,
+    pub ahead: Delivered,
 }
 
 impl Verdict {
@@ -65,8 +88,9 @@ pub fn check(truth: &FinalTruth, deliveries: &[Uuid], dead: &HashSet<Uuid>) -> V
         ..Default::default()
     };
     let mut seen: HashSet<Uuid> = HashSet::with_capacity(deliveries.len());
-    let mut last: HashMap<&str, i64> = HashMap::new();
-    for id in deliveries {
+    // Per aggregate: the first delivery of its highest seq so far.
+    let mut last: HashMap<&str, Delivered> = HashMap::new();
+    for (position, id) in deliveries.iter().enumerate() {
         if !seen.insert(*id) {
             v.duplicates += 1;
             continue;
@@ -77,10 +101,24 @@ pub fn check(truth: &FinalTruth, deliveries: &[Uuid], dead: &HashSet<Uuid>) -> V
                 if truth.poison.contains(id) {
                     v.poison_wrong += 1;
                 }
-                if let Some(prev) = last.insert(agg.as_str(), *seq) {
-                    if *seq < prev {
+                let this = Delivered {
+                    id: *id,
+                    seq: *seq,
+                    position,
+                };
+                match last.get(agg.as_str()) {
+                    Some(ahead) if ahead.seq > *seq => {
                         v.order_violations += 1;
-                        last.insert(agg.as_str(), prev);
+                        if v.violations.len() < MAX_VIOLATIONS_SHOWN {
+                            v.violations.push(Violation {
+                                aggregate: agg.clone(),
+                                late: this,
+                                ahead: *ahead,
+                            });
+                        }
+                    }
+                    _ => {
+                        last.insert(agg.as_str(), this);
                     }
                 }
             }
@@ -187,11 +225,67 @@ mod tests {
     }
 
     #[test]
+    fn a_violation_names_the_highest_seq_delivered_before_it() {
+        let dead = HashSet::from([id(50)]);
+        // a: 3 (twice), then 1 and 2, each behind 3; b in order around them.
+        let v = check(&truth(), &[10, 3, 3, 1, 11, 2].map(id), &dead);
+        assert_eq!(v.order_violations, 2);
+        let named: Vec<(&str, i64, usize, i64, usize)> = v
+            .violations
+            .iter()
+            .map(|v| {
+                (
+                    v.aggregate.as_str(),
+                    v.late.seq,
+                    v.late.position,
+                    v.ahead.seq,
+                    v.ahead.position,
+                )
+            })
+            .collect();
+        assert_eq!(named, vec![("a", 1, 3, 3, 1), ("a", 2, 5, 3, 1)]);
+        assert!(v.violations.iter().all(|v| v.ahead.id == id(3)));
+        assert!(!v.ok(true));
+    }
+
+    #[test]
+    fn only_the_first_violations_are_named_all_are_counted() {
+        let mut t = FinalTruth::default();
+        let n = MAX_VIOLATIONS_SHOWN as u128 + 5;
+        // Aggregate z: the last event first, then every other one behind it.
+        for i in 0..=n {
+            t.committed.insert(id(1000 + i), ("z".into(), i as i64));
+        }
+        let mut d = vec![id(1000 + n)];
+        d.extend((0..n).map(|i| id(1000 + i)));
+        let v = check(&t, &d, &HashSet::new());
+        assert_eq!(v.order_violations, n as usize);
+        assert_eq!(v.violations.len(), MAX_VIOLATIONS_SHOWN);
+        assert_eq!(v.violations[0].late.seq, 0);
+    }
+
+    #[test]
     fn each_broken_invariant_is_caught() {
         let dead = HashSet::from([id(50)]);
         // 3 missing (lost), 99 delivered (phantom), 2 before 1 (order).
         let v = check(&truth(), &[2, 1, 10, 11, 99].map(id), &dead);
         assert_eq!((v.lost, v.phantom, v.order_violations), (1, 1, 1));
+        assert_eq!(
+            v.violations,
+            vec![Violation {
+                aggregate: "a".into(),
+                late: Delivered {
+                    id: id(1),
+                    seq: 1,
+                    position: 1
+                },
+                ahead: Delivered {
+                    id: id(2),
+                    seq: 2,
+                    position: 0
+                },
+            }]
+        );
         assert_eq!(v.lost_sample, vec![id(3)]);
         assert!(!v.ok(true));
         assert!(!v.ok(false));

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::audit::{install_claim_audit, unfenced_sends};
+use crate::audit::{install_claim_audit, print_violations, unfenced_sends};
 use crate::broker::Broker;
 use crate::check::{self, FinalTruth};
 use crate::cluster::PgCluster;
@@ -299,6 +299,9 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     }
     if !verdict.lost_sample.is_empty() {
         println!("lost, for example: {:?}", verdict.lost_sample);
+    }
+    if !verdict.violations.is_empty() {
+        print_violations(&pool, &slots, &verdict, wal).await?;
     }
     let ok = verdict.ok(ordered)
         && unfenced == 0

@@ -353,3 +353,64 @@ async fn a_settle_writes_nothing_while_a_transaction_of_its_batch_is_open() {
         h.cleanup().await;
     }
 }
+
+/// The table path's ordered claim passes over a row another statement holds (SKIP LOCKED):
+/// the outage watch's `retry_now`, making due at once a failed event whose backoff is just
+/// running out. The claim must not then take that aggregate's later events without it (they
+/// would go out ahead of it): they wait, and the next claim takes them all, in order. Other
+/// aggregates are claimed as usual.
+#[tokio::test]
+async fn an_ordered_claim_never_takes_later_events_past_an_earlier_row_it_skipped() {
+    use std::time::Duration;
+    use txoutbox::store::{ClaimBytes, ClaimParams, Ordering, Retention, Store};
+    let h = PgHarness::new().await;
+    let path = std::sync::Arc::new(h.pool_store_with(Retention::Delete).wal()).table_path();
+    let outbox = h.outbox();
+    let first = outbox.enqueue(&h.pool, &event("a", 1)).await.unwrap();
+    let second = outbox.enqueue(&h.pool, &event("a", 2)).await.unwrap();
+    let other = outbox.enqueue(&h.pool, &event("b", 1)).await.unwrap();
+    let t = h.table.qualified();
+    // All three handed over: the first after a failed attempt whose backoff has run out, the
+    // others held (unattempted, due).
+    h.exec(&format!(
+        "UPDATE {t} SET handed_off_at = now(), attempts = 1, attempts_unavailable = 1, \
+         available_at = now() - interval '1 second' WHERE id = '{first}'; \
+         UPDATE {t} SET handed_off_at = now() WHERE id IN ('{second}', '{other}')"
+    ))
+    .await;
+    let claim = |token| ClaimParams {
+        relay_id: "wal-relay",
+        token,
+        limit: 100,
+        bytes: ClaimBytes::UNLIMITED,
+        lease: Duration::from_secs(30),
+        ordering: Ordering::Ordered,
+        in_flight: &[],
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
+    };
+
+    // `retry_now` on the first event, its statement not yet committed: the row is locked.
+    let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {t} SET available_at = now() WHERE id = $1"
+    ))
+    .bind(first)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let c = path.claim(claim(uuid::Uuid::new_v4())).await.unwrap();
+    let ids: Vec<_> = c.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        vec![other],
+        "a's second event claimed while its first, claimable, was skipped (first {first}, \
+         second {second})"
+    );
+
+    tx.commit().await.unwrap();
+    let c = path.claim(claim(uuid::Uuid::new_v4())).await.unwrap();
+    let ids: Vec<_> = c.events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, vec![first, second], "a's events together, in order");
+    h.cleanup().await;
+}

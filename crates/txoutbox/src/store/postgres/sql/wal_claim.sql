@@ -1,11 +1,16 @@
 -- The table path of a WAL relay: claim handed-off events (see migration 4), leased like the
 -- unordered claim. Ordered ($5), an event waits while an earlier event of its aggregate backs
 -- off, is leased, or (with $6, `hold`) is dead: one short probe of the `blocking` index.
+-- And (`c`) while an earlier one in that index, not dead, is missing from the rows this claim
+-- locked (`locked`) though nothing above held it back: SKIP LOCKED passed it over because
+-- another statement held its row at that moment (the outage watch's retry_now, making failed
+-- events due as their broker answers again). Else its later events would go out ahead of it.
 -- Up to the byte budget, as claim.sql. $1 limit, $2 lease (ms), $3 relay id, $4 token, $7 the
 -- byte budget, $8 the per-event ceiling.
 WITH RECURSIVE lim AS (SELECT $7::int8 AS batch, $8::int8 AS event),
-c AS (
-   SELECT e.id, e.seq, {{stored_size}} FROM {{table}} e
+locked AS (
+   SELECT e.id, e.seq, e.partition_key, e.aggregate_type, e.aggregate_id, {{stored_size}}
+   FROM {{table}} e
    WHERE e.handed_off_at IS NOT NULL AND e.processed_at IS NULL AND e.dead_at IS NULL
      AND e.available_at <= now()
      AND (e.locked_until IS NULL OR e.locked_until <= now())
@@ -20,6 +25,17 @@ c AS (
    ORDER BY e.seq
    LIMIT $1
    FOR UPDATE OF e SKIP LOCKED
+),
+c AS (
+   SELECT l.* FROM locked l
+   WHERE NOT ($5 AND EXISTS (
+     SELECT 1 FROM {{table}} b
+     WHERE b.partition_key = l.partition_key AND b.seq < l.seq
+       AND {{blocking}}
+       AND b.aggregate_type = l.aggregate_type AND b.aggregate_id = l.aggregate_id
+       AND b.handed_off_at IS NOT NULL AND b.dead_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM locked x WHERE x.id = b.id)
+     OFFSET 0))
 ),
 {{within_bytes}}
 UPDATE {{table}} AS e
