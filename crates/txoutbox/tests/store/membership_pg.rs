@@ -563,3 +563,41 @@ async fn commits_to_another_relays_partitions_neither_notify_nor_wake_an_idle_re
     assert_eq!(db.count_where("processed_at IS NOT NULL").await, 1);
     db.cleanup().await;
 }
+
+/// The table source's half of the WAL table path's test
+/// (`wal_pg::an_ordered_claim_never_takes_later_events_past_an_earlier_row_it_skipped`): an
+/// earlier event's row held by another statement (the outage watch's `retry_now`, not yet
+/// committed) is not passed over by the ordered claim, which reads and locks no row: the
+/// aggregate's events come together, in order, never the later one alone.
+#[tokio::test]
+async fn an_ordered_claim_takes_an_earlier_event_whose_row_another_statement_holds() {
+    use sqlx::Connection;
+    let db = PgHarness::new().await;
+    let a = db.pool_store();
+    let ids = enqueue(&db, "x", 2).await;
+    let t = db.table.qualified();
+    // The first failed once and its backoff has run out; the second was never attempted.
+    db.exec(&format!(
+        "UPDATE {t} SET attempts = 1, attempts_unavailable = 1, \
+         available_at = now() - interval '1 second' WHERE id = '{}'",
+        ids[0]
+    ))
+    .await;
+    a.rebalance(join("A", Uuid::new_v4(), Ordering::Ordered))
+        .await
+        .unwrap();
+    let url = txoutbox::testing::postgres::database_url();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {t} SET available_at = now() WHERE id = $1"
+    ))
+    .bind(ids[0])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let c = a.claim(ordered_claim("A", Uuid::new_v4())).await.unwrap();
+    assert_eq!(c.ids(), ids, "x's events together, in order");
+    tx.commit().await.unwrap();
+    db.cleanup().await;
+}
