@@ -47,6 +47,9 @@ pub enum WriteConfig {
     /// Order + enqueue, txoutbox's wake-up trigger, a relay reading that source running:
     /// production.
     EnqueueWakeRelay(Source),
+    /// Order + enqueue on the WAL source's lean write path (`migrate --source wal`: no
+    /// wake-up trigger, no partition index), a WAL relay running.
+    LeanWalRelay,
     /// Order + enqueue, the seed design's NOTIFY-on-every-insert trigger instead of ours, a
     /// relay running.
     SeedNotifyRelay,
@@ -61,6 +64,9 @@ pub fn configs(sources: &[Source]) -> Vec<WriteConfig> {
         WriteConfig::EnqueueTrigger,
     ];
     c.extend(sources.iter().map(|s| WriteConfig::EnqueueWakeRelay(*s)));
+    if sources.contains(&Source::Wal) {
+        c.push(WriteConfig::LeanWalRelay);
+    }
     if sources.contains(&Source::Table) {
         c.push(WriteConfig::SeedNotifyRelay);
     }
@@ -75,6 +81,7 @@ impl WriteConfig {
             Self::EnqueueTrigger => "enqueue + wake-up trigger, no relay",
             Self::EnqueueWakeRelay(Source::Table) => "enqueue + wake-up trigger + relay",
             Self::EnqueueWakeRelay(Source::Wal) => "enqueue + wake-up trigger + relay --source wal",
+            Self::LeanWalRelay => "enqueue, lean write path + relay --source wal",
             Self::SeedNotifyRelay => "enqueue + seed NOTIFY-per-row trigger + relay",
         }
     }
@@ -82,7 +89,10 @@ impl WriteConfig {
         self != Self::NoOutbox
     }
     fn relay(self) -> bool {
-        matches!(self, Self::EnqueueWakeRelay(_) | Self::SeedNotifyRelay)
+        matches!(
+            self,
+            Self::EnqueueWakeRelay(_) | Self::LeanWalRelay | Self::SeedNotifyRelay
+        )
     }
     fn our_trigger(self) -> bool {
         matches!(self, Self::EnqueueTrigger | Self::EnqueueWakeRelay(_))
@@ -92,6 +102,7 @@ impl WriteConfig {
     fn source(self) -> Source {
         match self {
             Self::EnqueueWakeRelay(s) => s,
+            Self::LeanWalRelay => Source::Wal,
             _ => Source::Table,
         }
     }
@@ -99,6 +110,7 @@ impl WriteConfig {
         serde_json::json!({
             "outbox": self.outbox(),
             "wake_trigger": if self.our_trigger() { "txoutbox" } else if self == Self::SeedNotifyRelay { "seed_notify_per_row" } else { "none" },
+            "write_path": if self == Self::LeanWalRelay { "lean" } else { "full" },
             "relay": self.relay(),
             "source": self.relay().then(|| self.source().as_str()),
         })
@@ -124,7 +136,15 @@ async fn setup_and_measure(env: &Env, db: &BenchDb, cfg: WriteConfig) -> anyhow:
     .await
     .context("creating the orders table")?;
     let t = db.qualified();
-    if !cfg.our_trigger() {
+    if cfg == WriteConfig::LeanWalRelay {
+        txoutbox::store::postgres::wal::set_write_path(
+            &env.pool,
+            &db.table,
+            txoutbox::store::postgres::wal::WritePath::Lean,
+        )
+        .await
+        .context("making the write path lean")?;
+    } else if !cfg.our_trigger() {
         // Whatever wake-up triggers this version of the schema has.
         sqlx::query(&format!("ALTER TABLE {t} DISABLE TRIGGER USER"))
             .execute(&env.pool)

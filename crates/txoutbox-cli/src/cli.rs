@@ -145,12 +145,24 @@ pub enum LogFormat {
     Json,
 }
 
+/// `txoutbox migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The source that will read the table (PostgreSQL). `wal`: the lean write path, for a
+    /// table only the WAL source's stream reads: the wake-up trigger is disabled and the
+    /// partition index dropped, so writers' inserts pay for neither. `table`: both put back.
+    /// Unset: the table's write path is left as it is (see docs/wal.md, "A lean write path")
+    #[arg(long, help_heading = "Source", env = "TXOUTBOX_SOURCE", value_enum)]
+    pub source: Option<Source>,
+}
+
 // Parsed once per process: the size of the relay's variant does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create or upgrade the outbox schema (idempotent)
-    Migrate,
+    /// Create or upgrade the outbox schema (idempotent); with --source wal, make the table's
+    /// write path lean for the WAL source
+    Migrate(MigrateArgs),
     /// Write one event into the outbox (prints its id)
     Enqueue(EnqueueArgs),
     /// Run the relay: publish committed events to a broker until stopped (SIGTERM/SIGINT);

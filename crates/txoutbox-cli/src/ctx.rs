@@ -149,6 +149,15 @@ pub enum Db {
 }
 
 impl Db {
+    /// Whether this is a PostgreSQL database (the only one the WAL source reads).
+    pub fn is_postgres(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Db::Postgres(_) = self {
+            return true;
+        }
+        false
+    }
+
     // Only SQLite's connect takes the table (its wake-up triggers are per table).
     #[cfg_attr(not(feature = "sqlite"), allow(unused_variables))]
     pub async fn open(

@@ -184,7 +184,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
 
 async fn dispatch(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Migrate => cmd::migrate::run(ctx).await,
+        Command::Migrate(a) => cmd::migrate::run(ctx, a).await,
         Command::Enqueue(a) => cmd::enqueue::run(ctx, a).await,
         Command::Relay(args) => {
             let one = cmd::relay::Outbox {
@@ -335,7 +335,7 @@ async fn run_outboxes(cli: Cli, mut outboxes: Vec<(String, Cli)>) -> anyhow::Res
             }
             cmd::relay::run(runs).await
         }
-        Command::Status(_) | Command::Migrate => {
+        Command::Status(_) | Command::Migrate(_) => {
             let mut failed = 0;
             for (name, c) in outboxes {
                 if let Err(e) = run_named(c, &name).await {

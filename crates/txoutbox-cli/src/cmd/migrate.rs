@@ -1,9 +1,20 @@
 use std::process::ExitCode;
 
-use crate::ctx::{Ctx, Db};
+use txoutbox::relay::Source;
 
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+use crate::cli::MigrateArgs;
+use crate::ctx::{Ctx, Db, UsageError};
+
+pub async fn run(ctx: &Ctx, args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let db = ctx.db(1).await?;
+    if args.source == Some(Source::Wal) && !db.is_postgres() {
+        return Err(UsageError(
+            "migrate --source wal (TXOUTBOX_SOURCE): the WAL source and its lean write path \
+             are PostgreSQL's; this database is read by --source table only"
+                .into(),
+        )
+        .into());
+    }
     let report = db.migrate(&ctx.table).await?;
     if let Some(name) = &ctx.outbox {
         print!("outbox {name}: ");
@@ -23,7 +34,42 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         );
     }
     publication(ctx, &db).await;
+    if let Some(source) = args.source {
+        write_path(ctx, &db, source).await?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// PostgreSQL: give the table the write path of the source that will read it (a lean one for
+/// the WAL source's stream, the full one for the table source).
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+async fn write_path(ctx: &Ctx, db: &Db, source: Source) -> anyhow::Result<()> {
+    #[cfg(feature = "postgres")]
+    // Irrefutable when PostgreSQL is the only database compiled in.
+    #[allow(irrefutable_let_patterns)]
+    if let Db::Postgres(pool) = db {
+        use anyhow::Context;
+        use txoutbox::store::postgres::wal::{set_write_path, WritePath};
+        let want = match source {
+            Source::Wal => WritePath::Lean,
+            _ => WritePath::Full,
+        };
+        let changed = set_write_path(pool, &ctx.table, want)
+            .await
+            .with_context(|| format!("{}: setting the write path", ctx.table.display()))?;
+        let what = match want {
+            WritePath::Lean => {
+                "lean, for --source wal (wake-up trigger disabled, partition index dropped)"
+            }
+            WritePath::Full => "full (wake-up trigger enabled, partition index present)",
+        };
+        if changed {
+            println!("{}: write path now {what}", ctx.table.display());
+        } else {
+            println!("{}: write path already {what}", ctx.table.display());
+        }
+    }
+    Ok(())
 }
 
 /// PostgreSQL: the publication `relay --source wal` decodes through (inserts into the outbox

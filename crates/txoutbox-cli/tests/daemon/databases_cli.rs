@@ -224,6 +224,13 @@ async fn scheme_errors_are_clear() {
         "{}",
         stderr(&out)
     );
+    // The WAL source's lean write path is PostgreSQL's: refused before anything is migrated.
+    let out = dir.run(Some(&url), &["migrate", "--source", "wal"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("PostgreSQL's"), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("applied"), "{}", stdout(&out));
+    let out = dir.run(Some(&url), &["migrate", "--source", "table"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// migrate, enqueue, relay --drain, status, dlq and demo on a mysql:// URL.

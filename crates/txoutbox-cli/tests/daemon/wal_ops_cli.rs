@@ -167,3 +167,57 @@ async fn the_stream_reads_the_url_and_the_pg_variables_as_the_pool_does() {
     );
     db.cleanup().await;
 }
+
+/// `migrate --source wal` gives the table the lean write path and says so; a plain `migrate`
+/// leaves it; a table relay on it warns and still drains; `--source table` puts it back.
+#[tokio::test]
+async fn migrate_source_wal_makes_the_write_path_lean_and_source_table_puts_it_back() {
+    use txoutbox::store::postgres::wal::{write_path, WritePath};
+    let db = TestSchema::new().await;
+    let out = db.cli(&["migrate", "--source", "wal"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("write path now lean"),
+        "{}",
+        stdout(&out)
+    );
+    let path = || async { write_path(&db.pool, &db.table).await.unwrap().path() };
+    assert_eq!(path().await, Some(WritePath::Lean));
+    let out = db
+        .cli_env(&[("TXOUTBOX_SOURCE", "wal")], &["migrate"])
+        .await;
+    assert!(
+        stdout(&out).contains("write path already lean"),
+        "{}",
+        stdout(&out)
+    );
+    let out = db.cli(&["migrate"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("write path"), "{}", stdout(&out));
+    assert_eq!(path().await, Some(WritePath::Lean));
+
+    db.insert_events(20, 3).await;
+    let out = db
+        .cli(&[
+            "relay",
+            "--publisher",
+            "null:",
+            "--drain",
+            "--mode",
+            "ordered",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("lean write path"), "{}", stderr(&out));
+    assert_eq!(db.pending().await, 0);
+
+    let out = db.cli(&["migrate", "--source", "table"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("write path now full"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(path().await, Some(WritePath::Full));
+    db.cleanup().await;
+}

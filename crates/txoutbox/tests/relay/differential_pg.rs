@@ -4,6 +4,9 @@
 //! does: only committed rows, as committed; row state honoured; payloads as stored; a large
 //! transaction delivered whole and in order.
 //!
+//! The WAL source's run is on the lean write path (`migrate --source wal`), as docs/wal.md
+//! recommends for a table only it reads.
+//!
 //! A scenario is plain SQL (what any writer may do), run once the relay is up; a last event of
 //! its own aggregate, committed after it, says the writes are all in. A run ends when that
 //! event is delivered and no row is pending; the deliveries are compared by aggregate as
@@ -57,6 +60,14 @@ async fn streaming(h: &PgHarness) {
 /// harness (for checks on the table after), already shut down.
 async fn run(source: Source, name: &str, write: Write) -> (Delivered, PgHarness) {
     let h = PgHarness::new().await;
+    if source == Source::Wal {
+        // The WAL source as recommended: on the lean write path (no wake-up trigger, no
+        // partition index), which must change nothing it delivers.
+        let lean = txoutbox::store::postgres::wal::WritePath::Lean;
+        txoutbox::store::postgres::wal::set_write_path(&h.pool, &h.table, lean)
+            .await
+            .unwrap();
+    }
     let p = RecordingPublisher::new();
     let id = format!("diff-{name}-{source:?}").to_lowercase();
     let relay =

@@ -7,6 +7,7 @@ mod deadline;
 mod differential_pg;
 mod hold_brokers;
 mod key_order;
+mod lean_pg;
 mod ordering_pg;
 mod outage;
 mod payload_pg;

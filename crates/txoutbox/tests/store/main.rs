@@ -11,3 +11,4 @@ mod mysql;
 mod pg;
 mod wal_pg;
 mod wal_stream_pg;
+mod write_path_pg;

@@ -269,6 +269,7 @@ impl Supervisor {
             self.plan.config.source,
         )?;
         store.store.check_schema().await?;
+        write_path_notice(&db, &ctx.table, self.plan.config.source).await;
         let mark = txoutbox::store::Retention::Mark;
         let sibling = db.sibling(url, &ctx.table, 3).await?;
         let slot = SlotReader::for_db(&sibling, ctx, self.plan.args.slot.as_deref());
@@ -278,6 +279,45 @@ impl Supervisor {
             .await?;
         let probe: Arc<dyn Operator> = Arc::from(probe.store(&ctx.table, mark));
         Ok((store, admin_store, probe, slot))
+    }
+}
+
+/// PostgreSQL: say at start when the table's write path does not suit the source (a table
+/// relay on a lean table is slower; a WAL relay on a full one leaves the writers paying for
+/// parts only the table source uses). Advice only: a failure to read the catalogue is logged
+/// at debug and the relay goes on.
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+async fn write_path_notice(
+    db: &crate::ctx::Db,
+    table: &txoutbox::OutboxTable,
+    source: txoutbox::relay::Source,
+) {
+    #[cfg(feature = "postgres")]
+    // Irrefutable when PostgreSQL is the only database compiled in.
+    #[allow(irrefutable_let_patterns)]
+    if let crate::ctx::Db::Postgres(pool) = db {
+        use txoutbox::relay::Source;
+        use txoutbox::store::postgres::wal::{write_path, WritePath};
+        let state = match write_path(pool, table).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the table's write path");
+                return;
+            }
+        };
+        match source {
+            Source::Wal if state.path() == Some(WritePath::Full) => tracing::info!(
+                "the outbox table's write path is full (a wake-up trigger and a partition \
+                 index that only the table source uses): `txoutbox migrate --source wal` \
+                 makes writers' inserts cheaper (docs/wal.md, \"A lean write path\")"
+            ),
+            Source::Wal => {}
+            _ => {
+                if let Some(w) = state.table_source_warning(table) {
+                    tracing::warn!("{w}");
+                }
+            }
+        }
     }
 }
 

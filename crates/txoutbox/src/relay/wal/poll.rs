@@ -40,6 +40,17 @@ impl Relay {
         let mut errors = 0u32;
         let mut confirmed_idle_at: Option<Instant> = None;
         let mut flagged = false;
+        // This path waits on the wake-up trigger, which a lean write path has disabled.
+        match crate::store::postgres::wal::write_path(wal.pool(), wal.table()).await {
+            Ok(s) if !s.wake_trigger => tracing::warn!(
+                table = %wal.table().display(),
+                "the outbox table's wake-up trigger is disabled (its lean write path, made for \
+                 the WAL source's stream): reading the slot through SQL, new events wait up to \
+                 the poll interval; give the relay replication settings to stream instead"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "could not read the table's write path"),
+        }
         loop {
             if stop.is_cancelled() {
                 break Ok(());

@@ -27,6 +27,7 @@ mod row;
 mod store;
 pub mod stream;
 mod transactions;
+mod write_path;
 
 use sqlx::{PgPool, Row};
 
@@ -35,6 +36,7 @@ pub use self::large::{SeqRanges, LARGE_TX_EVENTS};
 pub use self::pgoutput::{DecodeError, Lsn};
 pub use self::store::{AggregateKey, Opened, SlotLock, StreamSettled, TablePath, WalStore};
 pub use self::transactions::{Transactions, WalEvent, WalTx};
+pub use self::write_path::{set_write_path, write_path, WritePath, WritePathState};
 use crate::OutboxTable;
 
 /// What went wrong reading the WAL.
