@@ -89,6 +89,8 @@ pub struct ReplicationConfig {
     pub(super) ssl_key: Option<PathBuf>,
     pub(super) application_name: String,
     pub(super) read_timeout: Duration,
+    /// Connect where the pool connects now ([`ReplicationConfig::follow_pool`]).
+    pub(super) follow_pool: bool,
 }
 
 impl ReplicationConfig {
@@ -153,8 +155,9 @@ impl ReplicationConfig {
         };
         if host.contains(',') {
             return Err(WalError::Config(format!(
-                "host {host:?}: the replication client connects to one host (no host list); \
-                 give a host name, an address or a Unix-domain socket's directory"
+                "host {host:?}: the replication client connects to one host at a time; read a \
+                 list of hosts with HostList (store::postgres::hosts) and build this from the \
+                 host it finds, with follow_pool"
             )));
         }
         // sqlx shows the password and the TLS files only in its URL form; a socket directory
@@ -229,6 +232,7 @@ impl ReplicationConfig {
             ssl_key,
             application_name,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            follow_pool: false,
         })
     }
 
@@ -240,6 +244,38 @@ impl ReplicationConfig {
     pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
         self.read_timeout = timeout.max(Duration::from_secs(1));
         self
+    }
+
+    /// The same settings, but each stream connects to the host and port the pool connects to
+    /// at that moment: for a pool that [`follow_primary`](crate::store::postgres::hosts::follow_primary)
+    /// moves to another host of a list (a failover), so that the stream follows it. The
+    /// other settings (user, password, database, TLS) stay these.
+    pub fn follow_pool(mut self) -> Self {
+        self.follow_pool = true;
+        self
+    }
+
+    /// Does each stream connect where the pool connects ([`ReplicationConfig::follow_pool`])?
+    pub fn follows_pool(&self) -> bool {
+        self.follow_pool
+    }
+
+    /// These settings at the host and port of `opts` (the pool's, now): see
+    /// [`ReplicationConfig::follow_pool`].
+    pub fn at_host_of(&self, opts: &PgConnectOptions) -> Self {
+        let mut moved = self.clone();
+        moved.host = match opts.get_socket() {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => {
+                let h = opts.get_host();
+                h.strip_prefix('[')
+                    .and_then(|h| h.strip_suffix(']'))
+                    .unwrap_or(h)
+                    .to_owned()
+            }
+        };
+        moved.port = opts.get_port();
+        moved
     }
 
     /// The read deadline ([`ReplicationConfig::with_read_timeout`]).
@@ -315,6 +351,7 @@ impl fmt::Debug for ReplicationConfig {
             .field("ssl_key", &self.ssl_key)
             .field("application_name", &self.application_name)
             .field("read_timeout", &self.read_timeout)
+            .field("follow_pool", &self.follow_pool)
             .finish()
     }
 }
