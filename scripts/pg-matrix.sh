@@ -49,12 +49,13 @@ fi
 # the relay binary that uses PostgreSQL and no broker (the MySQL and SQLite ones and the two
 # that start brokers are left out: scripts/test.sh runs them), and the TLS binary's PostgreSQL
 # tests on a cluster of their own made with the major's binaries (`PG_BIN`). Short: each
-# source end to end, the WAL source in full, and the differential suite of the two.
+# source end to end, the WAL source in full, the differential suite of the two, and the
+# failover tests (about 15 s a major).
 store_filter=(--skip mysql --skip sqlite)
 if [ -n "$short" ]; then
   runs=(store relay)
   relay_filter=(pg::delivers_everything_once pg::rolled_back pg::poison pg::two_relays
-    pg::graceful_shutdown wal_pg:: payload_pg:: differential_pg::)
+    pg::graceful_shutdown wal_pg:: payload_pg:: differential_pg:: failover_pg::)
 else
   runs=(store relay tls)
   relay_filter=(--skip mysql --skip sqlite --skip hold_brokers:: --skip outage::)

@@ -186,12 +186,32 @@ impl HostList {
                 }
             }
             let one = if in_query {
+                // The host goes among the parameters (it may be a socket's directory), and so
+                // does the user info: a URL with a user and no host does not parse.
                 let mut q = url::form_urlencoded::Serializer::new(kept.clone());
+                if let Some(info) = userinfo.strip_suffix('@') {
+                    let (user, password) = match info.split_once(':') {
+                        Some((u, p)) => (u, Some(p)),
+                        None => (info, None),
+                    };
+                    let decode = |v: &str| {
+                        percent_encoding::percent_decode_str(v)
+                            .decode_utf8()
+                            .map(|s| s.into_owned())
+                            .map_err(|_| HostsError::Url("the user info is not UTF-8".into()))
+                    };
+                    if !user.is_empty() {
+                        q.append_pair("user", &decode(user)?);
+                    }
+                    if let Some(p) = password {
+                        q.append_pair("password", &decode(p)?);
+                    }
+                }
                 q.append_pair("host", &host);
                 if let Some(p) = &port {
                     q.append_pair("port", p);
                 }
-                format!("{scheme}://{userinfo}{hostpart}{path}?{}", q.finish())
+                format!("{scheme}://{hostpart}{path}?{}", q.finish())
             } else {
                 let port = port.as_deref().map(|p| format!(":{p}")).unwrap_or_default();
                 let query = if kept.is_empty() {

@@ -102,6 +102,16 @@ impl ReplicationConfig {
     /// takes the settings from there. A host that starts with `/` is the directory of the
     /// server's Unix-domain socket (`sslmode` is ignored there, as libpq ignores it).
     pub fn from_url(url: &str) -> Result<Self, WalError> {
+        if let Ok(hosts) = crate::store::postgres::hosts::HostList::from_url(url) {
+            if hosts.hosts().len() > 1 {
+                return Err(WalError::Config(format!(
+                    "the URL names {} hosts: the stream connects to one at a time; read the list \
+                     with HostList (store::postgres::hosts), build the pool on the host it \
+                     finds, and this from the pool's settings with follow_pool",
+                    hosts.hosts().len()
+                )));
+            }
+        }
         // Neither the URL nor the parser's error (which may quote it) goes into an error: the
         // URL may hold the password.
         let parsed = url::Url::parse(url).map_err(|e| {
@@ -528,7 +538,8 @@ mod tests {
             (format!("postgres://u:{secret}@h:99999/db"), "port"),
             (format!("postgres://u:{secret}@h/db?port=x"), "port"),
             (format!("mysql://u:{secret}@h/db"), "scheme"),
-            (format!("postgres://u:{secret}@h/db?host=a,b"), "host"),
+            (format!("postgres://u:{secret}@h/db?host=a,b"), "hosts"),
+            (format!("postgres://u:{secret}@a:1,b:2/db"), "2 hosts"),
             (
                 format!("postgres://u:{secret}@h/db?sslcert=/c.pem"),
                 "sslkey",
