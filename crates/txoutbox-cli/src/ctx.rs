@@ -321,9 +321,14 @@ impl Db {
                 use txoutbox::store::postgres::wal::stream::ReplicationConfig;
                 // The pool's own settings (URL, PG* variables, password file): the stream
                 // connects as the pool does.
-                let _ = url;
                 let replication = ReplicationConfig::from_options(&pool.connect_options())
                     .map_err(|e| UsageError(format!("the database URL: {e}")))?;
+                // Several hosts: the pool follows the one that serves, and the stream the pool.
+                let replication = if host_list(url)?.needs_following() {
+                    replication.follow_pool()
+                } else {
+                    replication
+                };
                 let store = txoutbox::store::postgres::PgStore::with_retention(
                     pool.clone(),
                     table.clone(),
@@ -381,18 +386,55 @@ async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::
         .connect_lazy_with(opts))
 }
 
-/// Connect with a short timeout and an error that names the (redacted) URL.
+/// The URL's hosts (one, or a list with `target_session_attrs`, as libpq reads it), each with
+/// the relay's connection settings.
 #[cfg(feature = "postgres")]
-pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let opts = PgConnectOptions::from_str(url).map_err(|e| {
+fn host_list(url: &str) -> anyhow::Result<txoutbox::store::postgres::hosts::HostList> {
+    let hosts = txoutbox::store::postgres::hosts::HostList::from_url(url).map_err(|e| {
         UsageError(format!(
             "invalid database URL {}: {}",
             redact_url(url),
             strip_secret(&e.to_string(), url)
         ))
     })?;
-    let opts = txoutbox::store::postgres::relay_connect_options(opts);
+    Ok(hosts.map_options(txoutbox::store::postgres::relay_connect_options))
+}
+
+/// A pool on `opts`; with a list of hosts, kept on a host that serves by
+/// [`follow_primary`](txoutbox::store::postgres::hosts::follow_primary) (a task that ends
+/// with the pool).
+#[cfg(feature = "postgres")]
+fn pool_on(
+    hosts: txoutbox::store::postgres::hosts::HostList,
+    opts: PgConnectOptions,
+    options: sqlx::pool::PoolOptions<sqlx::Postgres>,
+) -> PgPool {
+    let pool = options.connect_lazy_with(opts);
+    if hosts.needs_following() {
+        tokio::spawn(txoutbox::store::postgres::hosts::follow_primary(
+            pool.clone(),
+            hosts,
+        ));
+    }
+    pool
+}
+
+/// Connect with a short timeout and an error that names the (redacted) URL. A URL of several
+/// hosts connects to the first that serves (`target_session_attrs`), and the pool follows
+/// when that changes.
+#[cfg(feature = "postgres")]
+pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let hosts = host_list(url)?;
     let context = || format!("cannot connect to PostgreSQL at {}", redact_url(url));
+    let opts = if hosts.needs_following() {
+        hosts
+            .find()
+            .await
+            .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
+            .with_context(context)?
+    } else {
+        hosts.first()
+    };
     // One direct connection first: a pool would report only "timed out", not why.
     let probe = tokio::time::timeout(Duration::from_secs(10), opts.connect())
         .await
@@ -401,32 +443,34 @@ pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<PgPool> 
         .map_err(|e| anyhow::anyhow!(strip_secret(&e.to_string(), url)))
         .with_context(context)?;
     let _ = probe.close().await;
-    Ok(txoutbox::store::relay_pool_options::<sqlx::Postgres>()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(opts))
+    Ok(pool_on(
+        hosts,
+        opts,
+        txoutbox::store::relay_pool_options::<sqlx::Postgres>()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10)),
+    ))
 }
 
 /// A PostgreSQL pool that connects on first use (readiness's own connection): no connection
-/// is made here, so nothing can fail but the URL.
+/// is made here, so nothing can fail but the URL. With several hosts it starts on the first
+/// and follows the one that serves.
 #[cfg(feature = "postgres")]
 pub fn connect_lazy(
     url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
 ) -> anyhow::Result<PgPool> {
-    let opts = PgConnectOptions::from_str(url).map_err(|e| {
-        UsageError(format!(
-            "invalid database URL {}: {}",
-            redact_url(url),
-            strip_secret(&e.to_string(), url)
-        ))
-    })?;
-    Ok(txoutbox::store::relay_pool_options::<sqlx::Postgres>()
-        .max_connections(max_connections)
-        .min_connections(0)
-        .acquire_timeout(acquire_timeout)
-        .connect_lazy_with(txoutbox::store::postgres::relay_connect_options(opts)))
+    let hosts = host_list(url)?;
+    let opts = hosts.first();
+    Ok(pool_on(
+        hosts,
+        opts,
+        txoutbox::store::relay_pool_options::<sqlx::Postgres>()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(acquire_timeout),
+    ))
 }
 
 /// Remove the URL's secrets (password, secret query parameters) and any other recognisable

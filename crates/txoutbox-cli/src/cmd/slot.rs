@@ -37,6 +37,15 @@ pub struct SlotStatus {
     /// How much more WAL may be written before the slot is invalidated
     /// (`max_slot_wal_keep_size`); `None`: unlimited.
     pub safe_wal_size: Option<i64>,
+    /// PostgreSQL 17+: a failover slot (standbys with `sync_replication_slots` keep a copy);
+    /// `None` before 17.
+    pub failover: Option<bool>,
+    /// PostgreSQL 17+: a copy synchronized from a primary (on a standby, or left over on a
+    /// promoted one); `None` before 17.
+    pub synced: Option<bool>,
+    /// PostgreSQL 17+: the server's `synchronized_standby_slots` (the standbys' physical slots
+    /// that logical replication waits for; empty: none); `None` before 17.
+    pub synchronized_standby_slots: Option<String>,
 }
 
 /// Reads one slot's [`SlotStatus`] on a PostgreSQL pool; `None` on other databases.
@@ -139,6 +148,13 @@ async fn read(pool: &PgPool, slot: &str) -> anyhow::Result<Option<SlotStatus>> {
         restart_lsn: info.restart_lsn.map(|l| l.to_string()),
         retained_bytes: info.retained_bytes,
         safe_wal_size: info.safe_wal_size,
+        failover: info.failover,
+        synced: info.synced,
+        synchronized_standby_slots: txoutbox::store::postgres::wal::synchronized_standby_slots(
+            pool,
+        )
+        .await
+        .context("cannot read synchronized_standby_slots")?,
     }))
 }
 
@@ -163,7 +179,7 @@ pub fn bytes(n: i64) -> String {
 /// The lines `status` and `slot list` print about a slot, as (label, value).
 pub fn describe(s: &SlotStatus) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    vec![
+    let mut lines = vec![
         ("slot", s.slot.clone()),
         (
             "reader",
@@ -199,7 +215,37 @@ pub fn describe(s: &SlotStatus) -> Vec<(&'static str, String)> {
                 .map_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into(), bytes),
         ),
         ("plugin", opt(&s.plugin)),
-    ]
+    ];
+    // PostgreSQL 17+: whether the slot survives a failover.
+    if let Some(failover) = s.failover {
+        lines.push((
+            "failover",
+            if failover {
+                "yes (standbys with sync_replication_slots keep a copy)".into()
+            } else {
+                "no (standbys keep no copy: after a failover the relay creates the slot again \
+                 and delivers what it held from the table; drop it while no relay runs to have \
+                 it created with failover)"
+                    .into()
+            },
+        ));
+    }
+    if let Some(synced) = s.synced {
+        lines.push(("synced", if synced { "yes" } else { "no" }.into()));
+    }
+    if let Some(standbys) = &s.synchronized_standby_slots {
+        lines.push((
+            "standby_slots",
+            if standbys.is_empty() {
+                "none (synchronized_standby_slots is empty: the relay may publish changes no \
+                 standby has yet)"
+                    .into()
+            } else {
+                format!("{standbys} (synchronized_standby_slots)")
+            },
+        ));
+    }
+    lines
 }
 
 pub async fn run(ctx: &Ctx, a: SlotArgs) -> anyhow::Result<ExitCode> {

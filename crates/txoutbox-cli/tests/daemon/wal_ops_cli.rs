@@ -220,4 +220,37 @@ async fn migrate_source_wal_makes_the_write_path_lean_and_source_table_puts_it_b
     );
     assert_eq!(path().await, Some(WritePath::Full));
     db.cleanup().await;
+
+/// A URL of several hosts (libpq's form, `target_session_attrs=read-write`) whose first host
+/// refuses: `slot create` and `slot list` reach the one that serves; with no host that serves,
+/// the error names each host and why, never the password.
+#[tokio::test]
+async fn a_url_of_several_hosts_reaches_the_host_that_serves() {
+    let db = TestSchema::migrated().await;
+    let u = url::Url::parse(&database_url()).unwrap();
+    let (host, port) = (u.host_str().unwrap(), u.port().unwrap_or(5432));
+    let user = u.username();
+    let listed = format!(
+        "postgres://{user}:hunter2secret@127.0.0.1:1,{host}:{port}{}?target_session_attrs=read-write",
+        u.path()
+    );
+    let out = in_database(&db, &listed, &["slot", "create"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = in_database(&db, &listed, &["slot", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed_slot: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed_slot["slot"], db.slot().await);
+
+    let none = format!(
+        "postgres://{user}:hunter2secret@127.0.0.1:1,127.0.0.1:2{}?target_session_attrs=read-write",
+        u.path()
+    );
+    let out = in_database(&db, &none, &["slot", "list"]).await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("127.0.0.1:1") && err.contains("127.0.0.1:2"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2secret"), "{err}");
 }

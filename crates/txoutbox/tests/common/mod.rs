@@ -3,6 +3,8 @@
 //! publisher, and waits on observable state with a deadline.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod pg_bin;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -5,6 +5,7 @@
 mod common;
 mod deadline;
 mod differential_pg;
+mod failover_pg;
 mod hold_brokers;
 mod key_order;
 mod lean_pg;

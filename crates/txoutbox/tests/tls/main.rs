@@ -16,4 +16,6 @@ mod amqp;
 mod brokers;
 mod kafka;
 mod pg;
+#[path = "../common/pg_bin.rs"]
+mod pg_bin;
 mod pki;

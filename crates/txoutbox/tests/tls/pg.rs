@@ -3,62 +3,20 @@
 //! TLS connections only (password, or a client certificate for the user `certuser`).
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::str::FromStr;
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
+use crate::pg_bin::{pg, run};
 use crate::pki::{self, Pki};
 
-/// PostgreSQL's programs: `PG_BIN`, else the newest `/usr/lib/postgresql/*/bin` (Debian).
-fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PG_BIN") {
-        return PathBuf::from(dir);
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL server programs in /usr/lib/postgresql (or set PG_BIN)")
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let v: u32 = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((v, bin))
-        })
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .expect("initdb in /usr/lib/postgresql/*/bin")
-        .1
-}
 const PASSWORD: &str = "pg-Secret-7f3a";
 
 struct Cluster {
     data: PathBuf,
     port: u16,
     pki: Pki,
-}
-
-/// Run a PostgreSQL program, as the `postgres` user when we are root.
-fn pg(program: &str) -> Command {
-    let path = bin_dir().join(program).display().to_string();
-    if pki::is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", &path]);
-        c
-    } else {
-        Command::new(path)
-    }
-}
-
-fn run(c: &mut Command, what: &str) {
-    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 impl Cluster {

@@ -273,13 +273,7 @@ pub fn chmod(p: &Path, mode: &str) {
 
 /// Are we root? (Servers such as PostgreSQL refuse to run as root; we run them as their
 /// own system user then.)
-pub fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
+pub use crate::pg_bin::is_root;
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -360,7 +360,7 @@ function renderSlot(s) {
   const w = s.wal_slot;
   $("wal").hidden = !w;
   if (!w) return;
-  $("wal-slot").textContent = [
+  const parts = [
     "slot " + w.slot,
     w.reader_pid !== null ? "read by a relay (server pid " + w.reader_pid + ")" : "no relay reads it",
     "wal_status " + (w.wal_status || "–"),
@@ -368,7 +368,13 @@ function renderSlot(s) {
     "lag " + (w.lag_bytes !== null ? bytes(w.lag_bytes) : "–"),
     "retained " + (w.retained_bytes != null ? bytes(w.retained_bytes) : "–"),
     "safe_wal_size " + (w.safe_wal_size !== null ? bytes(w.safe_wal_size) : "unlimited"),
-  ].join(" · ");
+  ];
+  // PostgreSQL 17+ only: whether the slot survives a failover.
+  if (w.failover != null) parts.push("failover " + (w.failover ? "yes" : "no"));
+  if (w.synchronized_standby_slots != null) {
+    parts.push("standby slots " + (w.synchronized_standby_slots || "none"));
+  }
+  $("wal-slot").textContent = parts.join(" · ");
 }
 
 function cell(tr, text, cls) {

@@ -248,7 +248,7 @@ impl Relay {
             }
             let mut reader = StreamReader::start(
                 wal,
-                rcfg.clone(),
+                wal.stream_config(&rcfg),
                 cfg.batch_size.max(16) * 2,
                 cfg.max_in_flight_bytes,
             );

@@ -7,6 +7,7 @@ use tokio::sync::Mutex;
 
 pub(crate) mod claim;
 mod decode;
+pub mod hosts;
 mod operator;
 mod partitions;
 mod queries;

@@ -89,6 +89,8 @@ pub struct ReplicationConfig {
     pub(super) ssl_key: Option<PathBuf>,
     pub(super) application_name: String,
     pub(super) read_timeout: Duration,
+    /// Connect where the pool connects now ([`ReplicationConfig::follow_pool`]).
+    pub(super) follow_pool: bool,
 }
 
 impl ReplicationConfig {
@@ -100,6 +102,16 @@ impl ReplicationConfig {
     /// takes the settings from there. A host that starts with `/` is the directory of the
     /// server's Unix-domain socket (`sslmode` is ignored there, as libpq ignores it).
     pub fn from_url(url: &str) -> Result<Self, WalError> {
+        if let Ok(hosts) = crate::store::postgres::hosts::HostList::from_url(url) {
+            if hosts.hosts().len() > 1 {
+                return Err(WalError::Config(format!(
+                    "the URL names {} hosts: the stream connects to one at a time; read the list \
+                     with HostList (store::postgres::hosts), build the pool on the host it \
+                     finds, and this from the pool's settings with follow_pool",
+                    hosts.hosts().len()
+                )));
+            }
+        }
         // Neither the URL nor the parser's error (which may quote it) goes into an error: the
         // URL may hold the password.
         let parsed = url::Url::parse(url).map_err(|e| {
@@ -153,8 +165,9 @@ impl ReplicationConfig {
         };
         if host.contains(',') {
             return Err(WalError::Config(format!(
-                "host {host:?}: the replication client connects to one host (no host list); \
-                 give a host name, an address or a Unix-domain socket's directory"
+                "host {host:?}: the replication client connects to one host at a time; read a \
+                 list of hosts with HostList (store::postgres::hosts) and build this from the \
+                 host it finds, with follow_pool"
             )));
         }
         // sqlx shows the password and the TLS files only in its URL form; a socket directory
@@ -229,6 +242,7 @@ impl ReplicationConfig {
             ssl_key,
             application_name,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            follow_pool: false,
         })
     }
 
@@ -240,6 +254,38 @@ impl ReplicationConfig {
     pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
         self.read_timeout = timeout.max(Duration::from_secs(1));
         self
+    }
+
+    /// The same settings, but each stream connects to the host and port the pool connects to
+    /// at that moment: for a pool that [`follow_primary`](crate::store::postgres::hosts::follow_primary)
+    /// moves to another host of a list (a failover), so that the stream follows it. The
+    /// other settings (user, password, database, TLS) stay these.
+    pub fn follow_pool(mut self) -> Self {
+        self.follow_pool = true;
+        self
+    }
+
+    /// Does each stream connect where the pool connects ([`ReplicationConfig::follow_pool`])?
+    pub fn follows_pool(&self) -> bool {
+        self.follow_pool
+    }
+
+    /// These settings at the host and port of `opts` (the pool's, now): see
+    /// [`ReplicationConfig::follow_pool`].
+    pub fn at_host_of(&self, opts: &PgConnectOptions) -> Self {
+        let mut moved = self.clone();
+        moved.host = match opts.get_socket() {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            None => {
+                let h = opts.get_host();
+                h.strip_prefix('[')
+                    .and_then(|h| h.strip_suffix(']'))
+                    .unwrap_or(h)
+                    .to_owned()
+            }
+        };
+        moved.port = opts.get_port();
+        moved
     }
 
     /// The read deadline ([`ReplicationConfig::with_read_timeout`]).
@@ -315,6 +361,7 @@ impl fmt::Debug for ReplicationConfig {
             .field("ssl_key", &self.ssl_key)
             .field("application_name", &self.application_name)
             .field("read_timeout", &self.read_timeout)
+            .field("follow_pool", &self.follow_pool)
             .finish()
     }
 }
@@ -491,7 +538,8 @@ mod tests {
             (format!("postgres://u:{secret}@h:99999/db"), "port"),
             (format!("postgres://u:{secret}@h/db?port=x"), "port"),
             (format!("mysql://u:{secret}@h/db"), "scheme"),
-            (format!("postgres://u:{secret}@h/db?host=a,b"), "host"),
+            (format!("postgres://u:{secret}@h/db?host=a,b"), "hosts"),
+            (format!("postgres://u:{secret}@a:1,b:2/db"), "2 hosts"),
             (
                 format!("postgres://u:{secret}@h/db?sslcert=/c.pem"),
                 "sslkey",

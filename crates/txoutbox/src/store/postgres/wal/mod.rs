@@ -354,10 +354,14 @@ pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
     if slot_info(pool, slot).await?.is_some() {
         return Ok(false);
     }
-    let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(slot)
-        .execute(pool)
-        .await;
+    // PostgreSQL 17+: a failover slot, which standbys with `sync_replication_slots` keep a
+    // copy of, so that a promoted standby has it.
+    let sql = if server_version(pool).await? >= FAILOVER_SLOTS_VERSION {
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    let created = sqlx::query(sql).bind(slot).execute(pool).await;
     match created {
         Ok(_) => Ok(true),
         Err(sqlx::Error::Database(e)) => match e.code().as_deref() {
@@ -385,6 +389,32 @@ pub async fn ensure_slot(pool: &PgPool, slot: &str) -> Result<bool, WalError> {
         },
         Err(e) => Err(e.into()),
     }
+}
+
+/// The first server version (`server_version_num`) with failover slots: 17.
+pub const FAILOVER_SLOTS_VERSION: i32 = 170_000;
+
+/// The server's `server_version_num`.
+pub async fn server_version(pool: &PgPool) -> Result<i32, WalError> {
+    let v: String = sqlx::query_scalar("SHOW server_version_num")
+        .fetch_one(pool)
+        .await?;
+    v.trim()
+        .parse()
+        .map_err(|_| WalError::Setup(format!("server_version_num {v:?} is not a number")))
+}
+
+/// The primary's `synchronized_standby_slots` (PostgreSQL 17+; `None` before): the physical
+/// slots of the standbys that logical walsenders wait for before they send a change. Empty:
+/// they wait for none.
+pub async fn synchronized_standby_slots(pool: &PgPool) -> Result<Option<String>, WalError> {
+    if server_version(pool).await? < FAILOVER_SLOTS_VERSION {
+        return Ok(None);
+    }
+    let v: String = sqlx::query_scalar("SHOW synchronized_standby_slots")
+        .fetch_one(pool)
+        .await?;
+    Ok(Some(v.trim().to_owned()))
 }
 
 /// Drop the slot of this database (it must not be in use). True if it existed; a slot of
@@ -459,6 +489,12 @@ pub struct SlotInfo {
     /// How much more WAL may be written before the slot is invalidated
     /// (`max_slot_wal_keep_size`); `None` when unlimited.
     pub safe_wal_size: Option<i64>,
+    /// PostgreSQL 17+: the slot is a failover slot, synchronized to standbys that run
+    /// `sync_replication_slots`; `None` on older servers.
+    pub failover: Option<bool>,
+    /// PostgreSQL 17+: the slot is a standby's copy of the primary's (synchronized, not
+    /// created here); `None` on older servers.
+    pub synced: Option<bool>,
 }
 
 /// The slot of that name in this database, if it exists. A slot of that name in another
@@ -471,8 +507,9 @@ pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, Wa
                 safe_wal_size, restart_lsn::text, \
                 (pg_current_wal_lsn() - restart_lsn)::bigint, \
                 database::text, database IS NOT DISTINCT FROM current_database(), \
-                current_database()::text \
-         FROM pg_replication_slots WHERE slot_name = $1",
+                current_database()::text, \
+                (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool \
+         FROM pg_replication_slots s WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(pool)
@@ -497,6 +534,8 @@ pub async fn slot_info(pool: &PgPool, slot: &str) -> Result<Option<SlotInfo>, Wa
         safe_wal_size: r.try_get(6)?,
         restart_lsn: restart.map(|s| s.parse()).transpose()?,
         retained_bytes: r.try_get(8)?,
+        failover: r.try_get(12)?,
+        synced: r.try_get(13)?,
     }))
 }
 

@@ -10,6 +10,7 @@
 //! WAL. While an aggregate has a handed-off event not yet published, the stream hands that
 //! aggregate's later events over too, behind it: order holds across the two paths.
 
+mod preflight;
 mod slot;
 mod table_path;
 
@@ -28,8 +29,8 @@ pub use self::slot::SlotLock;
 pub use self::table_path::TablePath;
 use super::stream::ReplicationConfig;
 use super::{
-    advance, check_slot_name, check_wal_level, default_slot, ensure_publication, ensure_slot, peek,
-    publication_name, slot_info, Lsn, WalError, WalTx,
+    advance, check_slot_name, default_slot, ensure_slot, peek, publication_name, slot_info, Lsn,
+    WalError, WalTx,
 };
 use crate::error::Error;
 use crate::store::operator::millis;
@@ -215,6 +216,16 @@ impl WalStore {
         self.replication.as_ref()
     }
 
+    /// The settings of the next stream: `cfg`, at the pool's host now when it follows the
+    /// pool ([`ReplicationConfig::follow_pool`]).
+    pub fn stream_config(&self, cfg: &ReplicationConfig) -> ReplicationConfig {
+        if cfg.follows_pool() {
+            cfg.at_host_of(&self.pool().connect_options())
+        } else {
+            cfg.clone()
+        }
+    }
+
     /// The outbox table's publication, which the slot is read for.
     pub fn publication(&self) -> String {
         publication_name(self.table())
@@ -240,41 +251,6 @@ impl WalStore {
     /// The pool the statements run on.
     pub fn pool(&self) -> &sqlx::PgPool {
         self.store.pool()
-    }
-
-    /// Check the server before reading: PostgreSQL 14 or later, `wal_level = logical`, the
-    /// schema migrated, the publication there (created if missing). Returns warnings to log
-    /// (e.g. `max_slot_wal_keep_size` unlimited).
-    pub async fn preflight(&self) -> Result<Vec<String>, Error> {
-        let pool = self.pool();
-        let version: String = sqlx::query_scalar("SHOW server_version_num")
-            .fetch_one(pool)
-            .await
-            .map_err(Error::Database)?;
-        if version.trim().parse::<i32>().unwrap_or(0) < MIN_SERVER_VERSION {
-            return Err(WalError::Setup(format!(
-                "the WAL source needs PostgreSQL 14 or later (server_version_num {version}); \
-                 use --source table"
-            ))
-            .into());
-        }
-        check_wal_level(pool).await?;
-        self.store.check_schema().await?;
-        ensure_publication(pool, self.table()).await?;
-        let mut warnings = Vec::new();
-        let keep: String = sqlx::query_scalar("SHOW max_slot_wal_keep_size")
-            .fetch_one(pool)
-            .await
-            .map_err(Error::Database)?;
-        if keep.trim() == "-1" {
-            warnings.push(format!(
-                "max_slot_wal_keep_size is unlimited (-1): while this relay is stopped, slot {} \
-                 keeps all WAL written since and can fill the server's disk; set a limit (the \
-                 slot is then invalidated instead, and the relay recovers from the table)",
-                self.slot()
-            ));
-        }
-        Ok(warnings)
     }
 
     /// Become the one relay that reads the slot: a session advisory lock on a connection of
