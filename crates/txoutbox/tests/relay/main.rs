@@ -5,12 +5,14 @@
 mod common;
 mod deadline;
 mod differential_pg;
+mod differential_tableless_pg;
 mod hold_brokers;
 mod key_order;
 mod ordering_pg;
 mod outage;
 mod payload_pg;
 mod pg;
+mod tableless_pg;
 mod wakeups;
 mod wal_encoding_pg;
 mod wal_ownership_pg;
