@@ -176,6 +176,7 @@ async fn tableless_events_are_delivered_as_written_in_commit_order_among_rows() 
 #[tokio::test]
 async fn the_library_and_plain_sql_write_the_same_content() {
     let h = PgHarness::new().await;
+    wal::ensure_publication(&h.pool, &h.table).await.unwrap();
     let slot = format!("tl_same_{}", Uuid::new_v4().simple());
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&slot)
