@@ -74,3 +74,8 @@ CREATE FUNCTION {{name:emit_bytes}}(
 ) RETURNS uuid LANGUAGE sql VOLATILE AS $fn$
     SELECT {{name:emit_event}}(id, aggregate_type, aggregate_id, event_type, 'null', payload, content_type, headers)
 $fn$;
+
+COMMENT ON FUNCTION {{name:emit}}(text, text, text, jsonb, jsonb, uuid) IS
+    'Emit a tableless event (JSON payload) of the outbox {{table}} in the current transaction; only the WAL source delivers it.';
+COMMENT ON FUNCTION {{name:emit_bytes}}(text, text, text, bytea, text, jsonb, uuid) IS
+    'Emit a tableless event (bytes payload) of the outbox {{table}} in the current transaction; only the WAL source delivers it.';
