@@ -320,3 +320,6 @@ mod tests;
 
 #[cfg(all(test, feature = "postgres"))]
 mod outage_tests;
+
+#[cfg(all(test, feature = "postgres"))]
+mod wal_gap_tests;

@@ -265,35 +265,6 @@ async fn readiness_names_the_broker_that_failed_without_secrets<H: Harness>() {
     db.cleanup().await;
 }
 
-/// A WAL relay that lost tableless events with its slot: not ready, naming the gap, while
-/// the database and the broker answer.
-#[tokio::test]
-async fn readiness_names_a_gap_of_lost_tableless_events() {
-    let db = TestDb::<txoutbox::testing::postgres::PgHarness>::new().await;
-    let st = db.state(None, None).await;
-    assert_eq!(get(&st, "/readyz").await.0, StatusCode::OK);
-    st.outboxes[0]
-        .wal_gaps
-        .push(txoutbox::store::postgres::wal::TablelessGap {
-            slot: "txoutbox_test_public_outbox_events".into(),
-            from: "0/1A2B3C4".parse().unwrap(),
-            to: "0/1A9F000".parse().unwrap(),
-            found_at: chrono::Utc::now(),
-        });
-    let (s, v) = get(&st, "/readyz").await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
-    assert_eq!(
-        (v["database"].as_str(), v["broker"].as_str()),
-        (Some("ok"), Some("ok"))
-    );
-    let gap = v["wal_gap"].as_str().unwrap();
-    assert!(
-        gap.contains("0/1A2B3C4") && gap.contains("0/1A9F000") && gap.contains("not delivered"),
-        "{gap}"
-    );
-    db.cleanup().await;
-}
-
 /// A database that does not answer: readiness says so without the password, and the API
 /// answers a generic 500.
 #[tokio::test]
