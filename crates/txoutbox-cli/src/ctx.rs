@@ -34,6 +34,14 @@ pub struct RelayStore {
 }
 
 impl RelayStore {
+    /// Record the WAL relay's gaps (tableless events lost with a slot) in `gaps`, which
+    /// readiness reads.
+    #[cfg(feature = "postgres")]
+    pub fn with_gaps(mut self, gaps: &txoutbox::store::postgres::wal::TablelessGaps) -> Self {
+        self.wal = self.wal.map(|w| w.with_gaps(gaps.clone()));
+        self
+    }
+
     /// The relay over it.
     pub fn relay(
         self,

@@ -97,6 +97,67 @@ impl Outbox {
         Ok(events.iter().map(|e| e.id).collect())
     }
 
+    /// Write one tableless event in `executor` (your transaction; PostgreSQL): a
+    /// transactional logical message (`pg_logical_emit_message(true, ...)`) instead of a row.
+    /// It commits or rolls back with your transaction and writes no row, index entry or dead
+    /// tuple; only the WAL source (`--source wal`) delivers it, in commit order among the
+    /// table's events. Returns its id.
+    ///
+    /// What it gives up: there is no row to fall back to, so events that a lost replication
+    /// slot had not confirmed are lost with it (the relay reports such a gap, loudly). Plain
+    /// SQL writes the same content with the functions migration 6 installs
+    /// (`SELECT outbox_emit('order', '42', 'order.created', '{"total": 3}')`; see
+    /// `docs/wal.md`, "Tableless events").
+    ///
+    /// ```no_run
+    /// # async fn f(pool: &sqlx::PgPool, outbox: &txoutbox::Outbox) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// let event = txoutbox::NewEvent::new("order", "42", "order.created", &serde_json::json!({"total": 3}))?;
+    /// outbox.emit(&mut *tx, &event).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn emit<'e, E>(&self, executor: E, event: &NewEvent) -> Result<Uuid, Error>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        self.emit_all(executor, std::slice::from_ref(event)).await?;
+        Ok(event.id)
+    }
+
+    /// Write many tableless events in one statement, in slice order (see
+    /// [`Outbox::emit`]).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub async fn emit_many<'e, E>(
+        &self,
+        executor: E,
+        events: &[NewEvent],
+    ) -> Result<Vec<Uuid>, Error>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.emit_all(executor, events).await?;
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn emit_all<'e, E>(&self, executor: E, events: &[NewEvent]) -> Result<(), Error>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        #[cfg(feature = "otel")]
+        let traced = crate::otel::with_current_context(events);
+        #[cfg(feature = "otel")]
+        let events = traced.as_deref().unwrap_or(events);
+        crate::store::postgres::write::emit(&self.table, executor, events).await
+    }
+
     /// The database's insert, with the writer's trace context in the events (`otel`), then
     /// the wake-up.
     async fn write<'e, E>(&self, executor: E, events: &[NewEvent]) -> Result<(), Error>

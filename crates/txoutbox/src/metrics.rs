@@ -65,6 +65,9 @@ pub const WAL_SLOT_STATUS: &str = "outbox_wal_slot_status";
 pub const WAL_HANDED_OFF_TOTAL: &str = "outbox_wal_handed_off_total";
 /// Counter: times the WAL source found its slot gone or lost and created it again.
 pub const WAL_SLOT_RECREATED_TOTAL: &str = "outbox_wal_slot_recreated_total";
+/// Counter: stretches of WAL whose tableless events were lost with the slot (it was lost
+/// before the relay confirmed past them): each is also an `ERROR` log naming the range.
+pub const WAL_TABLELESS_GAP_TOTAL: &str = "outbox_wal_tableless_gap_total";
 
 /// Counter, label `route`: events the route's broker acknowledged (with a
 /// [`Router`](crate::publish::Router); counted at the acknowledgement, so it also counts a
@@ -288,6 +291,10 @@ fn describe_only() {
     describe_counter!(
         WAL_SLOT_RECREATED_TOTAL,
         "Times the WAL source created its lost or dropped slot again."
+    );
+    describe_counter!(
+        WAL_TABLELESS_GAP_TOTAL,
+        "Stretches of WAL whose tableless events were lost with the WAL source's slot."
     );
     describe_counter!(
         ROUTE_PUBLISHED_TOTAL,

@@ -65,6 +65,14 @@ impl OutboxTable {
         format!("{}.{}", self.schema, self.table)
     }
 
+    /// The prefix of this outbox's tableless events, the logical messages the WAL source
+    /// delivers as its events (PostgreSQL): `txoutbox:<schema>.<table>`, with the names as
+    /// validated (letters, digits and `_`). Messages of any other prefix (another outbox's,
+    /// other software's) are not this outbox's and are skipped.
+    pub fn tableless_prefix(&self) -> String {
+        format!("txoutbox:{}.{}", self.schema, self.table)
+    }
+
     /// The LISTEN/NOTIFY channel (at most 63 bytes, as PostgreSQL requires).
     pub fn channel(&self) -> String {
         let c = format!("txoutbox.{}.{}", self.schema, self.table);

@@ -228,10 +228,25 @@ async fn ready(s: &super::AdminState, o: &super::OutboxAdmin) -> (bool, Value) {
     // A relay that failed after it connected: its database and broker may answer, but it is
     // not running (it is being started again).
     let relay = o.error();
-    let ready = db.is_ok() && broker.is_ok() && relay.is_none();
+    // Tableless events lost with the WAL relay's slot: not ready, naming the gap, until the
+    // process restarts (the metric and its alert keep the record).
+    #[cfg(feature = "postgres")]
+    let gap = o
+        .wal_gaps
+        .last()
+        .map(|g| (o.wal_gaps.all().len(), g.to_string()));
+    #[cfg(not(feature = "postgres"))]
+    let gap: Option<(usize, String)> = None;
+    let ready = db.is_ok() && broker.is_ok() && relay.is_none() && gap.is_none();
     let mut body = json!({ "ready": ready, "database": word(&db), "broker": word(&broker) });
     if let Some(e) = relay {
         body["relay"] = json!(s.redact(&format!("not running: {e}")));
+    }
+    if let Some((n, last)) = gap {
+        body["wal_gap"] = json!(format!(
+            "{n} gap(s) of lost tableless events, the last: {last}; restart the relay once \
+             the loss is dealt with"
+        ));
     }
     (ready, body)
 }

@@ -50,6 +50,10 @@ pub struct OutboxAdmin {
     error: std::sync::Mutex<Option<String>>,
     /// Held while `POST /api/v1/replay` runs: one replay per outbox at a time.
     replaying: tokio::sync::Mutex<()>,
+    /// Tableless events its WAL relay found lost with a slot: not ready while one is on
+    /// record (until the process restarts).
+    #[cfg(feature = "postgres")]
+    pub wal_gaps: txoutbox::store::postgres::wal::TablelessGaps,
 }
 
 /// An outbox's database handles for the admin listener.
@@ -80,6 +84,8 @@ impl OutboxAdmin {
             conn: std::sync::RwLock::new(None),
             error: std::sync::Mutex::new(None),
             replaying: tokio::sync::Mutex::new(()),
+            #[cfg(feature = "postgres")]
+            wal_gaps: Default::default(),
         }
     }
 
@@ -314,3 +320,6 @@ mod tests;
 
 #[cfg(all(test, feature = "postgres"))]
 mod outage_tests;
+
+#[cfg(all(test, feature = "postgres"))]
+mod wal_gap_tests;

@@ -103,7 +103,7 @@ async fn migrate_enqueue_relay_status_on_sqlite() {
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5]"),
+        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5, 6]"),
         "{}",
         stdout(&out)
     );
@@ -242,7 +242,7 @@ async fn migrate_enqueue_relay_status_and_demo_on_mysql() {
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5]"),
+        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5, 6]"),
         "{}",
         stdout(&out)
     );

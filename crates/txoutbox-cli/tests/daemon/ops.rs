@@ -398,6 +398,7 @@ fn alert_rules_and_grafana_name_real_metrics() {
         m::WAL_SLOT_STATUS,
         m::WAL_HANDED_OFF_TOTAL,
         m::WAL_SLOT_RECREATED_TOTAL,
+        m::WAL_TABLELESS_GAP_TOTAL,
     ];
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let grafana =

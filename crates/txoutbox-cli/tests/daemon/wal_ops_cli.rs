@@ -220,6 +220,7 @@ async fn migrate_source_wal_makes_the_write_path_lean_and_source_table_puts_it_b
     );
     assert_eq!(path().await, Some(WritePath::Full));
     db.cleanup().await;
+}
 
 /// A URL of several hosts (libpq's form, `target_session_attrs=read-write`) whose first host
 /// refuses: `slot create` and `slot list` reach the one that serves; with no host that serves,

@@ -70,6 +70,16 @@ macro_rules! migrations {
                     "/0005_bytes.sql"
                 )),
             },
+            $crate::store::migrations::Migration {
+                version: 6,
+                name: "tableless",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0006_tableless.sql"
+                )),
+            },
         ]
     };
 }
@@ -158,7 +168,7 @@ pub(crate) fn assert_rendered(
 }
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// What [`crate::migrate()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,7 +27,7 @@ pub mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 mod text;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-mod undecodable;
+pub(crate) mod undecodable;
 pub mod wakeup;
 
 /// The last error of an event whose payload no claim may read.

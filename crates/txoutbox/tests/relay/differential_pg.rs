@@ -26,10 +26,11 @@ use txoutbox::testing::Harness;
 use crate::common::*;
 
 /// What a scenario writes, given the outbox's qualified table name.
-type Write = for<'a> fn(&'a PgHarness, &'a str) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
+pub(crate) type Write =
+    for<'a> fn(&'a PgHarness, &'a str) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 
 /// Per aggregate, what was delivered: (event type, content type, body), in delivery order.
-type Delivered = BTreeMap<String, Vec<(String, String, String)>>;
+pub(crate) type Delivered = BTreeMap<String, Vec<(String, String, String)>>;
 
 /// The aggregate of the last event a scenario's run waits for.
 const END: &str = "zz-end";
@@ -58,7 +59,7 @@ async fn streaming(h: &PgHarness) {
 
 /// Run `write` against a relay of `source` in a fresh outbox; what it delivered, and the
 /// harness (for checks on the table after), already shut down.
-async fn run(source: Source, name: &str, write: Write) -> (Delivered, PgHarness) {
+pub(crate) async fn run(source: Source, name: &str, write: Write) -> (Delivered, PgHarness) {
     let h = PgHarness::new().await;
     if source == Source::Wal {
         // The WAL source as recommended: on the lean write path (no wake-up trigger, no
@@ -147,7 +148,7 @@ async fn differential(name: &str, write: Write) -> PgHarness {
     h
 }
 
-fn insert(table: &str, aggregate: &str, payload: &str) -> String {
+pub(crate) fn insert(table: &str, aggregate: &str, payload: &str) -> String {
     format!(
         "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
          VALUES ('order', '{aggregate}', 'order.placed', '{payload}');"

@@ -5,6 +5,7 @@
 mod common;
 mod deadline;
 mod differential_pg;
+mod differential_tableless_pg;
 mod failover_pg;
 mod hold_brokers;
 mod key_order;
@@ -13,6 +14,7 @@ mod ordering_pg;
 mod outage;
 mod payload_pg;
 mod pg;
+mod tableless_pg;
 mod wakeups;
 mod wal_encoding_pg;
 mod wal_ownership_pg;

@@ -152,6 +152,8 @@ impl Supervisor {
                         retention_period = %txoutbox::relay::format_duration(self.plan.keep),
                         "starting relay"
                     );
+                    #[cfg(feature = "postgres")]
+                    let store = store.with_gaps(&self.admin.wal_gaps);
                     let relay = store.relay(Box::new(publisher), config.clone());
                     let ran = std::time::Instant::now();
                     let result = relay.run(self.cancel.clone()).await;

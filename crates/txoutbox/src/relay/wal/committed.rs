@@ -17,8 +17,11 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::metrics as m;
 use crate::relay::Relay;
-use crate::store::postgres::wal::{AggregateKey, RowNow, RowsNow, WalStore, WalTx};
-use crate::store::{Ordering, Store};
+use crate::store::postgres::wal::{
+    AggregateKey, RowNow, RowsNow, StreamSettle, TablelessHandoff, WalStore, WalTx,
+};
+use crate::store::undecodable::PREFIX;
+use crate::store::{Failure, Ordering, Store};
 use crate::OutboxEvent;
 
 /// How long a wait for transactions' visibility lasts before it warns, and warns again (a few
@@ -103,6 +106,7 @@ pub(super) async fn rows_now(
     let ids: Vec<Uuid> = txs
         .iter()
         .flat_map(|t| &t.events)
+        .filter(|e| !e.tableless)
         .map(|e| e.event.id)
         .collect();
     if ids.is_empty() {
@@ -174,6 +178,7 @@ impl Relay {
         };
         loop {
             if let Some(n) = wal.hand_over(seqs.ranges(), tx.xid, LARGE).await? {
+                let n = n + self.write_tableless(wal, tx, stop).await?;
                 tracing::info!(
                     xid = tx.xid,
                     events = seqs.events(),
@@ -186,6 +191,57 @@ impl Relay {
             }
             if !until_visible(wal, &[tx.xid], stop).await? {
                 return Ok(false);
+            }
+        }
+    }
+}
+
+impl Relay {
+    /// Write the tableless events of `tx`, a transaction past the stream's bound, into the
+    /// table, handed off (they have no rows to hand over by `seq`): after its rows, whatever
+    /// order the transaction wrote them in. How many were written (a settle of the same
+    /// transaction before a restart may have written them already).
+    async fn write_tableless(
+        &self,
+        wal: &WalStore,
+        tx: &WalTx,
+        stop: &CancellationToken,
+    ) -> Result<u64, Error> {
+        let tableless: Vec<TablelessHandoff> = tx
+            .events
+            .iter()
+            .filter(|e| e.tableless)
+            .enumerate()
+            .map(|(i, e)| TablelessHandoff {
+                event: e.event.clone(),
+                failure: (!e.problems.is_empty()).then(|| Failure {
+                    id: e.event.id,
+                    error: format!("{PREFIX}{}", e.problems.join("; ")),
+                    retry_in: Duration::ZERO,
+                    dead: true,
+                    unavailable: false,
+                }),
+                pos: i as i64,
+            })
+            .collect();
+        if tableless.is_empty() {
+            return Ok(0);
+        }
+        let p = StreamSettle {
+            published: &[],
+            failed: &[],
+            held: &[],
+            held_pos: &[],
+            why: LARGE,
+            xids: &[tx.xid],
+            tableless: &tableless,
+        };
+        loop {
+            if let Some(s) = wal.settle_stream_with(p).await? {
+                return Ok(s.tableless);
+            }
+            if !until_visible(wal, &[tx.xid], stop).await? {
+                return Ok(0);
             }
         }
     }

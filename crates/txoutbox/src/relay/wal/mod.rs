@@ -45,7 +45,7 @@ use crate::OutboxEvent;
 use committed::AskTable;
 use reader::StreamReader;
 use settle::{Settler, MAX_QUEUED_BATCHES};
-use slot::{sample_slot, watch_lock};
+use slot::{report_gap, sample_slot, watch_lock};
 
 /// While idle, confirm the slot up to the server's flush position at most this often (the
 /// slot keeps WAL of other tables' transactions too until confirmed past them).
@@ -154,6 +154,7 @@ impl EventSource for WalSource {
             ::metrics::counter!(m::WAL_SLOT_RECREATED_TOTAL, cfg.metric_labels.labels())
                 .increment(1);
         }
+        report_gap(&opened, &cfg.metric_labels);
 
         // The table path: the ordinary loop over the handed-off events.
         let table = relay.table_path(Arc::new(wal.table_path()));
@@ -426,6 +427,7 @@ impl Relay {
                     "replication slot created again"
                 );
                 let labels = &self.config.metric_labels;
+                report_gap(&opened, labels);
                 ::metrics::counter!(m::WAL_SLOT_RECREATED_TOTAL, labels.labels()).increment(1);
                 ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, labels.labels())
                     .increment(opened.handed_off);

@@ -16,7 +16,8 @@ use crate::error::Error;
 use crate::metrics as m;
 use crate::relay::batch::cancel_deadline;
 use crate::relay::{Relay, RelayStats};
-use crate::store::postgres::wal::{AggregateKey, Lsn, WalStore, WalTx};
+use crate::store::postgres::wal::{AggregateKey, Lsn, TablelessHandoff, WalStore, WalTx};
+use crate::store::undecodable::PREFIX;
 use crate::store::{Failure, Ordering};
 use crate::OutboxEvent;
 
@@ -121,6 +122,10 @@ impl Relay {
                 published: Vec::new(),
                 failed: Vec::new(),
                 held: Vec::new(),
+                held_pos: Vec::new(),
+                tableless: Vec::new(),
+                tableless_published: 0,
+                positions: 0,
                 xids,
                 confirm: None,
                 whole: false,
@@ -128,16 +133,33 @@ impl Relay {
             });
         };
         let mut send: Vec<OutboxEvent> = Vec::new();
-        // Per send: its transaction.
+        // Per send: its transaction, its position in the stream, and whether it is tableless.
         let mut tx_of: Vec<usize> = Vec::new();
+        let mut pos_of: Vec<i64> = Vec::new();
+        let mut tableless_of: Vec<bool> = Vec::new();
         let mut held: Vec<Uuid> = Vec::new();
+        let mut held_pos: Vec<i64> = Vec::new();
+        let mut handoffs: Vec<TablelessHandoff> = Vec::new();
         let mut failed: Vec<Failure> = Vec::new();
         let mut dead = 0usize;
         let mut claimed = 0usize;
         for (t, tx) in txs.into_iter().enumerate() {
             for we in tx.events {
+                let pos = claimed as i64;
                 claimed += 1;
-                let event = match Fate::of(&mut now, we.event.id, we.event.seq) {
+                let tableless = we.tableless;
+                let fate = if tableless {
+                    // No row behind it: the message is the event.
+                    if we.problems.is_empty() {
+                        Fate::Send(we.event)
+                    } else {
+                        let error = format!("{PREFIX}{}", we.problems.join("; "));
+                        Fate::Undecodable(we.event, error)
+                    }
+                } else {
+                    Fate::of(&mut now, we.event.id, we.event.seq)
+                };
+                let event = match fate {
                     Fate::Send(event) => event,
                     Fate::Skip { waits_in_table } => {
                         if let Some(k) = waits_in_table.filter(|_| ordered) {
@@ -150,34 +172,55 @@ impl Relay {
                         // behind it, as with the table source (only a failed, leased or
                         // dead event holds its aggregate back).
                         held.push(event.id);
+                        held_pos.push(pos);
                         continue;
                     }
                     Fate::Undecodable(event, error) => {
                         // A value the relay cannot read: a dead letter, as a claimed row
-                        // would be.
-                        tracing::warn!(event_id = %event.id, error = %error,
-                        "dead-lettering an event that does not decode");
+                        // would be (a tableless one is written into the table as one).
+                        tracing::warn!(event_id = %event.id, error = %error, tableless,
+                            "dead-lettering an event that does not decode");
                         self.count_dead(&event);
                         if hold {
                             blocked.insert(key(&event));
                         }
                         dead += 1;
-                        failed.push(Failure {
+                        let f = Failure {
                             id: event.id,
                             error,
                             retry_in: Duration::ZERO,
                             dead: true,
                             unavailable: false,
-                        });
+                        };
+                        if tableless {
+                            handoffs.push(TablelessHandoff {
+                                event,
+                                failure: Some(f),
+                                pos,
+                            });
+                        } else {
+                            failed.push(f);
+                        }
                         continue;
                     }
                 };
                 if ordered && !blocked.is_empty() && blocked.contains(&key(&event)) {
-                    held.push(event.id);
+                    if tableless {
+                        handoffs.push(TablelessHandoff {
+                            event,
+                            failure: None,
+                            pos,
+                        });
+                    } else {
+                        held.push(event.id);
+                        held_pos.push(pos);
+                    }
                     continue;
                 }
                 send.push(event);
                 tx_of.push(t);
+                pos_of.push(pos);
+                tableless_of.push(tableless);
             }
         }
         let deadline = Instant::now() + cfg.lease;
@@ -187,13 +230,22 @@ impl Relay {
         // The first transaction that is not settled: it and those after are not confirmed.
         let mut unsettled = ends.len();
         let mut published = Vec::new();
+        let mut tableless_published = 0u64;
         {
             let mut rng = rand::thread_rng();
-            for ((event, result), &t) in send.iter().zip(outcome).zip(&tx_of) {
+            let sent = send
+                .iter()
+                .zip(outcome)
+                .zip(tx_of.iter().zip(pos_of).zip(tableless_of));
+            for ((event, result), ((&t, pos), tableless)) in sent {
                 match result {
                     Some(Ok(())) => {
                         self.count_published(event);
-                        published.push(event.id);
+                        if tableless {
+                            tableless_published += 1;
+                        } else {
+                            published.push(event.id);
+                        }
                     }
                     Some(Err(e)) => {
                         let f = self.failure(event, &e, &mut rng);
@@ -201,7 +253,15 @@ impl Relay {
                         if ordered && !(f.dead && cfg.ordering == Ordering::Ordered) {
                             blocked.insert(key(event));
                         }
-                        failed.push(f);
+                        if tableless {
+                            handoffs.push(TablelessHandoff {
+                                event: event.clone(),
+                                failure: Some(f),
+                                pos,
+                            });
+                        } else {
+                            failed.push(f);
+                        }
                     }
                     // Not sent, or not acknowledged in time: while stopping, left to the
                     // stream (not confirmed); otherwise handed to the table path, which tries
@@ -211,11 +271,22 @@ impl Relay {
                         if ordered {
                             blocked.insert(key(event));
                         }
-                        held.push(event.id);
+                        if tableless {
+                            handoffs.push(TablelessHandoff {
+                                event: event.clone(),
+                                failure: None,
+                                pos,
+                            });
+                        } else {
+                            held.push(event.id);
+                            held_pos.push(pos);
+                        }
                     }
                 }
             }
         }
+        // In stream order: the settle writes the handoffs in it.
+        handoffs.sort_by_key(|h| h.pos);
         if let Some(last) = last_commit {
             let behind = (chrono::Utc::now() - last).to_std().unwrap_or_default();
             ::metrics::gauge!(m::WAL_LAG_SECONDS, cfg.metric_labels.labels())
@@ -224,12 +295,17 @@ impl Relay {
         ::metrics::counter!(m::CLAIMED_TOTAL, cfg.metric_labels.labels()).increment(claimed as u64);
         stats.batches += 1;
         stats.published += published.len() as u64;
-        stats.failed += failed.len() as u64;
+        stats.failed +=
+            (failed.len() + handoffs.iter().filter(|h| h.failure.is_some()).count()) as u64;
         stats.dead += dead as u64;
         Ok(Published {
             published,
             failed,
             held,
+            held_pos,
+            tableless: handoffs,
+            tableless_published,
+            positions: claimed as i64,
             xids,
             confirm: match unsettled {
                 0 => None,

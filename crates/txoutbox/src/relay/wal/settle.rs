@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::metrics as m;
 use crate::relay::wal::reader::StreamReader;
 use crate::relay::AbortOnDrop;
-use crate::store::postgres::wal::{Lsn, WalStore};
+use crate::store::postgres::wal::{Lsn, StreamSettle, TablelessHandoff, WalStore};
 use crate::store::Failure;
 
 /// A published stream batch (or several, merged), to settle: then its position may be
@@ -21,6 +21,15 @@ pub(super) struct Published {
     pub(super) published: Vec<Uuid>,
     pub(super) failed: Vec<Failure>,
     pub(super) held: Vec<Uuid>,
+    /// The stream position of each of `held` (see [`StreamSettle::held_pos`]).
+    pub(super) held_pos: Vec<i64>,
+    /// Tableless events to write into the table, handed off (failed, held back, undecodable).
+    pub(super) tableless: Vec<TablelessHandoff>,
+    /// Tableless events published: nothing to write for them, counted at the settle.
+    pub(super) tableless_published: u64,
+    /// Stream positions used (each of its events took one): a batch merged after it
+    /// numbers on from here.
+    pub(super) positions: i64,
     /// Its transactions: their rows must be visible before the settle can find them.
     pub(super) xids: Vec<u32>,
     /// The end of the longest prefix of its transactions whose every event this settles.
@@ -35,7 +44,11 @@ pub(super) struct Published {
 impl Published {
     /// Events (and handoffs) it settles.
     pub(super) fn len(&self) -> usize {
-        self.published.len() + self.failed.len() + self.held.len()
+        self.published.len()
+            + self.failed.len()
+            + self.held.len()
+            + self.tableless.len()
+            + self.tableless_published as usize
     }
 
     /// Add `next`, published after it, to be settled in the same statement.
@@ -43,6 +56,16 @@ impl Published {
         self.published.extend(next.published);
         self.failed.extend(next.failed);
         self.held.extend(next.held);
+        let offset = self.positions;
+        self.held_pos
+            .extend(next.held_pos.into_iter().map(|p| p + offset));
+        self.tableless
+            .extend(next.tableless.into_iter().map(|mut h| {
+                h.pos += offset;
+                h
+            }));
+        self.tableless_published += next.tableless_published;
+        self.positions += next.positions;
         self.xids.extend(next.xids);
         self.xids.sort_unstable();
         self.xids.dedup();
@@ -76,17 +99,24 @@ impl Published {
                     gave_up: true,
                 });
             }
-            if let Some(s) = wal
-                .settle_stream(&self.published, &self.failed, &self.held, HELD, &self.xids)
-                .await?
-            {
+            let p = StreamSettle {
+                published: &self.published,
+                failed: &self.failed,
+                held: &self.held,
+                held_pos: &self.held_pos,
+                why: HELD,
+                xids: &self.xids,
+                tableless: &self.tableless,
+            };
+            if let Some(s) = wal.settle_stream_with(p).await? {
                 break s;
             }
             invisible = true;
         };
         ::metrics::counter!(m::WAL_HANDED_OFF_TOTAL, self.labels.labels())
-            .increment(settled.failed + settled.held);
-        ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels()).increment(settled.published);
+            .increment(settled.failed + settled.held + settled.tableless);
+        ::metrics::counter!(m::PUBLISHED_TOTAL, self.labels.labels())
+            .increment(settled.published + self.tableless_published);
         Ok(SettleDone {
             confirm: self.confirm,
             ask_first: invisible,
@@ -237,6 +267,10 @@ mod tests {
             published: vec![Uuid::from_u128(n)],
             failed: Vec::new(),
             held: Vec::new(),
+            held_pos: Vec::new(),
+            tableless: Vec::new(),
+            tableless_published: 0,
+            positions: 1,
             xids: vec![n as u32, 1],
             confirm: confirm.map(Lsn),
             whole,

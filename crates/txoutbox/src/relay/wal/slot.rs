@@ -28,6 +28,7 @@ pub(super) async fn sample_slot(wal: Arc<WalStore>, labels: crate::metrics::Metr
                 ::metrics::gauge!(m::WAL_SLOT_RETAINED_BYTES, labels.labels())
                     .set(info.retained_bytes.unwrap_or(0) as f64);
                 if let Some(lsn) = info.confirmed_flush_lsn {
+                    wal.note_confirmed(lsn);
                     ::metrics::gauge!(m::WAL_CONFIRMED_LSN, labels.labels()).set(lsn.0 as f64);
                 }
                 if let Some(safe) = info.safe_wal_size {
@@ -49,6 +50,19 @@ pub(super) async fn sample_slot(wal: Arc<WalStore>, labels: crate::metrics::Metr
         }
         tokio::time::sleep(SLOT_SAMPLE).await;
     }
+}
+
+/// Report a slot found lost before its reader confirmed past a stretch of WAL: the
+/// tableless events in it are gone. Loudly: an `ERROR` log naming the range and the counter
+/// `outbox_wal_tableless_gap_total` (the gap is on record in [`WalStore::gaps`] already).
+pub(super) fn report_gap(opened: &wal::Opened, labels: &crate::metrics::MetricLabels) {
+    let Some(gap) = &opened.gap else {
+        return;
+    };
+    tracing::error!(slot = %gap.slot, from = %gap.from, to = %gap.to,
+        "{gap}; events written as rows are delivered from the table, tableless events in this \
+         range are lost");
+    ::metrics::counter!(m::WAL_TABLELESS_GAP_TOTAL, labels.labels()).increment(1);
 }
 
 /// Check the slot lock's connection every second; when it is gone, stop the relay (another

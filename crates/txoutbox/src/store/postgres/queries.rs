@@ -24,6 +24,7 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
         .name("{{waiters}}", t.derived("waiters"))
         .name("{{processed_events}}", t.processed_events())
         .name("{{schema}}", t.schema().quoted())
+        .name("{{emit_event}}", t.derived("emit_event"))
         .name("{{columns}}", COLUMNS)
         .fragment("{{stored_size}}", sql_file!("postgres", "stored_size"))
         .fragment("{{within_bytes}}", sql_file!("postgres", "within_bytes"))

@@ -15,7 +15,8 @@ fn render(sql: &str, t: &OutboxTable) -> String {
     let sql = sql
         .replace("{{schema}}", &t.schema().quoted())
         .replace("{{table}}", &t.qualified())
-        .replace("{{channel}}", &t.channel());
+        .replace("{{channel}}", &t.channel())
+        .replace("{{tableless_prefix}}", &t.tableless_prefix());
     // {{name:suffix}} -> qualified derived name; {{index:suffix}} -> unqualified one.
     fill_names(
         sql,

@@ -85,6 +85,67 @@ pub(crate) async fn insert<'e, E: PgExecutor<'e>>(
     Ok(())
 }
 
+/// Tableless events: one statement through the function migration 6 installs
+/// (`<table>_emit_event`), which emits each as a transactional logical message.
+pub(crate) async fn emit<'e, E: PgExecutor<'e>>(
+    t: &OutboxTable,
+    executor: E,
+    events: &[NewEvent],
+) -> Result<(), Error> {
+    let f = names(t);
+    let result = if let [e] = events {
+        sqlx::query(&f.fill(sql_file!("postgres", "emit_one")))
+            .bind(e.id)
+            .bind(&e.aggregate_type)
+            .bind(&e.aggregate_id)
+            .bind(&e.event_type)
+            .bind(sqlx::types::Json(&e.payload))
+            .bind(e.payload_bytes.as_deref())
+            .bind(e.content_type.as_deref())
+            .bind(sqlx::types::Json(&e.headers))
+            .execute(executor)
+            .await
+    } else {
+        let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+        let at: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+        let ai: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+        let et: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        let pl: Vec<_> = events
+            .iter()
+            .map(|e| sqlx::types::Json(&e.payload))
+            .collect();
+        let pb: Vec<Option<&[u8]>> = events.iter().map(|e| e.payload_bytes.as_deref()).collect();
+        let ct: Vec<Option<&str>> = events.iter().map(|e| e.content_type.as_deref()).collect();
+        let hd: Vec<_> = events
+            .iter()
+            .map(|e| sqlx::types::Json(&e.headers))
+            .collect();
+        sqlx::query(&f.fill(sql_file!("postgres", "emit_many")))
+            .bind(&ids)
+            .bind(&at)
+            .bind(&ai)
+            .bind(&et)
+            .bind(&pl)
+            .bind(&pb)
+            .bind(&ct)
+            .bind(&hd)
+            .execute(executor)
+            .await
+    };
+    match result {
+        Ok(_) => Ok(()),
+        // undefined_function: the schema predates migration 6.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42883") => {
+            Err(Error::SchemaTooOld {
+                table: t.display(),
+                found: crate::SCHEMA_VERSION - 1,
+                expected: crate::SCHEMA_VERSION,
+            })
+        }
+        Err(e) => Err(db_error(t, e)),
+    }
+}
+
 /// `processed_events` in the table's schema, for consumers that do not run the migrations.
 pub(crate) async fn create_inbox<'e, E: PgExecutor<'e>>(
     t: &OutboxTable,

@@ -19,6 +19,7 @@
 
 mod committed;
 mod config;
+mod gap;
 mod large;
 pub mod pgoutput;
 #[cfg(test)]
@@ -26,15 +27,20 @@ mod props;
 mod row;
 mod store;
 pub mod stream;
+pub mod tableless;
 mod transactions;
 mod write_path;
 
 use sqlx::{PgPool, Row};
 
 pub(crate) use self::committed::{RowNow, RowsNow};
+pub use self::gap::{TablelessGap, TablelessGaps};
 pub use self::large::{SeqRanges, LARGE_TX_EVENTS};
 pub use self::pgoutput::{DecodeError, Lsn};
-pub use self::store::{AggregateKey, Opened, SlotLock, StreamSettled, TablePath, WalStore};
+pub use self::store::{
+    AggregateKey, Opened, SlotLock, StreamSettle, StreamSettled, TablePath, TablelessHandoff,
+    WalStore,
+};
 pub use self::transactions::{Transactions, WalEvent, WalTx};
 pub use self::write_path::{set_write_path, write_path, WritePath, WritePathState};
 use crate::OutboxTable;

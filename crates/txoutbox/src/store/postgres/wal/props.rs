@@ -23,7 +23,7 @@ use proptest::sample::{select, Index};
 use super::large::LARGE_TX_EVENTS;
 use super::pgoutput::{decode, Column, Lsn, Message, Relation, Value};
 use super::row::{Layout, COLUMNS};
-use super::Transactions;
+use super::{tableless, Transactions};
 use crate::OutboxTable;
 
 /// A change made to a valid message.
@@ -286,6 +286,9 @@ enum Step {
     /// The outbox's Relation message again, or one of another table.
     Relation(bool),
     Message(Vec<u8>),
+    /// A logical message of the outbox's prefix (a tableless event): its content, valid,
+    /// mutated or arbitrary, and whether it is transactional.
+    Tableless(Vec<u8>, bool),
     /// A message of any kind, mutated.
     Other(Vec<u8>),
 }
@@ -311,13 +314,89 @@ fn sequence() -> impl Strategy<Value = (Vec<(String, u32)>, Vec<Step>)> {
                 .prop_map(|(oid, e)| Step::Insert(oid, e)),
             1 => any::<bool>().prop_map(Step::Relation),
             1 => vec(any::<u8>(), 0..8).prop_map(Step::Message),
+            2 => (tableless_content(), prop_oneof![4 => Just(true), 1 => Just(false)])
+                .prop_map(|(c, t)| Step::Tableless(c, t)),
             1 => mutated(message()).prop_map(Step::Other),
         ];
         (Just(cols), vec(step, 0..40))
     })
 }
 
+/// A tableless event's content: valid (from a generated event), mutated, or arbitrary.
+fn tableless_content() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        2 => valid_tableless(),
+        2 => mutated(valid_tableless()),
+        1 => vec(any::<u8>(), 0..64),
+    ]
+}
+
+/// A valid tableless event's content.
+fn valid_tableless() -> impl Strategy<Value = Vec<u8>> {
+    (
+        text(12),
+        text(12),
+        text(12),
+        json(),
+        proptest::option::of(vec(any::<u8>(), 0..16)),
+        pg_micros(),
+    )
+        .prop_map(|(at, ai, et, payload, bytes, us)| {
+            tableless::encode(&tableless_event(at, ai, et, payload, bytes, us))
+        })
+}
+
+/// An event with these fields, as a tableless message carries it.
+fn tableless_event(
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: String,
+    bytes: Option<Vec<u8>>,
+    created_us: i64,
+) -> crate::OutboxEvent {
+    let created = super::pgoutput::pg_time(created_us).unwrap_or_default();
+    let mut e = tableless::decode(&[], Lsn(0), created).event;
+    e.id = uuid::Uuid::from_u128((created_us as u128).wrapping_mul(7).wrapping_add(1));
+    e.aggregate_type = aggregate_type;
+    e.aggregate_id = aggregate_id;
+    e.event_type = event_type;
+    e.created_at = created;
+    e.available_at = created;
+    match bytes {
+        Some(b) => {
+            e.payload_bytes = Some(b);
+            e.content_type = Some("application/octet-stream".into());
+        }
+        None => {
+            e.payload = crate::JsonPayload::from_text(&payload).unwrap_or_default();
+        }
+    }
+    e.headers.insert("k".into(), "v".into());
+    e
+}
+
 proptest! {
+    /// Any content of the outbox's prefix decodes to an event or to its problems, never a
+    /// panic; a valid one comes back as written.
+    #[test]
+    fn tableless_content_decodes_or_says_why(c in tableless_content()) {
+        let e = tableless::decode(&c, Lsn(5), chrono::Utc::now());
+        prop_assert!(e.tableless);
+        prop_assert!(e.problems.is_empty() || !e.problems[0].is_empty());
+    }
+
+    #[test]
+    fn valid_tableless_content_comes_back_as_written(
+        at in text(12), ai in text(12), et in text(12), payload in json(),
+        bytes in proptest::option::of(vec(any::<u8>(), 0..32)), us in pg_micros(),
+    ) {
+        let want = tableless_event(at, ai, et, payload, bytes, us);
+        let got = tableless::decode(&tableless::encode(&want), Lsn(5), chrono::Utc::now());
+        prop_assert!(got.problems.is_empty(), "{:?}", got.problems);
+        prop_assert_eq!(got.event, want);
+    }
+
     #[test]
     fn decode_takes_arbitrary_bytes(b in vec(any::<u8>(), 0..512)) {
         decode_checked(&b)?;
@@ -441,14 +520,23 @@ proptest! {
                 Step::Relation(true) => relation(1, "public", "outbox_events", &cols),
                 Step::Relation(false) => relation(2, "public", "other", &cols),
                 Step::Message(c) => logical(1, lsn, "p", &c),
+                Step::Tableless(c, t) => {
+                    logical(u8::from(t), lsn, &outbox().tableless_prefix(), &c)
+                }
                 Step::Other(m) => m,
             });
         }
         let mut position = Lsn(0);
         for m in &fed {
             if let Ok(Some(tx)) = asm.feed(m) {
-                prop_assert!(tx.events.len() <= bound);
-                prop_assert!(tx.large.is_none() || tx.events.is_empty());
+                // Rows are bounded; tableless events have no row to come back to and are
+                // kept (a large transaction keeps only those).
+                let rows = tx.events.iter().filter(|e| !e.tableless).count();
+                prop_assert!(rows <= bound);
+                prop_assert!(tx.large.is_none() || rows == 0);
+                for e in tx.events.iter().filter(|e| e.tableless) {
+                    prop_assert_eq!(e.event.seq, 0);
+                }
             }
             prop_assert!(asm.position() >= position);
             position = asm.position();

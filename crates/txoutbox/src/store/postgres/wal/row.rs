@@ -142,6 +142,7 @@ impl Layout {
         Ok(WalEvent {
             event,
             problems: r.problems,
+            tableless: false,
         })
     }
 }

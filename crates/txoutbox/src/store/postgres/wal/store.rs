@@ -11,10 +11,12 @@
 //! aggregate's later events over too, behind it: order holds across the two paths.
 
 mod preflight;
+mod settle;
 mod slot;
 mod table_path;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,22 +24,22 @@ use sqlx::postgres::PgConnection;
 use sqlx::Row;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
+pub use self::settle::{StreamSettle, TablelessHandoff};
 use self::slot::drop_lost_slot;
 pub use self::slot::SlotLock;
 pub use self::table_path::TablePath;
 use super::stream::ReplicationConfig;
 use super::{
     advance, check_slot_name, default_slot, ensure_slot, peek, publication_name, slot_info, Lsn,
-    WalError, WalTx,
+    TablelessGaps, WalError, WalTx,
 };
 use crate::error::Error;
 use crate::store::operator::millis;
 use crate::store::postgres::queries::names;
 use crate::store::postgres::PgStore;
 use crate::store::sql::sql_file;
-use crate::store::{Failure, Retention};
+use crate::store::Retention;
 use crate::OutboxTable;
 
 /// How many times [`WalStore::wait_visible`] asks again at once before it sleeps between
@@ -54,7 +56,7 @@ pub type AggregateKey = (String, String);
 /// The statements of a WAL relay for one outbox table.
 #[derive(Debug)]
 pub(super) struct WalQueries {
-    settle: String,
+    pub(super) settle: String,
     visible: String,
     pub(super) read_back: String,
     pub(super) hand_over: String,
@@ -113,7 +115,7 @@ impl WalQueries {
 }
 
 /// What opening the slot did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Opened {
     /// The slot did not exist (first start, or it was dropped) and was created.
     pub created: bool,
@@ -121,6 +123,10 @@ pub struct Opened {
     pub recreated: bool,
     /// Events committed before the slot existed, handed to the table path.
     pub handed_off: u64,
+    /// The slot was lost (while this store read it, or invalidated) before its reader
+    /// confirmed past this stretch of WAL: its tableless events are gone (also recorded in
+    /// [`WalStore::gaps`]).
+    pub gap: Option<super::TablelessGap>,
 }
 
 /// What settling a stream batch changed.
@@ -132,6 +138,8 @@ pub struct StreamSettled {
     pub failed: u64,
     /// Events handed over unattempted.
     pub held: u64,
+    /// Tableless events written into the table (failed, held back, or undecodable).
+    pub tableless: u64,
 }
 
 /// The WAL relay's database side for one outbox table and slot. Get it from
@@ -147,6 +155,11 @@ pub struct WalStore {
     replication: Option<ReplicationConfig>,
     /// Fired when the stream hands events to the table path, which then looks at once.
     pub(super) handed_off: Arc<Notify>,
+    /// The last position the slot was seen confirmed at (0: not seen): where a gap starts
+    /// if the slot is lost.
+    confirmed: AtomicU64,
+    /// The gaps found: tableless events lost with a slot.
+    gaps: TablelessGaps,
 }
 
 /// A copy on the same pool, table, retention, slot and replication settings (the store's
@@ -160,6 +173,7 @@ impl Clone for WalStore {
             self.replication.clone(),
         );
         copy.slot.clone_from(&self.slot);
+        copy.gaps = self.gaps.clone();
         copy
     }
 }
@@ -177,6 +191,8 @@ impl WalStore {
             replication,
             store: PgStore::with_retention(pool, table, retention),
             handed_off: Arc::default(),
+            confirmed: AtomicU64::new(0),
+            gaps: TablelessGaps::default(),
         }
     }
 
@@ -224,6 +240,25 @@ impl WalStore {
         } else {
             cfg.clone()
         }
+    }
+
+    /// The gaps this store's relay found (tableless events lost with a slot): a handle that
+    /// sees every gap found later too, for readiness (see [`TablelessGaps`]).
+    pub fn gaps(&self) -> TablelessGaps {
+        self.gaps.clone()
+    }
+
+    /// Record the gaps this store's relay finds in `gaps` (shared with a readiness check that
+    /// outlives the store, e.g. across the relay's restarts) instead of a record of its own.
+    pub fn with_gaps(mut self, gaps: TablelessGaps) -> Self {
+        self.gaps = gaps;
+        self
+    }
+
+    /// Note that the slot was seen confirmed at `lsn` (by the relay's sampling, or its own
+    /// confirmation): a gap, if the slot is lost, starts there.
+    pub fn note_confirmed(&self, lsn: Lsn) {
+        self.confirmed.fetch_max(lsn.0, AtomicOrdering::Relaxed);
     }
 
     /// The outbox table's publication, which the slot is read for.
@@ -335,12 +370,16 @@ impl WalStore {
             created: false,
             recreated: false,
             handed_off: 0,
+            gap: None,
         };
+        // Where the stretch of WAL a lost slot takes with it starts.
+        let mut lost_from = None;
         match slot_info(pool, self.slot()).await? {
             Some(info) if info.wal_status.as_deref() == Some("lost") => {
                 tracing::error!(slot = %self.slot(),
                     "replication slot lost its WAL (wal_status = lost, max_slot_wal_keep_size \
                      passed); creating it again and delivering from the table what it did not");
+                lost_from = info.confirmed_flush_lsn.or(Some(self.confirmed_at()));
                 drop_lost_slot(pool, self.slot()).await?;
                 opened.recreated = true;
             }
@@ -353,8 +392,21 @@ impl WalStore {
                 ))
                 .into());
             }
-            Some(_) => return Ok(opened),
-            None => {}
+            Some(info) => {
+                if let Some(lsn) = info.confirmed_flush_lsn {
+                    self.note_confirmed(lsn);
+                }
+                return Ok(opened);
+            }
+            // Gone while this store read it (dropped under the relay): a gap from where it
+            // was last seen confirmed. (A slot dropped while no relay ran looks like a first
+            // start: see docs/wal.md.)
+            None => {
+                let seen = self.confirmed_at();
+                if seen.0 > 0 {
+                    lost_from = Some(seen);
+                }
+            }
         }
         opened.created = ensure_slot(pool, self.slot()).await? || opened.recreated;
         // After the slot exists: what commits from now on the stream delivers (a row both
@@ -372,6 +424,21 @@ impl WalStore {
         opened.handed_off = n as u64;
         if n > 0 {
             self.handed_off.notify_one();
+        }
+        let start = slot_info(pool, self.slot())
+            .await?
+            .and_then(|i| i.confirmed_flush_lsn)
+            .unwrap_or_default();
+        self.confirmed.store(start.0, AtomicOrdering::Relaxed);
+        if let Some(from) = lost_from {
+            let gap = super::TablelessGap {
+                slot: self.slot().to_owned(),
+                from,
+                to: start,
+                found_at: chrono::Utc::now(),
+            };
+            self.gaps.push(gap.clone());
+            opened.gap = Some(gap);
         }
         Ok(opened)
     }
@@ -395,7 +462,14 @@ impl WalStore {
 
     /// Confirm everything up to `lsn`.
     pub async fn confirm(&self, lsn: Lsn) -> Result<(), Error> {
-        Ok(advance(self.pool(), self.slot(), lsn).await?)
+        advance(self.pool(), self.slot(), lsn).await?;
+        self.note_confirmed(lsn);
+        Ok(())
+    }
+
+    /// The last position the slot was seen confirmed at (0/0: not seen).
+    fn confirmed_at(&self) -> Lsn {
+        Lsn(self.confirmed.load(AtomicOrdering::Relaxed))
     }
 
     /// End the server process that streams the slot now, if any: called by the relay that
@@ -494,57 +568,6 @@ impl WalStore {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(20));
         }
-    }
-
-    /// Settle a batch read from the stream, in one statement: `published` marked published
-    /// (or deleted), `failed` recorded and handed to the table path, `held` handed over
-    /// unattempted with `why` as their last error; if every one of the batch's transactions
-    /// (`xids`, as the stream gives them) is visible to the statement. `None` if one is not
-    /// yet: nothing was written ([`WalStore::wait_visible`], then again). Empty `xids`
-    /// settle without the check.
-    pub async fn settle_stream(
-        &self,
-        published: &[Uuid],
-        failed: &[Failure],
-        held: &[Uuid],
-        why: &str,
-        xids: &[u32],
-    ) -> Result<Option<StreamSettled>, Error> {
-        if published.is_empty() && failed.is_empty() && held.is_empty() {
-            return Ok(Some(StreamSettled::default()));
-        }
-        let xids: Vec<i64> = xids.iter().map(|&x| i64::from(x)).collect();
-        let ids: Vec<Uuid> = failed.iter().map(|f| f.id).collect();
-        let errs: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
-        let delays: Vec<i64> = failed.iter().map(|f| millis(f.retry_in)).collect();
-        let dead: Vec<bool> = failed.iter().map(|f| f.dead).collect();
-        let unavailable: Vec<bool> = failed.iter().map(|f| f.unavailable).collect();
-        let row = sqlx::query(&self.q.settle)
-            .bind(published)
-            .bind(&ids)
-            .bind(&errs)
-            .bind(&delays)
-            .bind(held)
-            .bind(&dead)
-            .bind(&unavailable)
-            .bind(why)
-            .bind(&xids)
-            .fetch_one(self.pool())
-            .await
-            .map_err(Error::Database)?;
-        if !row.try_get::<bool, _>(3).map_err(Error::Database)? {
-            return Ok(None);
-        }
-        let get = |i: usize| row.try_get::<i64, _>(i).map(|n| n as u64);
-        let settled = StreamSettled {
-            published: get(0).map_err(Error::Database)?,
-            failed: get(1).map_err(Error::Database)?,
-            held: get(2).map_err(Error::Database)?,
-        };
-        if settled.failed + settled.held > 0 {
-            self.handed_off.notify_one();
-        }
-        Ok(Some(settled))
     }
 
     /// Ask writers to notify this relay's channel on their next commit (for `ttl`), then

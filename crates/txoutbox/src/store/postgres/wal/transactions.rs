@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::pgoutput::{self, DecodeError, Lsn, Message, Relation};
 use super::row::Layout;
-use super::{SeqRanges, WalError, LARGE_TX_EVENTS};
+use super::{tableless, SeqRanges, WalError, LARGE_TX_EVENTS};
 use crate::{OutboxEvent, OutboxTable};
 
 /// One committed transaction's outbox events, in the order it inserted them.
@@ -21,11 +21,13 @@ pub struct WalTx {
     pub end_lsn: Lsn,
     /// When it committed.
     pub commit_time: DateTime<Utc>,
-    /// Its inserts into the outbox table, each decoded or with what did not decode (none
-    /// when it is [`large`](WalTx::large)).
+    /// Its inserts into the outbox table and its tableless events, in the order it wrote
+    /// them, each decoded or with what did not decode (only the tableless ones when it is
+    /// [`large`](WalTx::large)).
     pub events: Vec<WalEvent>,
-    /// Past the assembler's bound ([`LARGE_TX_EVENTS`]): its events were not kept, only the
-    /// `seq`s of its inserts; it goes to the table path whole.
+    /// Past the assembler's bound ([`LARGE_TX_EVENTS`]): the events of its rows were not
+    /// kept, only the `seq`s of its inserts; it goes to the table path whole (its tableless
+    /// events, which have no row, are kept in `events` and written into the table then).
     pub large: Option<SeqRanges>,
 }
 
@@ -36,6 +38,9 @@ pub struct WalEvent {
     pub event: OutboxEvent,
     /// One entry per column that did not decode, naming it; empty if the row decoded.
     pub problems: Vec<String>,
+    /// A tableless event (a logical message, [`super::tableless`]): there is no row behind
+    /// it, and its `seq` is 0.
+    pub tableless: bool,
 }
 
 /// Turns a slot's `pgoutput` messages, fed in stream order, into committed transactions of
@@ -44,6 +49,8 @@ pub struct WalEvent {
 #[derive(Debug)]
 pub struct Transactions {
     table: OutboxTable,
+    /// The prefix of this outbox's tableless events.
+    prefix: String,
     /// Events of one transaction held at most.
     bound: usize,
     /// Payload bytes of one transaction held at most.
@@ -61,6 +68,7 @@ impl Transactions {
     /// An assembler for `table`'s events.
     pub fn new(table: OutboxTable) -> Self {
         Self {
+            prefix: table.tableless_prefix(),
             table,
             bound: LARGE_TX_EVENTS,
             byte_bound: u64::MAX,
@@ -145,29 +153,64 @@ impl Transactions {
                     DecodeError(format!("Insert into relation {oid} before its Relation"))
                 })?;
                 if let Some(layout) = layout {
-                    let Some(open) = self.open.as_mut() else {
+                    if self.open.is_none() {
                         return Err(DecodeError("Insert outside a transaction".into()).into());
-                    };
-                    let event = layout.read(&values)?;
-                    match &mut open.large {
-                        Some(seqs) => seqs.add(event.event.seq),
-                        None => {
-                            self.open_bytes += event.event.payload_len() as u64;
-                            open.events.push(event);
-                            if open.events.len() > self.bound || self.open_bytes > self.byte_bound {
-                                let mut seqs = SeqRanges::default();
-                                for e in std::mem::take(&mut open.events) {
-                                    seqs.add(e.event.seq);
-                                }
-                                open.large = Some(seqs);
-                            }
-                        }
                     }
+                    let event = layout.read(&values)?;
+                    self.add(event);
                 }
+            }
+            Message::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } if prefix == self.prefix => {
+                let Some(open) = self.open.as_ref().filter(|_| transactional) else {
+                    // Emitted outside a transaction (`pg_logical_emit_message(false, ...)`):
+                    // not an event, since it would not commit with a writer's rows.
+                    tracing::warn!(%lsn, transactional, prefix,
+                        "a non-transactional logical message with this outbox's prefix is not an \
+                         event and is skipped: emit tableless events with <table>_emit or \
+                         Outbox::emit (pg_logical_emit_message(true, ...))");
+                    return Ok(None);
+                };
+                let commit_time = open.commit_time;
+                let event = tableless::decode(content, lsn, commit_time);
+                self.add(event);
             }
             Message::Message { .. } | Message::Skipped(_) => {}
         }
         Ok(None)
+    }
+
+    /// Add an event to the open transaction (fed inside one: checked by the caller). Past the
+    /// bounds only the `seq`s of the table's rows are kept; a tableless event has no row to
+    /// come back to, so it is kept whatever the bound (see [`WalTx::large`]).
+    fn add(&mut self, event: WalEvent) {
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        match &mut open.large {
+            Some(seqs) if !event.tableless => seqs.add(event.event.seq),
+            Some(_) => open.events.push(event),
+            None => {
+                self.open_bytes += event.event.payload_len() as u64;
+                open.events.push(event);
+                if open.events.len() > self.bound || self.open_bytes > self.byte_bound {
+                    let mut seqs = SeqRanges::default();
+                    let (tableless, rows): (Vec<WalEvent>, Vec<WalEvent>) =
+                        std::mem::take(&mut open.events)
+                            .into_iter()
+                            .partition(|e| e.tableless);
+                    for e in rows {
+                        seqs.add(e.event.seq);
+                    }
+                    open.events = tableless;
+                    open.large = Some(seqs);
+                }
+            }
+        }
     }
 
     fn is_outbox(&self, rel: &Relation) -> bool {
