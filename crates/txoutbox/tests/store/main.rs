@@ -9,5 +9,6 @@ mod inbox;
 mod membership_pg;
 mod mysql;
 mod pg;
+mod unordered_pg;
 mod wal_pg;
 mod wal_stream_pg;
