@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use txoutbox::store::{Claim, ClaimParams, Fence, Ordering, RebalanceParams, SettleParams, Store};
+use txoutbox::store::{
+    Claim, ClaimParams, Fence, Ordering, RebalanceParams, SettleParams, Store, WaitParams, Wake,
+};
 use txoutbox::testing::postgres::PgHarness;
 use txoutbox::testing::Harness;
 use txoutbox::NewEvent;
@@ -105,6 +107,13 @@ async fn an_unordered_claim_on_owned_partitions_writes_no_row_version() {
     let got = other.claim(unordered("u2", &[])).await.unwrap();
     assert!(got.events.is_empty(), "claimed twice: {:?}", got.ids());
     assert_eq!(versions(&db).await, before);
+    // Nor does it take them for work it could do: it sleeps out its wait.
+    let wait = WaitParams {
+        relay_id: "u2",
+        ordering: Ordering::Unordered,
+        max: Duration::from_millis(300),
+    };
+    assert_eq!(other.wait_for_work(wait).await.unwrap(), Wake::Timeout);
 
     let out = store
         .settle(SettleParams {
