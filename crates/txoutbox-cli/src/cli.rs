@@ -365,7 +365,9 @@ pub struct RelayTuning {
     /// Fallback poll when no wake-up arrives (e.g. 500ms, 5s; 10ms to 1h)
     #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_POLL_INTERVAL", default_value = DEFAULTS.poll_interval.as_str(), value_parser = within(DurationRange::POLL_INTERVAL))]
     pub poll_interval: Duration,
-    /// How long a claim holds its events; a dead relay's events return after this (1s to 1d)
+    /// How long a claim's row lease holds its events; a dead relay's events return after this
+    /// (1s to 1d). On PostgreSQL a relay holds its claims by partition (--partition-lease)
+    /// instead, and leases rows only while it owns no partition
     #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_LEASE", default_value = DEFAULTS.lease.as_str(), value_parser = within(DurationRange::LEASE))]
     pub lease: Duration,
     /// Failed attempts before an event is dead-lettered (1 to 1000000)

@@ -26,7 +26,10 @@ pub struct RelayConfig {
     pub max_event_bytes: u64,
     /// Fallback poll when no wake-up arrives.
     pub poll_interval: Duration,
-    /// How long a claim holds its events. A relay that dies loses them after this.
+    /// How long a claim's row lease holds its events. A relay that dies loses them after
+    /// this. On PostgreSQL a relay holds its claims by partition
+    /// ([`partition_lease`](Self::partition_lease)) and leases rows only while it owns no
+    /// partition.
     pub lease: Duration,
     /// Failed attempts (transient errors) before an event is dead-lettered.
     pub max_attempts: u32,

@@ -74,10 +74,11 @@ pub struct ClaimParams<'a> {
     pub lease: Duration,
     /// The relay's mode: which events are claimable.
     pub ordering: Ordering,
-    /// This relay's claims not yet settled or released. An ordered claim that leases no rows
-    /// (PostgreSQL's: it holds events by partition ownership) skips their aggregates, so the
-    /// relay's own later events of an aggregate never overtake the ones it is still sending.
-    /// The relay keeps this list, not the store: a store holds no per-claim state.
+    /// This relay's claims not yet settled or released. A claim that leases no rows
+    /// (PostgreSQL's: it holds events by partition ownership) skips them: ordered, their
+    /// aggregates, so the relay's own later events of an aggregate never overtake the ones it
+    /// is still sending; unordered, their events, so none is claimed twice. The relay keeps
+    /// this list, not the store: a store holds no per-claim state.
     pub in_flight: &'a [Arc<Claim>],
     /// The relay's metric labels, on what the claim counts itself (rows dead-lettered because
     /// they did not decode).
@@ -153,13 +154,13 @@ pub enum Fence {
         /// The token the claim wrote to `lock_token`.
         token: Uuid,
     },
-    /// PostgreSQL's ordered claims lease no rows: the relay holds the events because it owns
-    /// their partitions, and a settle takes effect only while it still owns each of them at
-    /// the epoch it owned it at when claiming.
+    /// PostgreSQL's claims (ordered, and unordered of a relay that owns partitions) lease no
+    /// rows: the relay holds the events because it owns their partitions, and a settle takes
+    /// effect only while it still owns each of them at the epoch it owned it at when claiming.
     Partitions(PartitionFence),
 }
 
-/// The fence of an ordered claim held by partition ownership.
+/// The fence of a claim held by partition ownership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionFence {
     /// The claiming relay.
@@ -169,12 +170,14 @@ pub struct PartitionFence {
     /// The ownership epoch of each partition in `partitions`, index for index.
     pub epochs: Vec<i64>,
     /// The claim's aggregate hashes (`partition_key`), ascending, without repeats: the next
-    /// ordered claim skips them while this one is in flight.
+    /// ordered claim skips them while this one is in flight. Empty for an unordered claim,
+    /// whose successor skips its events instead.
     pub keys: Vec<i32>,
 }
 
 impl Claim {
-    /// A claim of rows leased under `token` (MySQL, SQLite, and PostgreSQL's unordered mode).
+    /// A claim of rows leased under `token` (MySQL, SQLite, and PostgreSQL's unordered claim
+    /// of a relay that owns no partition).
     pub fn leased(token: Uuid, events: Vec<OutboxEvent>, expires: Instant) -> Self {
         Self {
             events,
@@ -208,7 +211,9 @@ pub enum Ordering {
     /// Like `Ordered`, and a dead letter holds back the later events of its aggregate until an
     /// operator retries or discards it.
     OrderedHold,
-    /// Any available event, to any relay: throughput without order.
+    /// Any available event, whatever its aggregate: throughput without order. On PostgreSQL,
+    /// only from partitions this relay owns (a relay that owns none leases rows of partitions
+    /// no live relay owns); elsewhere, to any relay.
     Unordered,
 }
 
@@ -276,7 +281,8 @@ pub struct RelayInfo {
     /// Has it sent a heartbeat within its lease? A dead relay stays listed for a while, then is
     /// removed.
     pub alive: bool,
-    /// Partitions it owns, ascending (empty for an unordered relay, and always on SQLite).
+    /// Partitions it owns, ascending (empty for an unordered relay on MySQL, and always on
+    /// SQLite).
     pub partitions: Vec<i32>,
 }
 
@@ -322,7 +328,8 @@ pub struct WaitParams<'a> {
     /// The waiting relay.
     pub relay_id: &'a str,
     /// The relay's mode: an ordered relay waits only for events in its own partitions that
-    /// no earlier event of their aggregate holds back.
+    /// no earlier event of their aggregate holds back; on PostgreSQL an unordered relay that
+    /// owns partitions, for any event in them.
     pub ordering: Ordering,
     /// Sleep at most this long (the poll interval).
     pub max: Duration,

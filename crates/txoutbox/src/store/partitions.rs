@@ -74,13 +74,24 @@ pub(crate) trait Coordinator {
 /// table relay, or WAL relays of two slots, would each deliver every event.
 pub(crate) const WAL_MODE: &str = "wal:";
 
+/// Which relays share out the partitions on a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// Ordered relays only: an unordered relay leases rows and owns no partition (MySQL).
+    Ordered,
+    /// Unordered relays too: their claims are held by partition as well (PostgreSQL, whose
+    /// unordered claim is read-only like its ordered one).
+    All,
+}
+
 /// One heartbeat of relay `p.relay_id` on `table`, in the transaction `c`.
 pub(crate) async fn rebalance<C: Coordinator>(
     c: C,
     table: &OutboxTable,
     p: RebalanceParams<'_>,
+    sharing: Sharing,
 ) -> Result<Membership, Error> {
-    rebalance_as(c, table, p, None).await
+    rebalance_as(c, table, p, None, sharing).await
 }
 
 /// [`rebalance`], or with `wal_slot`, the heartbeat of a WAL relay reading that slot: it
@@ -91,6 +102,7 @@ pub(crate) async fn rebalance_as<C: Coordinator>(
     table: &OutboxTable,
     p: RebalanceParams<'_>,
     wal_slot: Option<&str>,
+    sharing: Sharing,
 ) -> Result<Membership, Error> {
     let wal_mode = wal_slot.map(|slot| format!("{WAL_MODE}{slot}"));
     let me = Me {
@@ -135,7 +147,7 @@ pub(crate) async fn rebalance_as<C: Coordinator>(
     }
     // Long-dead relays leave the list.
     c.forget_dead().await?;
-    if wal_slot.is_some() || !p.ordering.is_ordered() {
+    if wal_slot.is_some() || (!p.ordering.is_ordered() && sharing == Sharing::Ordered) {
         c.commit().await?;
         return Ok(Membership::default());
     }
@@ -264,17 +276,18 @@ pub(crate) struct InTransaction<'c, 'a, DB: Database, S> {
 
 impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
     /// One heartbeat ([`rebalance`]) of relay `p.relay_id` on `table`, in `tx`, with the
-    /// database's statements `sql`.
+    /// database's statements `sql`, sharing the partitions among the relays `sharing` says.
     pub(crate) async fn rebalance(
         tx: Transaction<'c, DB>,
         table: &'a OutboxTable,
         sql: &'a HeartbeatSql<S>,
         p: RebalanceParams<'_>,
+        sharing: Sharing,
     ) -> Result<Membership, Error>
     where
         Self: Coordinator,
     {
-        rebalance(Self { tx, table, sql }, table, p).await
+        rebalance(Self { tx, table, sql }, table, p, sharing).await
     }
 
     /// One heartbeat of a WAL relay reading `slot` ([`rebalance_as`]): registered, no
@@ -290,7 +303,14 @@ impl<'c, 'a, DB: Database, S> InTransaction<'c, 'a, DB, S> {
     where
         Self: Coordinator,
     {
-        rebalance_as(Self { tx, table, sql }, table, p, Some(slot)).await
+        rebalance_as(
+            Self { tx, table, sql },
+            table,
+            p,
+            Some(slot),
+            Sharing::Ordered,
+        )
+        .await
     }
 
     fn err(&self) -> impl Fn(sqlx::Error) -> Error + 'a {
@@ -505,10 +525,14 @@ mod tests {
             owned: (0..5).collect(),
             ..Fake::default()
         };
-        let m = rebalance(fake(), &table(), params(true)).await.unwrap();
+        let m = rebalance(fake(), &table(), params(true), Sharing::Ordered)
+            .await
+            .unwrap();
         assert_eq!((m.target, m.live_relays, m.partitions), (3, 3, 8));
         assert_eq!((m.owned, m.released), (vec![0, 1, 2], vec![3, 4]));
-        let kept = rebalance(fake(), &table(), params(false)).await.unwrap();
+        let kept = rebalance(fake(), &table(), params(false), Sharing::Ordered)
+            .await
+            .unwrap();
         assert_eq!(kept.owned, vec![0, 1, 2, 3, 4]);
         assert!(kept.released.is_empty());
     }
@@ -522,10 +546,34 @@ mod tests {
             free: vec![2, 3, 4],
             ..Fake::default()
         };
-        let m = rebalance(c, &table(), params(true)).await.unwrap();
+        let m = rebalance(c, &table(), params(true), Sharing::Ordered)
+            .await
+            .unwrap();
         assert_eq!(m.target, 4);
         assert_eq!(m.acquired, vec![2, 3]);
         assert_eq!(m.owned, vec![1, 2, 3, 6]);
+    }
+
+    #[tokio::test]
+    async fn an_unordered_relay_takes_partitions_only_where_they_are_shared_with_it() {
+        let fake = || Fake {
+            total: 8,
+            live: 2,
+            free: (0..8).collect(),
+            ..Fake::default()
+        };
+        let unordered = RebalanceParams {
+            ordering: Ordering::Unordered,
+            ..params(true)
+        };
+        let m = rebalance(fake(), &table(), unordered.clone(), Sharing::All)
+            .await
+            .unwrap();
+        assert_eq!((m.target, m.owned), (4, vec![0, 1, 2, 3]));
+        let m = rebalance(fake(), &table(), unordered, Sharing::Ordered)
+            .await
+            .unwrap();
+        assert!(m.owned.is_empty() && m.target == 0, "{m:?}");
     }
 
     #[tokio::test]
@@ -534,7 +582,9 @@ mod tests {
             other_mode: Some(("u".into(), "unordered".into())),
             ..Fake::default()
         };
-        let err = rebalance(c, &table(), params(true)).await.unwrap_err();
+        let err = rebalance(c, &table(), params(true), Sharing::Ordered)
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::ModeConflict { ref other, .. } if other == "u"));
     }
 
@@ -544,7 +594,9 @@ mod tests {
             other_mode: Some(("w".into(), "wal:txoutbox_s".into())),
             ..Fake::default()
         };
-        let err = rebalance(c, &table(), params(true)).await.unwrap_err();
+        let err = rebalance(c, &table(), params(true), Sharing::Ordered)
+            .await
+            .unwrap_err();
         assert!(err.is_membership_conflict());
         let text = err.to_string();
         assert!(
@@ -555,7 +607,7 @@ mod tests {
             other_mode: Some(("t".into(), "ordered".into())),
             ..Fake::default()
         };
-        let err = rebalance_as(c, &table(), params(true), Some("s"))
+        let err = rebalance_as(c, &table(), params(true), Some("s"), Sharing::Ordered)
             .await
             .unwrap_err();
         assert!(
@@ -569,7 +621,7 @@ mod tests {
             free: (0..8).collect(),
             ..Fake::default()
         };
-        let m = rebalance_as(c, &table(), params(true), Some("s"))
+        let m = rebalance_as(c, &table(), params(true), Some("s"), Sharing::Ordered)
             .await
             .unwrap();
         assert!(m.owned.is_empty());

@@ -493,8 +493,10 @@ async fn graceful_shutdown_settles_in_flight_and_releases_the_rest() {
     cfg.batch_size = 50;
     cfg.max_in_flight = 10;
     let handle = Relay::new(db.pool_store(), publisher.boxed(), cfg).spawn();
+    // (Unordered claims on PostgreSQL are held by partition and lease no row: what is in
+    // flight does not show in the table.)
     wait_until("the backlog is draining", || async {
-        publisher.acked_count() >= 100 && db.count_where("locked_by IS NOT NULL").await > 0
+        publisher.acked_count() >= 100
     })
     .await;
     let stats = shutdown(handle).await;

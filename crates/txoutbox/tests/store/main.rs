@@ -9,6 +9,7 @@ mod inbox;
 mod membership_pg;
 mod mysql;
 mod pg;
+mod unordered_pg;
 mod wal_pg;
 mod wal_stream_pg;
 mod write_path_pg;

@@ -29,7 +29,7 @@ pub use crate::store::wakeup::Wakeup;
 
 use self::queries::Queries;
 use self::schema::NOW_MS;
-use super::partitions::{count_once, InTransaction};
+use super::partitions::{count_once, InTransaction, Sharing};
 use super::sql::{marks, with_list, Fill};
 use super::text::{text_files, TextBackend, TextFiles, TextQueries, TextStore};
 use super::{Claim, ClaimParams, DeregisterParams, Membership, RebalanceParams, Retention};
@@ -112,7 +112,7 @@ impl TextBackend for MySql {
         // Each statement sees what committed before it (the checks must see a relay that
         // registered while this one waited for the lock).
         let tx = begin_read_committed(&mut conn, &s.table).await?;
-        InTransaction::rebalance(tx, &s.table, &s.q.heartbeat, p).await
+        InTransaction::rebalance(tx, &s.table, &s.q.heartbeat, p, Sharing::Ordered).await
     }
 
     async fn deregister_relay(s: &MySqlStore, p: DeregisterParams<'_>) -> Result<u64, Error> {

@@ -1,5 +1,6 @@
-//! Claim and settle on PostgreSQL: the unordered claim with its scan cursor, the read-only
-//! ordered claim, the fenced settle, and the burial of rows that do not decode.
+//! Claim and settle on PostgreSQL: the unordered claim's scan cursor, the read-only ordered
+//! claim, the fence a read-only claim carries, the fenced settle, and the burial of rows that
+//! do not decode. The unordered claim itself is in `unordered.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -15,16 +16,18 @@ use crate::store::{
     Claim, ClaimParams, Fence, Ordering, PartitionFence, SettleOutcome, SettleParams,
 };
 
-/// Where the next claim starts reading the pending index.
+/// Where the next unordered claim starts reading the pending index.
 ///
-/// Every published or claimed row leaves a dead entry at the front of the `pending` index
-/// until VACUUM removes it, so a claim that scans from the start gets slower the more was
-/// drained since the last vacuum (in a 100k backlog, from about 1 ms to tens of ms per
-/// claim). While claims come back full (a backlog), the next claim starts past the highest
-/// `seq` claimed so far and skips that dead prefix (unordered mode only). Events below the cursor (committed late
-/// with a lower `seq`, released, or due for a retry) are found by a full scan, made after
-/// any claim that was not full, after this store released events, and at least every
-/// [`FULL_SCAN_EVERY`]; a claim past the cursor that comes back short looks behind it at once.
+/// Every published row leaves a dead entry at the front of the `pending` index until VACUUM
+/// removes it, and the events this relay has in flight stay there as live ones, so a claim
+/// that scans from the start gets slower the more was drained since the last vacuum (in a
+/// 100k backlog, from about 1 ms to tens of ms per claim). While claims come back full (a
+/// backlog), the next claim starts past the highest `seq` claimed so far and skips that
+/// prefix (unordered mode only). Events below the cursor (committed late with a lower `seq`,
+/// released, due for a retry, or in partitions just taken over) are found by a full scan,
+/// made after any claim that was not full, after this store released events or took
+/// partitions, and at least every [`FULL_SCAN_EVERY`]; a claim past the cursor that comes
+/// back short looks behind it at once.
 #[derive(Debug)]
 pub(super) struct ScanState {
     pub(super) cursor: i64,
@@ -62,6 +65,49 @@ impl ScanState {
     }
 }
 
+/// What a read-only claim (ordered, or unordered on owned partitions) says on its first row:
+/// the partitions it came from, their epochs, and how long the shortest of their leases runs.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PartitionHead {
+    pub(super) partitions: Vec<i32>,
+    pub(super) epochs: Vec<i64>,
+    pub(super) left: Duration,
+}
+
+impl PartitionHead {
+    /// The head on `row`, the first row of a read-only claim.
+    pub(super) fn read(row: &PgRow) -> Result<Self, Error> {
+        let g = Error::Database;
+        let left: Option<f64> = row.try_get("lease_left").map_err(g)?;
+        Ok(Self {
+            partitions: row.try_get("fence_partitions").map_err(g)?,
+            epochs: row.try_get("fence_epochs").map_err(g)?,
+            left: Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default(),
+        })
+    }
+
+    /// A claim of `events` held by these partitions (`keys`: the events' aggregate hashes,
+    /// for an ordered claim), which expires when the shortest of their leases runs out.
+    pub(super) fn claim(
+        self,
+        relay_id: &str,
+        events: Vec<crate::OutboxEvent>,
+        keys: Vec<i32>,
+        started: Instant,
+    ) -> Claim {
+        Claim {
+            events,
+            fence: Fence::Partitions(PartitionFence {
+                relay_id: relay_id.to_owned(),
+                partitions: self.partitions,
+                epochs: self.epochs,
+                keys,
+            }),
+            expires: started + self.left,
+        }
+    }
+}
+
 /// A claim's rows decoded, each event over the claim's per-event ceiling refused (it came
 /// without its payload, with its size in `payload_size`).
 pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<Decoded>, Error> {
@@ -75,30 +121,6 @@ pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<
 }
 
 impl PgStore {
-    /// One unordered claim of up to `limit` rows with `seq > floor` (0: from the start).
-    pub(super) async fn claim_unordered(
-        &self,
-        p: &ClaimParams<'_>,
-        floor: i64,
-        limit: usize,
-    ) -> Result<Vec<PgRow>, Error> {
-        let rows = sqlx::query(&self.q.claim)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(millis(p.lease) as f64)
-            .bind(p.relay_id)
-            .bind(p.token)
-            .bind(floor)
-            .bind(p.bytes.batch_param())
-            .bind(p.bytes.event_param())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if let Ok(mut scan) = self.scan.lock() {
-            scan.record(floor, limit, &rows);
-        }
-        Ok(rows)
-    }
-
     /// An ordered claim: read-only. It writes nothing to the table: the relay holds the
     /// events because it owns their partitions (the claim's [`PartitionFence`]). What a row
     /// lease did besides, keep this relay's next claim off the aggregates it is still
@@ -142,15 +164,12 @@ impl PgStore {
         if rows.is_empty() {
             return Ok(empty());
         }
-        let g = |e| Error::Database(e);
-        let left: Option<f64> = rows[0].try_get("lease_left").map_err(g)?;
-        let fence_partitions: Vec<i32> = rows[0].try_get("fence_partitions").map_err(g)?;
-        let fence_epochs: Vec<i64> = rows[0].try_get("fence_epochs").map_err(g)?;
+        let head = PartitionHead::read(&rows[0])?;
         let mut keys = rows
             .iter()
             .map(|r| r.try_get::<i32, _>("partition_key"))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(g)?;
+            .map_err(Error::Database)?;
         keys.sort_unstable();
         keys.dedup();
         let rows = decode_claimed(&rows, p)?;
@@ -163,17 +182,7 @@ impl PgStore {
         if events.is_empty() {
             return Ok(empty());
         }
-        let left = Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default();
-        Ok(Claim {
-            events,
-            fence: Fence::Partitions(PartitionFence {
-                relay_id: p.relay_id.to_owned(),
-                partitions: fence_partitions,
-                epochs: fence_epochs,
-                keys,
-            }),
-            expires: started + left,
-        })
+        Ok(head.claim(p.relay_id, events, keys, started))
     }
 
     /// One settle statement: fenced by the claim token, or for an ordered claim by partition

@@ -1,6 +1,6 @@
 //! The PostgreSQL store: set-based claim and settle, fenced leases, LISTEN/NOTIFY wake-ups.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
 use tokio::sync::Mutex;
@@ -12,6 +12,7 @@ mod operator;
 mod partitions;
 mod queries;
 pub(crate) mod schema;
+mod unordered;
 #[cfg(feature = "wal")]
 #[cfg_attr(docsrs, doc(cfg(feature = "wal")))]
 pub mod wal;
@@ -19,7 +20,7 @@ pub(crate) mod write;
 
 use super::operator::millis;
 use super::partitions::count_once;
-use super::{rows, undecodable};
+use super::rows;
 use super::{
     Claim, ClaimParams, Counts, DeregisterParams, Fence, Membership, Ordering, RebalanceParams,
     ReleaseParams, Retention, SettleOutcome, SettleParams, Store, WaitParams, Wake,
@@ -29,7 +30,6 @@ use crate::OutboxTable;
 use claim::ScanState;
 pub(crate) use decode::event_from_row;
 use queries::Queries;
-use sqlx::Row;
 
 /// While ordered claims are in flight, the next claim reads at most this many batches' worth
 /// of `seq` past the last event in flight (see `claim_ordered`).
@@ -203,33 +203,7 @@ impl Store for PgStore {
             // event of its aggregate.
             return self.claim_ordered(&p).await;
         }
-        let started = Instant::now();
-        let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
-        let mut rows = self.claim_unordered(&p, floor, p.limit).await?;
-        let used: u64 = rows
-            .iter()
-            .filter_map(|r| r.try_get::<i64, _>("payload_size").ok())
-            .map(|s| u64::try_from(s).unwrap_or(0))
-            .sum();
-        if floor > 0 && rows.len() < p.limit && used < p.bytes.batch {
-            // The backlog past the cursor ran out (not the byte budget): look behind it too,
-            // so that a short claim means "nothing more is claimable now", within what is
-            // left of the budget.
-            let rest = ClaimParams {
-                bytes: crate::store::ClaimBytes {
-                    batch: p.bytes.batch - used,
-                    ..p.bytes
-                },
-                ..p
-            };
-            rows.extend(self.claim_unordered(&rest, 0, p.limit - rows.len()).await?);
-        }
-        let rows = claim::decode_claimed(&rows, &p)?;
-        let (events, bad, _) = undecodable::split(rows, p.ordering);
-        if !bad.is_empty() {
-            self.bury_undecodable(&p, &bad, None).await;
-        }
-        Ok(Claim::leased(p.token, events, started + p.lease))
+        self.claim_unordered(&p).await
     }
 
     async fn settle(&self, p: SettleParams<'_>) -> Result<SettleOutcome, Error> {
@@ -237,9 +211,13 @@ impl Store for PgStore {
     }
 
     async fn release(&self, p: ReleaseParams<'_>) -> Result<u64, Error> {
+        // The unordered claim's cursor may be past them.
+        if let Ok(mut scan) = self.scan.lock() {
+            scan.rewind();
+        }
         let token = match &p.claim.fence {
-            // An ordered claim holds nothing in the table: once the relay forgets it (no
-            // longer passes it in flight), its events are free to go again.
+            // A claim held by partition holds nothing in the table: once the relay forgets it
+            // (no longer passes it in flight), its events are free to go again.
             Fence::Partitions(_) => return Ok(p.ids.len() as u64),
             Fence::Lease { token } => *token,
         };
@@ -252,9 +230,6 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        if let Ok(mut scan) = self.scan.lock() {
-            scan.rewind();
-        }
         Ok(done.rows_affected())
     }
 
@@ -290,8 +265,12 @@ impl Store for PgStore {
 
     async fn wait_for_work(&self, p: WaitParams<'_>) -> Result<Wake, Error> {
         let (relay_id, max) = (p.relay_id, p.max);
-        let ordered = p.ordering.is_ordered();
-        let hold = p.ordering == Ordering::OrderedHold;
+        // The mode as due.sql takes it.
+        let mode: i32 = match p.ordering {
+            Ordering::Unordered => 0,
+            Ordering::Ordered => 1,
+            Ordering::OrderedHold => 2,
+        };
         let mut slot = self.listener.lock().await;
         if let Err(e) = self.listen(&mut slot).await {
             // No listener: fall back to polling, but do report the error.
@@ -317,8 +296,7 @@ impl Store for PgStore {
         // visible to it.
         let until: Option<f64> = sqlx::query_scalar(&self.q.wait_prepare)
             .bind(relay_id)
-            .bind(ordered)
-            .bind(hold)
+            .bind(mode)
             .bind((millis(max) + 1000) as f64)
             .fetch_one(&self.pool)
             .await
@@ -351,8 +329,7 @@ impl Store for PgStore {
                             looked = true;
                             let ready: bool = sqlx::query_scalar(&self.q.due_now)
                                 .bind(relay_id)
-                                .bind(ordered)
-                                .bind(hold)
+                                .bind(mode)
                                 .fetch_one(&self.pool)
                                 .await
                                 .map_err(|e| self.err(e))?;
@@ -385,7 +362,14 @@ impl Store for PgStore {
     }
 
     async fn rebalance(&self, p: RebalanceParams<'_>) -> Result<Membership, Error> {
-        self.rebalance_partitions(p).await
+        let m = self.rebalance_partitions(p).await?;
+        // The unordered claim's cursor may be past events of the partitions just taken.
+        if !m.acquired.is_empty() {
+            if let Ok(mut scan) = self.scan.lock() {
+                scan.rewind();
+            }
+        }
+        Ok(m)
     }
 
     async fn deregister(&self, p: DeregisterParams<'_>) -> Result<u64, Error> {

@@ -8,7 +8,7 @@ use sqlx::{PgConnection, Postgres};
 
 use super::PgStore;
 use crate::error::Error;
-use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql};
+use crate::store::partitions::{heartbeat_sql, HeartbeatSql, InTransaction, Me, OwnSql, Sharing};
 use crate::store::sql::Fill;
 use crate::store::{Membership, RebalanceParams, RelayInfo};
 
@@ -74,7 +74,8 @@ impl PgStore {
         p: RebalanceParams<'_>,
     ) -> Result<Membership, Error> {
         let tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p).await
+        // Unordered relays share the partitions too: their claims are held by partition.
+        InTransaction::rebalance(tx, &self.table, &self.q.heartbeat, p, Sharing::All).await
     }
 
     /// One heartbeat of a WAL relay reading `slot`: registered as `wal:<slot>`, which a

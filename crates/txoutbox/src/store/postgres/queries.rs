@@ -38,7 +38,10 @@ pub(super) fn names(t: &OutboxTable) -> Fill {
 /// The store's statements for one outbox table, built once from validated names.
 #[derive(Debug)]
 pub(super) struct Queries {
+    /// The unordered row-lease claim (a relay that owns no partition).
     pub(super) claim: String,
+    /// The unordered read-only claim (a relay that owns partitions).
+    pub(super) claim_owned: String,
     pub(super) claim_ordered: String,
     pub(super) has_unfinished_hold: String,
     pub(super) partition_count: String,
@@ -102,6 +105,7 @@ impl Queries {
         );
         Self {
             claim: f.fill(sql_file!("postgres", "claim")),
+            claim_owned: f.fill(sql_file!("postgres", "claim_owned")),
             claim_ordered: f.fill(sql_file!("postgres", "claim_ordered")),
             has_unfinished_hold: f.fill(sql_file!("postgres", "has_unfinished_hold")),
             partition_count: f.fill(sql_file!("postgres", "partition_count")),

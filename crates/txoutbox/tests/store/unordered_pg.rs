@@ -1,0 +1,168 @@
+//! PostgreSQL's unordered claim: read-only from the partitions the relay owns, like the ordered
+//! claim, and the row-lease claim only for a relay that owns none.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use txoutbox::store::{
+    Claim, ClaimParams, Fence, Ordering, RebalanceParams, SettleParams, Store, WaitParams, Wake,
+};
+use txoutbox::testing::postgres::PgHarness;
+use txoutbox::testing::Harness;
+use txoutbox::NewEvent;
+use uuid::Uuid;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn unordered<'a>(relay_id: &'a str, in_flight: &'a [Arc<Claim>]) -> ClaimParams<'a> {
+    ClaimParams {
+        relay_id,
+        token: Uuid::new_v4(),
+        limit: 100,
+        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
+        lease: LEASE,
+        ordering: Ordering::Unordered,
+        in_flight,
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
+    }
+}
+
+/// A heartbeat of relay `relay_id`, one process per relay id (`instance`: its number).
+fn join(relay_id: &str) -> RebalanceParams<'_> {
+    RebalanceParams {
+        relay_id,
+        instance: Uuid::from_u128(relay_id.bytes().map(u128::from).sum()),
+        ordering: Ordering::Unordered,
+        lease: LEASE,
+        may_release: true,
+    }
+}
+
+/// Each row's version: a claim that wrote to a row would give it a new one.
+async fn versions(db: &PgHarness) -> Vec<(String, String)> {
+    let sql = format!(
+        "SELECT xmin::text, ctid::text FROM {} ORDER BY seq",
+        db.table.qualified()
+    );
+    sqlx::query_as(&sql)
+        .fetch_all(&db.pool)
+        .await
+        .expect("read the row versions")
+}
+
+/// An unordered relay that owns partitions claims without writing a row version (no lease:
+/// the rows keep their `xmin` and `ctid`), holds its claim by partition, and its next claim
+/// skips what it has in flight; another live relay gets none of it, neither by its
+/// partitions nor by leasing rows; the settle is fenced by partition ownership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unordered_claim_on_owned_partitions_writes_no_row_version() {
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
+    let m = store.rebalance(join("u1")).await.unwrap();
+    assert_eq!(
+        m.owned.len(),
+        m.partitions,
+        "a lone unordered relay owns every partition"
+    );
+    let events: Vec<NewEvent> = (0..20)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{}", i % 3),
+                "e",
+                &serde_json::json!({ "i": i }),
+            )
+            .unwrap()
+        })
+        .collect();
+    let ids = db.outbox().enqueue_many(&db.pool, &events).await.unwrap();
+    let before = versions(&db).await;
+
+    let first = Arc::new(store.claim(unordered("u1", &[])).await.unwrap());
+    assert_eq!(
+        first.ids(),
+        ids,
+        "every event, in seq order, whatever its aggregate"
+    );
+    assert!(
+        matches!(first.fence, Fence::Partitions(_)),
+        "{:?}",
+        first.fence
+    );
+    assert_eq!(versions(&db).await, before, "the claim wrote row versions");
+    assert_eq!(db.count_where("locked_until IS NOT NULL").await, 0);
+
+    // Its next claim skips its claim in flight.
+    let again = store
+        .claim(unordered("u1", std::slice::from_ref(&first)))
+        .await
+        .unwrap();
+    assert!(again.events.is_empty(), "claimed twice: {:?}", again.ids());
+
+    // A second relay, live beside it: the first owns every partition, so it gets none, and
+    // its row-lease claim leaves the first relay's partitions alone.
+    let other = db.pool_store();
+    let m = other.rebalance(join("u2")).await.unwrap();
+    assert!(m.owned.is_empty(), "{m:?}");
+    let got = other.claim(unordered("u2", &[])).await.unwrap();
+    assert!(got.events.is_empty(), "claimed twice: {:?}", got.ids());
+    assert_eq!(versions(&db).await, before);
+    // Nor does it take them for work it could do: it sleeps out its wait.
+    let wait = WaitParams {
+        relay_id: "u2",
+        ordering: Ordering::Unordered,
+        max: Duration::from_millis(300),
+    };
+    assert_eq!(other.wait_for_work(wait).await.unwrap(), Wake::Timeout);
+
+    let out = store
+        .settle(SettleParams {
+            claim: &first,
+            published: &ids,
+            failed: &[],
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.published, 20);
+    assert_eq!(db.processed().await, 20);
+    db.cleanup().await;
+}
+
+/// Two unordered relays that share the partitions claim disjoint events, each from its own
+/// partitions, and together all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unordered_relays_sharing_partitions_claim_disjoint_events() {
+    let db = PgHarness::new().await;
+    let (a, b) = (db.pool_store(), db.pool_store());
+    a.rebalance(join("a")).await.unwrap();
+    b.rebalance(join("b")).await.unwrap();
+    // `a` gives up the half over its share; `b` takes it.
+    a.rebalance(join("a")).await.unwrap();
+    let mb = b.rebalance(join("b")).await.unwrap();
+    assert_eq!(mb.owned.len(), mb.partitions / 2, "{mb:?}");
+    let events: Vec<NewEvent> = (0..200)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o-{i}"),
+                "e",
+                &serde_json::json!({ "i": i }),
+            )
+            .unwrap()
+        })
+        .collect();
+    let ids = db.outbox().enqueue_many(&db.pool, &events).await.unwrap();
+    let mut params = unordered("a", &[]);
+    params.limit = 1000;
+    let from_a = a.claim(params).await.unwrap();
+    let mut params = unordered("b", &[]);
+    params.limit = 1000;
+    let from_b = b.claim(params).await.unwrap();
+    assert!(!from_a.events.is_empty() && !from_b.events.is_empty());
+    let mut all: Vec<Uuid> = from_a.ids().into_iter().chain(from_b.ids()).collect();
+    all.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(all, want, "each event claimed once, by one relay");
+    db.cleanup().await;
+}
