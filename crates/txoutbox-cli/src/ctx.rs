@@ -2,7 +2,6 @@
 //! picked from the URL's scheme (`postgres://`, `sqlite://`).
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use std::str::FromStr;
 use std::time::Duration;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -160,9 +159,8 @@ impl Db {
     /// Whether this is a PostgreSQL database (the only one the WAL source reads).
     pub fn is_postgres(&self) -> bool {
         #[cfg(feature = "postgres")]
-        if let Db::Postgres(_) = self {
-            return true;
-        }
+        return matches!(self, Db::Postgres(_));
+        #[cfg(not(feature = "postgres"))]
         false
     }
 
@@ -234,7 +232,7 @@ impl Db {
         &self,
         url: &str,
         table: &OutboxTable,
-        acquire_timeout: Duration,
+        acquire_timeout: std::time::Duration,
     ) -> anyhow::Result<Db> {
         match self {
             #[cfg(feature = "postgres")]
@@ -373,7 +371,7 @@ impl Db {
 #[cfg(feature = "mysql")]
 async fn connect_mysql(url: &str, max_connections: u32) -> anyhow::Result<sqlx::MySqlPool> {
     use sqlx::mysql::MySqlConnectOptions;
-    let opts = MySqlConnectOptions::from_str(url).map_err(|e| {
+    let opts = <MySqlConnectOptions as std::str::FromStr>::from_str(url).map_err(|e| {
         UsageError(format!(
             "invalid database URL {}: {}",
             redact_url(url),

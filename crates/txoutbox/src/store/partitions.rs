@@ -81,6 +81,7 @@ pub(crate) enum Sharing {
     Ordered,
     /// Unordered relays too: their claims are held by partition as well (PostgreSQL, whose
     /// unordered claim is read-only like its ordered one).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     All,
 }
 
