@@ -342,7 +342,13 @@ async fn latency_and_write_run_with_the_wal_source() {
         .filter(|r| r["params"]["relay"] == true)
         .map(|r| r["params"]["source"].as_str().unwrap())
         .collect();
-    assert_eq!(relays, ["table", "wal", "table"], "{rows:?}");
+    // Table, WAL, WAL on the lean write path, the seed's trigger (table).
+    assert_eq!(relays, ["table", "wal", "wal", "table"], "{rows:?}");
+    let lean: Vec<&str> = rows
+        .iter()
+        .map(|r| r["params"]["write_path"].as_str().unwrap())
+        .collect();
+    assert_eq!(lean.iter().filter(|&&p| p == "lean").count(), 1, "{rows:?}");
     for r in rows {
         assert!(median(r, "ratio") > 0.0, "{r}");
     }
