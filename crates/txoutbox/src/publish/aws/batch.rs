@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
 
 use crate::publish::{Ack, ErrorKind, Message, PublishError};
 
@@ -44,9 +45,10 @@ pub(crate) type Results = Result<Vec<Result<(), PublishError>>, PublishError>;
 
 struct Pending<E> {
     prepared: E,
-    /// The event's seq, for the order rules of a keyed entry.
-    seq: i64,
-    /// The how-manieth message handed over.
+    /// The event, named when a later entry of its key fails because this one did.
+    id: Uuid,
+    /// The how-manieth message handed over: the order rules of a keyed entry go by it, not
+    /// by the event's seq, which a tableless event (WAL source) does not have (it is 0).
     index: u64,
     done: oneshot::Sender<Result<(), PublishError>>,
 }
@@ -61,7 +63,10 @@ enum Command<E> {
 /// the failed one's retry (the relay pipelines the aggregates of a destination that keeps key
 /// order).
 struct Failed {
-    seq: i64,
+    /// The failed entry's event and hand-over index: entries of its key handed over after it
+    /// (and before `until_index`) fail.
+    id: Uuid,
+    index: u64,
     until_index: u64,
     kind: ErrorKind,
 }
@@ -88,7 +93,7 @@ impl<E: Entry> Sender<E> {
         let (done, rx) = oneshot::channel();
         let pending = Pending {
             prepared,
-            seq: m.seq,
+            id: m.id,
             index: self.handed.fetch_add(1, Ordering::SeqCst),
             done,
         };
@@ -165,12 +170,12 @@ async fn run<B: SendBatch>(
                 if let Some(f) = failed.get(g) {
                     if p.index >= f.until_index {
                         failed.remove(g);
-                    } else if p.seq > f.seq {
+                    } else if p.index > f.index {
                         let e = PublishError::new(
                             f.kind,
                             format!(
-                                "not sent: an earlier message of key {g:?} (seq {}) failed, and this one must not overtake it",
-                                f.seq
+                                "not sent: an earlier message of key {g:?} (event {}) failed, and this one must not overtake it",
+                                f.id
                             ),
                         );
                         let _ = p.done.send(Err(e));
@@ -237,7 +242,8 @@ async fn run<B: SendBatch>(
             if let (Err(e), Some(g)) = (&result, p.prepared.key()) {
                 if !e.is_permanent() {
                     failed.entry(g.to_string()).or_insert(Failed {
-                        seq: p.seq,
+                        id: p.id,
+                        index: p.index,
                         until_index,
                         kind: e.kind(),
                     });
@@ -430,6 +436,49 @@ mod tests {
         s.send(&m, p).unwrap().await.unwrap();
         let (m, p) = entry("b3", "b", 6, true);
         s.send(&m, p).unwrap().await.unwrap();
+        s.flush().await;
+    }
+
+    /// The order rules go by hand-over order, not by seq: a tableless event of the WAL
+    /// source has seq 0, and must not overtake a failed entry of its key any more than a
+    /// row's event may (nor may a row's event overtake a failed tableless one).
+    #[tokio::test]
+    async fn entries_without_a_seq_keep_their_key_in_order() {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = Sender::spawn(Scripted(calls.clone()), LIMITS);
+        let mut acks = Vec::new();
+        for (body, group, seq) in [
+            ("fail-a1", "a", 7),
+            ("a2", "a", 0),
+            ("fail-b1", "b", 0),
+            ("b2", "b", 0),
+            ("b3", "b", 9),
+            ("c1", "c", 0),
+            ("c2", "c", 0),
+        ] {
+            let (m, p) = entry(body, group, seq, true);
+            acks.push((body, s.send(&m, p).unwrap()));
+        }
+        let mut results = BTreeMap::new();
+        for (body, a) in acks {
+            results.insert(body, a.await.map_err(|e| e.kind()));
+        }
+        for overtaker in ["a2", "b2", "b3"] {
+            assert_eq!(
+                results[overtaker],
+                Err(ErrorKind::Transient),
+                "{overtaker} must not overtake its key's failed entry"
+            );
+        }
+        assert_eq!(results["c1"], Ok(()));
+        assert_eq!(results["c2"], Ok(()));
+        let sent: Vec<String> = calls.lock().unwrap().iter().flatten().cloned().collect();
+        for never in ["a2", "b2", "b3"] {
+            assert!(
+                !sent.iter().any(|b| b == never),
+                "{never} was sent: {sent:?}"
+            );
+        }
         s.flush().await;
     }
 
