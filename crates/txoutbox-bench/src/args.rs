@@ -98,6 +98,12 @@ pub struct BenchArgs {
         value_enum
     )]
     pub sources: Vec<Source>,
+    /// drain: with wal among --source, also drain events written tableless (each a
+    /// transactional logical message through the migration's `<table>_emit_event`, no row), in
+    /// the same transactions of 1,000 as the table's: the row's source reads
+    /// `tableless`, and its ratio to table compares it with the table source
+    #[arg(long)]
+    pub tableless: bool,
     /// Runs per configuration; configurations are interleaved (A B C A B C ...) and the
     /// median, min and max are reported
     #[arg(long, env = "TXOUTBOX_BENCH_REPEATS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]

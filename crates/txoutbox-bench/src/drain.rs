@@ -68,7 +68,10 @@ pub fn measures(events: u64, aggregates: u64) -> String {
          published (processed_at set after the broker's ack). ratio to table (with \
          --source table,wal) = events/s / events/s of the same configuration reading the \
          table, in the same round. via table (wal) = events the WAL relay handed to its table \
-         path instead of publishing them from the stream (0 unless publishes failed). ratio \
+         path instead of publishing them from the stream (0 unless publishes failed). tableless \
+         (with --tableless) = the WAL source draining the same events written as transactional \
+         logical messages (no rows), in the same transactions; done when the slot has \
+         confirmed past the last one. ratio \
          to baseline (with --baseline-bin) = events/s / events/s of the same configuration run \
          by the baseline build, in the same round; each build runs on a schema it migrated. \
          With --costs, counted rather than timed (the same on a busy machine): bytes from \
@@ -86,6 +89,8 @@ pub struct DrainConfig {
     pub relays: u32,
     pub mode: Mode,
     pub source: Source,
+    /// WAL source only: the events are tableless (logical messages, no rows).
+    pub tableless: bool,
     pub build: Build,
 }
 
@@ -96,7 +101,7 @@ impl DrainConfig {
             self.relays,
             if self.relays == 1 { "" } else { "s" },
             self.mode.as_str(),
-            self.source.as_str(),
+            self.source_name(),
             super::short_url(&self.publisher),
             if self.build == Build::Baseline {
                 " (baseline)"
@@ -106,12 +111,22 @@ impl DrainConfig {
         )
     }
 
+    /// `table`, `wal`, or `tableless` (the WAL source, events without rows): the ratio to
+    /// table compares each with the table source's row.
+    fn source_name(&self) -> &'static str {
+        if self.tableless {
+            "tableless"
+        } else {
+            self.source.as_str()
+        }
+    }
+
     pub fn params(&self) -> serde_json::Value {
         let mut p = serde_json::json!({
             "publisher": txoutbox::redact::redact_url(&self.publisher),
             "relays": self.relays,
             "mode": self.mode.as_str(),
-            "source": self.source.as_str(),
+            "source": self.source_name(),
         });
         if self.build != Build::Only {
             p["build"] = serde_json::json!(if self.build == Build::Baseline {
@@ -141,8 +156,18 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
 
 async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
     env.status(&format!("{}: inserting {} events", cfg.name(), env.events));
-    db.insert_events(env.events, env.aggregates, env.event_types)
-        .await?;
+    // Tableless: where the last event's transaction ended, which the slot must have confirmed
+    // once the relays are done.
+    let emitted_to = if cfg.tableless {
+        Some(
+            db.emit_events(env.events, env.aggregates, env.event_types)
+                .await?,
+        )
+    } else {
+        db.insert_events(env.events, env.aggregates, env.event_types)
+            .await?;
+        None
+    };
     super::checkpoint(env).await;
     env.status(&format!("{}: draining", cfg.name()));
     // --costs: the relays reach the database through a counting proxy.
@@ -183,6 +208,16 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
         Some(before) => Some(cost::wal_position(&env.pool).await? - before),
         None => None,
     };
+    if let Some(end) = emitted_to {
+        let confirmed = db.slot_confirmed().await?;
+        if confirmed.is_none_or(|c| c < end) {
+            anyhow::bail!(
+                "the relays exited with the slot confirmed to {}, short of the tableless \
+                 events' end at {end}: not every one was published",
+                confirmed.map_or_else(|| "nothing".to_string(), |c| c.to_string())
+            );
+        }
+    }
     let left = db.unpublished().await?;
     if left > 0 {
         let dead = db.dead().await?;

@@ -122,6 +122,14 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
+    if a.tableless && !a.sources().contains(&Source::Wal) {
+        return Err(UsageError(
+            "--tableless needs wal among --source (e.g. --source table,wal): only the WAL \
+             source delivers tableless events"
+                .into(),
+        )
+        .into());
+    }
     if !postgres_url {
         return Err(UsageError(
             "txoutbox-bench measures PostgreSQL only (a postgres:// URL); for MySQL and SQLite \
@@ -382,13 +390,22 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         .iter()
         .flat_map(|p| {
             let sources = &sources;
+            // With --tableless, a WAL source's configuration is run twice: rows, then
+            // tableless events.
+            let kinds = move |source: &Source| {
+                let tableless = *source == Source::Wal && a.tableless;
+                [false, true].into_iter().filter(move |t| !t || tableless)
+            };
             sources.iter().flat_map(move |source| {
-                builds.iter().map(move |build| DrainConfig {
-                    publisher: p.clone(),
-                    relays: 1,
-                    mode: a.mode(),
-                    source: *source,
-                    build: *build,
+                kinds(source).flat_map(move |tableless| {
+                    builds.iter().map(move |build| DrainConfig {
+                        publisher: p.clone(),
+                        relays: 1,
+                        mode: a.mode(),
+                        source: *source,
+                        tableless,
+                        build: *build,
+                    })
                 })
             })
         })
@@ -417,6 +434,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
                         relays: *r,
                         mode,
                         source: *source,
+                        tableless: false,
                         build: *build,
                     })
                 })

@@ -261,6 +261,67 @@ impl BenchDb {
         Ok(())
     }
 
+    /// The same events as [`BenchDb::insert_events`] (ids, aggregates, types, payloads), but
+    /// tableless: each a transactional logical message written by the migration's
+    /// `<table>_emit_event`, in the same transactions of [`EVENTS_PER_TX`], in `g` order.
+    /// Returns the WAL position after the last transaction's commit: once the slot has
+    /// confirmed it, every event was published.
+    pub async fn emit_events(
+        &self,
+        n: u64,
+        aggregates: u64,
+        event_types: u64,
+    ) -> anyhow::Result<wal::Lsn> {
+        let n = i64::try_from(n).context("--events too large")?;
+        let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
+        let event_types = i64::try_from(event_types).context("--event-types too large")?;
+        let sql = format!(
+            "SELECT count({emit}(id, 'order', (g % $3)::text,
+                    CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END,
+                    jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
+                                       'total', g * 1.5, 'note', repeat('x', 100)),
+                    NULL, NULL, '{{}}'::jsonb))
+             FROM (SELECT g, (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
+                              || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id
+                   FROM generate_series($1, $2) g,
+                        LATERAL (SELECT md5(g::text || random()::text) AS h) r
+                   ORDER BY g) e",
+            emit = self.table.derived("emit_event")
+        );
+        let base = chrono::Utc::now();
+        let mut first = 1i64;
+        while first <= n {
+            let last = (first + EVENTS_PER_TX - 1).min(n);
+            sqlx::query(&sql)
+                .bind(first)
+                .bind(last)
+                .bind(aggregates)
+                .bind(base)
+                .bind(event_types)
+                .execute(&self.pool)
+                .await
+                .context("emitting the bench's tableless events")?;
+            first = last + 1;
+        }
+        let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&self.pool)
+            .await
+            .context("reading the WAL position")?;
+        end.parse()
+            .map_err(|e| anyhow::anyhow!("the WAL position {end:?}: {e}"))
+    }
+
+    /// Where this schema's replication slot is confirmed to (`None`: no slot, or never).
+    pub async fn slot_confirmed(&self) -> anyhow::Result<Option<wal::Lsn>> {
+        let slot = wal::default_slot(&self.pool, &self.table)
+            .await
+            .context("naming the replication slot")?;
+        Ok(wal::slot_info(&self.pool, &slot)
+            .await
+            .context("reading the replication slot")?
+            .and_then(|i| i.confirmed_flush_lsn))
+    }
+
     /// Events not (yet) published: pending, leased or dead. Deleted rows (delete-on-settle
     /// retention) were published.
     pub async fn unpublished(&self) -> anyhow::Result<i64> {

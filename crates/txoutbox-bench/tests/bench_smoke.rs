@@ -372,6 +372,52 @@ async fn wal_source_on_another_database_is_a_usage_error() {
 
 /// The bench's own check can fail: when every publish fails and each event is dead-lettered
 /// at its first failure, the relays exit with nothing published and the bench says so.
+/// `--tableless`: the WAL source drains the same events written as logical messages, checked
+/// by the slot's confirmed position (there is no row to look at), beside the table's rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_of_tableless_events_is_compared_with_the_table() {
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "2500",
+        "--source",
+        "table,wal",
+        "--tableless",
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "drain");
+    assert_eq!(sources(rows), ["table", "wal", "tableless"], "{rows:?}");
+    assert!(median(&rows[2], "ratio_to_table") > 0.0, "{}", rows[2]);
+    assert_eq!(
+        median(&rows[2], "handed_off"),
+        0.0,
+        "published from the stream, none written into the table: {}",
+        rows[2]
+    );
+    assert!(
+        rows[2]["config"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tableless"),
+        "{}",
+        rows[2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tableless_without_the_wal_source_is_a_usage_error() {
+    let (out, _) = bench(&["drain", "--events", "10", "--tableless"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--tableless needs wal among --source"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn drain_fails_when_events_do_not_arrive() {
     let (out, pid) = bench(&[

@@ -74,7 +74,7 @@ impl WritePathState {
                 "its wake-up trigger is disabled (new events wait up to --poll-interval)",
             ),
             (!self.partition_index).then_some(
-                "its partition index is missing (ordered claims read the pending index instead)",
+                "its partition index is missing (claims read the pending index instead)",
             ),
         ]
         .into_iter()
