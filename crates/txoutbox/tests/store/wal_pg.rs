@@ -414,3 +414,89 @@ async fn an_ordered_claim_never_takes_later_events_past_an_earlier_row_it_skippe
     assert_eq!(ids, vec![first, second], "a's events together, in order");
     h.cleanup().await;
 }
+
+/// Two relays' ordered claims of the table path at once: relay A's claim has leased an
+/// aggregate's first event but its commit is slow (a synchronous standby, a slow fsync: here a
+/// deferred trigger that sleeps at commit), so relay B's statement sees that row neither
+/// leased nor in the `blocking` index, and SKIP LOCKED passes over it. B must not take the
+/// aggregate's second event then (it would go out ahead of the first): B's claim waits for A's
+/// commit and leaves the aggregate alone. The chaos run's failover fault found it (order
+/// violations with commits waiting on a synchronous standby).
+#[tokio::test]
+async fn an_ordered_claim_never_takes_later_events_past_one_another_claim_has_not_committed() {
+    use std::time::Duration;
+    use txoutbox::store::{ClaimBytes, ClaimParams, Ordering, Retention, Store};
+    let h = PgHarness::new().await;
+    let path = std::sync::Arc::new(h.pool_store_with(Retention::Delete).wal()).table_path();
+    let outbox = h.outbox();
+    let first = outbox.enqueue(&h.pool, &event("a", 1)).await.unwrap();
+    let second = outbox.enqueue(&h.pool, &event("a", 2)).await.unwrap();
+    let other = outbox.enqueue(&h.pool, &event("b", 1)).await.unwrap();
+    let t = h.table.qualified();
+    let schema = h.table.schema().quoted();
+    // All three handed over, unattempted and due: none of them in the `blocking` index.
+    h.exec(&format!("UPDATE {t} SET handed_off_at = now()"))
+        .await;
+    // Relay A's claims commit slowly.
+    h.exec(&format!(
+        "CREATE FUNCTION {schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.locked_by = 'relay-a' THEN PERFORM pg_sleep(2); END IF; RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON {t} \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.slow_commit()"
+    ))
+    .await;
+    let claim = |relay_id, limit| ClaimParams {
+        relay_id,
+        token: uuid::Uuid::new_v4(),
+        limit,
+        bytes: ClaimBytes::UNLIMITED,
+        lease: Duration::from_secs(30),
+        ordering: Ordering::Ordered,
+        in_flight: &[],
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
+    };
+
+    // A claims the first event alone and sits in its commit.
+    let a = {
+        let path = path.clone();
+        tokio::spawn(async move {
+            let c = path.claim(claim("relay-a", 1)).await.unwrap();
+            c.events.iter().map(|e| e.id).collect::<Vec<_>>()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let sleeping: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' \
+             AND datname = current_database() AND pid <> pg_backend_pid() \
+             AND (query LIKE $1 OR query ILIKE 'commit%')",
+        )
+        .bind(format!("%{t}%"))
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+        if sleeping > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "relay A's claim never reached its commit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let b = path.claim(claim("relay-b", 100)).await.unwrap();
+    let b: Vec<_> = b.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        a.await.unwrap(),
+        vec![first],
+        "relay A took a's first event"
+    );
+    assert_eq!(
+        b,
+        vec![other],
+        "relay B took a's second event while A's claim of the first was committing \
+         (first {first}, second {second})"
+    );
+    h.cleanup().await;
+}

@@ -5,6 +5,10 @@
 -- locked (`locked`) though nothing above held it back: SKIP LOCKED passed it over because
 -- another statement held its row at that moment (the outage watch's retry_now, making failed
 -- events due as their broker answers again). Else its later events would go out ahead of it.
+-- What neither can see is an earlier event another relay's claim has leased but not yet
+-- committed (not in `blocking` for this statement's snapshot, and skipped as locked): ordered
+-- claims therefore run one at a time per table, each in a transaction behind an advisory lock
+-- (table_path.rs), so this statement starts after the other's commit.
 -- Up to the byte budget, as claim.sql. $1 limit, $2 lease (ms), $3 relay id, $4 token, $7 the
 -- byte budget, $8 the per-event ceiling.
 WITH RECURSIVE lim AS (SELECT $7::int8 AS batch, $8::int8 AS event),

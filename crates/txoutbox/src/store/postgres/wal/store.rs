@@ -355,6 +355,15 @@ impl WalStore {
         super::reader_lock_key(self.slot())
     }
 
+    /// The transaction advisory lock that ordered claims of the table path take turns on (one
+    /// per table: every WAL relay of the table claims there, whichever slot it reads).
+    pub(crate) fn table_path_lock_key(&self) -> i64 {
+        crate::table::stable_hash(&format!(
+            "txoutbox wal table path {}",
+            self.table().qualified()
+        )) as i64
+    }
+
     /// Does a relay read the slot now (hold its reader lock, see [`WalStore::lock`])? Asked
     /// by any relay, standbys included.
     pub async fn reader_present(&self) -> Result<bool, Error> {

@@ -22,7 +22,7 @@ impl Store for TablePath {
     async fn claim(&self, p: ClaimParams<'_>) -> Result<Claim, Error> {
         let w = &self.0;
         let started = Instant::now();
-        let rows = sqlx::query(&w.q.claim)
+        let query = sqlx::query(&w.q.claim)
             .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
             .bind(millis(p.lease))
             .bind(p.relay_id)
@@ -30,10 +30,33 @@ impl Store for TablePath {
             .bind(p.ordering.is_ordered())
             .bind(p.ordering == Ordering::OrderedHold)
             .bind(p.bytes.batch_param())
-            .bind(p.bytes.event_param())
-            .fetch_all(w.pool())
-            .await
-            .map_err(|e| w.store.err(e))?;
+            .bind(p.bytes.event_param());
+        let rows = if p.ordering.is_ordered() {
+            // Ordered claims of the table's relays (the slot's reader and its standbys all
+            // claim here) take turns: one statement's snapshot cannot see an earlier event
+            // that another claim leased but has not committed yet (its commit waiting on a
+            // synchronous standby, or a slow fsync). That row is not yet in the `blocking`
+            // index, and SKIP LOCKED passes over it, so the aggregate's later events would be
+            // claimed and go out ahead of it. Behind the lock, the claim's statement starts
+            // after the other's commit, and sees the row leased.
+            let mut tx = w.pool().begin().await.map_err(|e| w.store.err(e))?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(w.table_path_lock_key())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| w.store.err(e))?;
+            let rows = query
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| w.store.err(e))?;
+            tx.commit().await.map_err(|e| w.store.err(e))?;
+            rows
+        } else {
+            query
+                .fetch_all(w.pool())
+                .await
+                .map_err(|e| w.store.err(e))?
+        };
         let rows = crate::store::postgres::claim::decode_claimed(&rows, &p)?;
         let (events, bad, held) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
