@@ -32,6 +32,10 @@ pub enum Kind {
     /// WAL source only: the replication slot goes away while the relays run (dropped, its
     /// reader's server process terminated first; or invalidated by `max_slot_wal_keep_size`).
     SlotLoss,
+    /// The primary killed (an immediate stop) and its physical standby promoted; a new
+    /// standby is then made of the old node in the background (`failover.rs`), and until it
+    /// is ready this fault is postponed.
+    Failover,
 }
 
 pub const ALL: &[Kind] = &[
@@ -45,6 +49,7 @@ pub const ALL: &[Kind] = &[
     Kind::BrokerRestart,
     Kind::Publisher,
     Kind::SlotLoss,
+    Kind::Failover,
 ];
 
 /// The kinds that only a WAL run has.
@@ -65,6 +70,7 @@ impl Kind {
             Kind::BrokerRestart => "broker-restart",
             Kind::Publisher => "publisher",
             Kind::SlotLoss => "slot-loss",
+            Kind::Failover => "failover",
         }
     }
 
@@ -137,6 +143,8 @@ pub struct Planned {
 pub struct Schedule {
     kinds: Vec<Kind>,
     bag: Vec<Kind>,
+    /// How often a failover was drawn while the standby was not ready, and put off.
+    pub postponed: u32,
 }
 
 impl Schedule {
@@ -149,15 +157,42 @@ impl Schedule {
                 .filter(|k| *k != Kind::Publisher)
                 .collect(),
             bag: Vec::new(),
+            postponed: 0,
         }
     }
 
-    pub fn next(&mut self, rng: &mut StdRng, relays: usize) -> Option<Planned> {
+    /// The next fault. `failover_ready`: a standby can take over now; when it cannot, a
+    /// failover drawn goes back to the bottom of the bag (drawn again after the others) and
+    /// another kind is drawn instead (`None` if it was the only one).
+    pub fn next(
+        &mut self,
+        rng: &mut StdRng,
+        relays: usize,
+        failover_ready: bool,
+    ) -> Option<Planned> {
         if self.bag.is_empty() {
             self.bag = self.kinds.clone();
             self.bag.shuffle(rng);
         }
-        let kind = self.bag.pop()?;
+        let mut kind = self.bag.pop()?;
+        if kind == Kind::Failover && !failover_ready {
+            self.postponed += 1;
+            if self.bag.is_empty() {
+                // A round of the other kinds comes first.
+                self.bag = self
+                    .kinds
+                    .iter()
+                    .copied()
+                    .filter(|k| *k != Kind::Failover)
+                    .collect();
+                self.bag.shuffle(rng);
+            }
+            self.bag.insert(0, kind);
+            if self.bag.len() == 1 {
+                return None;
+            }
+            kind = self.bag.pop()?;
+        }
         let mut all: Vec<usize> = (0..relays).collect();
         all.shuffle(rng);
         let how_many = match kind {
@@ -225,14 +260,14 @@ mod tests {
             let mut s = Schedule::new(&parse_list("all", true).unwrap());
             (0..50)
                 .map(|_| {
-                    let p = s.next(&mut rng, 3).unwrap();
+                    let p = s.next(&mut rng, 3, true).unwrap();
                     (p.kind, p.relays, p.link, p.hold)
                 })
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
-        // The first nine faults are the nine discrete kinds.
+        // The first ten faults are the ten discrete kinds.
         let first: std::collections::BTreeSet<Kind> = draw(7)
             .into_iter()
             .take(ALL.len() - 1)
@@ -263,7 +298,32 @@ mod tests {
         assert!(parse_list("kill,boom", false).unwrap_err().contains("boom"));
         let mut only_publisher = Schedule::new(&[Kind::Publisher]);
         assert!(only_publisher
-            .next(&mut StdRng::seed_from_u64(1), 3)
+            .next(&mut StdRng::seed_from_u64(1), 3, true)
             .is_none());
+        // Failover in every run's `all`: the table's too.
+        assert!(table.contains(&Kind::Failover));
+    }
+
+    #[test]
+    fn a_failover_is_not_drawn_while_the_standby_is_not_ready_but_comes_once_it_is() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut s = Schedule::new(&[Kind::Kill, Kind::Stop, Kind::Failover]);
+        let kinds: Vec<Kind> = (0..30)
+            .map(|_| s.next(&mut rng, 3, false).unwrap().kind)
+            .collect();
+        assert!(!kinds.contains(&Kind::Failover), "{kinds:?}");
+        assert!(kinds.contains(&Kind::Kill) && kinds.contains(&Kind::Stop));
+        assert!(s.postponed >= 10, "postponed {}", s.postponed);
+        // Postponed, not dropped: it is among the next draws once the standby is ready.
+        let postponed = s.postponed;
+        let next: Vec<Kind> = (0..3)
+            .map(|_| s.next(&mut rng, 3, true).unwrap().kind)
+            .collect();
+        assert!(next.contains(&Kind::Failover), "{next:?}");
+        assert_eq!(s.postponed, postponed);
+        // The only kind, and not ready: nothing to inject now.
+        let mut only = Schedule::new(&[Kind::Failover]);
+        assert!(only.next(&mut rng, 3, false).is_none());
+        assert_eq!(only.next(&mut rng, 3, true).unwrap().kind, Kind::Failover);
     }
 }
