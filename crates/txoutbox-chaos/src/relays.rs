@@ -48,10 +48,12 @@ pub struct RelaySlot {
     /// ...and a relay (a standby waiting for the slot lock, or one starting) whose database
     /// connection broke: the table source rides that out, the WAL source exits.
     pub db_lost_exits: u32,
-    /// A relay (of either source) that exited at start-up because no server of its URL took
-    /// read-write sessions: a failover under way (the primary dead, the standby not yet
-    /// promoted), with the `failover` fault only.
-    pub no_primary_exits: u32,
+    /// With the `failover` fault only, a relay (of either source) that exited because the
+    /// primary moved: at its start no server of its URL took read-write sessions (the primary
+    /// dead, the standby not yet promoted), or its server turned standby under it (the old
+    /// primary made a standby again) before its pool moved to the new primary
+    /// (`recovery is in progress`, `read-only transaction`).
+    pub failover_exits: u32,
     /// SIGSTOP and SIGCONT times of this slot's relays.
     pub freezes: Vec<(std::time::SystemTime, std::time::SystemTime)>,
 }
@@ -88,7 +90,7 @@ impl RelaySlot {
             unexpected_exits: 0,
             lock_lost_exits: 0,
             db_lost_exits: 0,
-            no_primary_exits: 0,
+            failover_exits: 0,
             freezes: Vec::new(),
         };
         slot.spawn(s)?;
@@ -177,8 +179,16 @@ impl RelaySlot {
             let wal = s.source == "wal";
             let why = match last_error(&log) {
                 Some(e) if self.pg.len() > 1 && e.contains("serves a read-write session") => {
-                    self.no_primary_exits += 1;
+                    self.failover_exits += 1;
                     ": no server took read-write sessions at its start (a failover under way)"
+                }
+                Some(e)
+                    if self.pg.len() > 1
+                        && (e.contains("recovery is in progress")
+                            || e.contains("read-only transaction")) =>
+                {
+                    self.failover_exits += 1;
+                    ": its server became a standby before its pool moved to the new primary"
                 }
                 Some(e) if wal && e.contains("lost the connection that holds slot") => {
                     self.lock_lost_exits += 1;

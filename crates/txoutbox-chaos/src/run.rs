@@ -234,9 +234,9 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     let unexpected_exits: u32 = slots.iter().map(|s| s.unexpected_exits).sum();
     let lock_lost_exits: u32 = slots.iter().map(|s| s.lock_lost_exits).sum();
     let db_lost_exits: u32 = slots.iter().map(|s| s.db_lost_exits).sum();
-    let no_primary_exits: u32 = slots.iter().map(|s| s.no_primary_exits).sum();
+    let failover_exits: u32 = slots.iter().map(|s| s.failover_exits).sum();
     // Exits by design, each restarted by the supervisor.
-    let wal_exits = lock_lost_exits + db_lost_exits + no_primary_exits;
+    let wal_exits = lock_lost_exits + db_lost_exits + failover_exits;
 
     // --- report -----------------------------------------------------------------------------
     let ordered = args.mode == "ordered";
@@ -301,7 +301,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     };
     if let Some(p) = pg.pair() {
         lock_lost.push_str(&format!(
-            " (failover: {no_primary_exits} started while no server took writes)"
+            " (failover: {failover_exits} because the primary moved)"
         ));
         let sends: Vec<(String, SystemTime)> = slots
             .iter()
