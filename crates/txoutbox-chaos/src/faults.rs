@@ -57,6 +57,18 @@ fn wal_only(k: Kind) -> bool {
     k == Kind::SlotLoss
 }
 
+/// Is `k` in `all`? Slot loss in a WAL run only. Failover in a table run only, for now: with
+/// the synchronous standby that failover needs, a WAL run's table path (`wal_claim.sql`)
+/// sends an aggregate's events out of order now and then (two relays' claims, one of them
+/// waiting for the standby to acknowledge its commit; see docs/guarantees.md), so a WAL run
+/// names it (`--faults failover,...`) until that is fixed.
+fn in_all(k: Kind, wal: bool) -> bool {
+    match k {
+        Kind::Failover => !wal,
+        k => wal || !wal_only(k),
+    }
+}
+
 impl Kind {
     pub fn name(self) -> &'static str {
         match self {
@@ -91,14 +103,10 @@ impl FromStr for Kind {
 }
 
 /// `kill,stop,...`, `all` or `none`; `wal`: the relays read the WAL (`slot-loss` is
-/// allowed, and part of `all`).
+/// allowed, and part of `all`; `failover` is not part of it, see [`in_all`]).
 pub fn parse_list(s: &str, wal: bool) -> Result<Vec<Kind>, String> {
     match s.trim() {
-        "all" => Ok(ALL
-            .iter()
-            .copied()
-            .filter(|k| wal || !wal_only(*k))
-            .collect()),
+        "all" => Ok(ALL.iter().copied().filter(|k| in_all(*k, wal)).collect()),
         "none" | "" => Ok(Vec::new()),
         list => {
             let mut kinds = list
@@ -257,7 +265,7 @@ mod tests {
     fn the_schedule_is_reproducible_from_the_seed_and_meets_every_kind_early() {
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut s = Schedule::new(&parse_list("all", true).unwrap());
+            let mut s = Schedule::new(ALL);
             (0..50)
                 .map(|_| {
                     let p = s.next(&mut rng, 3, true).unwrap();
@@ -283,7 +291,14 @@ mod tests {
             vec![Kind::Kill, Kind::Stop]
         );
         // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
-        assert_eq!(parse_list("all", true).unwrap().len(), ALL.len());
+        // Failover is in a table run's `all`, and a WAL run's by name only.
+        let wal = parse_list("all", true).unwrap();
+        assert_eq!(wal.len(), ALL.len() - 1);
+        assert!(wal.contains(&Kind::SlotLoss) && !wal.contains(&Kind::Failover));
+        assert_eq!(
+            parse_list("failover,kill", true).unwrap(),
+            vec![Kind::Kill, Kind::Failover]
+        );
         let table = parse_list("all", false).unwrap();
         assert_eq!(table.len(), ALL.len() - 1);
         assert!(!table.contains(&Kind::SlotLoss));
@@ -300,7 +315,7 @@ mod tests {
         assert!(only_publisher
             .next(&mut StdRng::seed_from_u64(1), 3, true)
             .is_none());
-        // Failover in every run's `all`: the table's too.
+        // Failover is in a table run's `all`.
         assert!(table.contains(&Kind::Failover));
     }
 

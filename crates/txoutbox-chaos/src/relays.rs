@@ -52,7 +52,8 @@ pub struct RelaySlot {
     /// primary moved: at its start no server of its URL took read-write sessions (the primary
     /// dead, the standby not yet promoted), or its server turned standby under it (the old
     /// primary made a standby again) before its pool moved to the new primary
-    /// (`recovery is in progress`, `read-only transaction`).
+    /// (`recovery is in progress`, `logical decoding cannot be used while in recovery`,
+    /// `read-only transaction`), or (WAL) its slot was not on the new primary.
     pub failover_exits: u32,
     /// SIGSTOP and SIGCONT times of this slot's relays.
     pub freezes: Vec<(std::time::SystemTime, std::time::SystemTime)>,
@@ -185,10 +186,15 @@ impl RelaySlot {
                 Some(e)
                     if self.pg.len() > 1
                         && (e.contains("recovery is in progress")
+                            || e.contains("while in recovery")
                             || e.contains("read-only transaction")) =>
                 {
                     self.failover_exits += 1;
                     ": its server became a standby before its pool moved to the new primary"
+                }
+                Some(e) if wal && self.pg.len() > 1 && e.contains("does not exist") => {
+                    self.failover_exits += 1;
+                    ": its slot was not on the new primary (lost at the promotion before 17)"
                 }
                 Some(e) if wal && e.contains("lost the connection that holds slot") => {
                     self.lock_lost_exits += 1;
