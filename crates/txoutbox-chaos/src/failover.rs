@@ -477,3 +477,59 @@ pub fn report(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn delivery_resumes_at_the_first_send_of_an_event_committed_on_the_new_primary() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let p = Promotion {
+            node: "b",
+            at: t0,
+            offset: Duration::from_secs(20),
+            took: Duration::from_millis(300),
+            seq_above: 100,
+            slot: String::new(),
+            standby_after: Arc::new(Mutex::new(Some(Duration::from_millis(900)))),
+        };
+        let sends = vec![
+            (
+                "old-before".to_string(),
+                at(0).checked_sub(Duration::from_millis(5)).unwrap(),
+            ),
+            // An event of the old primary, sent again after the promotion: not a resumption.
+            ("old-after".to_string(), at(200)),
+            ("new-late".to_string(), at(1_500)),
+            ("new-first".to_string(), at(700)),
+            ("unknown".to_string(), at(300)),
+        ];
+        let seq_of = |id: &str| match id {
+            "old-before" | "old-after" => Some(90),
+            "new-first" | "new-late" => Some(101),
+            _ => None,
+        };
+        let lines = report(std::slice::from_ref(&p), &sends, seq_of);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("delivery resumed 700.00ms after"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains("node b promoted at +20.0s"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains("streaming 900.0ms after"), "{}", lines[0]);
+        let none = report(std::slice::from_ref(&p), &sends[..2], seq_of);
+        assert!(
+            none[0].contains("no event committed on the new primary"),
+            "{}",
+            none[0]
+        );
+    }
+}
