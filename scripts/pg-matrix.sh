@@ -7,7 +7,9 @@
 # stopped and removed afterwards, also on failure or Ctrl-C. The server on 5432 is never
 # touched. Needs no broker. The relay's failover tests (failover_pg::) start a primary and a
 # standby of their own with the major's binaries (PG_BIN): the failover slot's on 17 and 18,
-# the table path's after a failover on every major.
+# the table path's after a failover on every major. The full matrix also runs a short chaos
+# run on 17 and 18 (`txoutbox-chaos --source wal --faults failover,kill`: failover slots
+# under chaos; it starts a nats-server of its own, and is skipped without one).
 #   scripts/pg-matrix.sh            # the full matrix: 14 15 16 17 18; store, relay and TLS tests
 #   scripts/pg-matrix.sh 16 17      # some majors
 #   scripts/pg-matrix.sh --short    # CI's: 14 and 18; the store tests, fewer relay tests
@@ -135,6 +137,17 @@ EOF
 # --- the run ------------------------------------------------------------------------------
 # Built once up front, with the features of `cargo test --workspace --all-features`.
 cargo test --workspace --all-features "${runs[@]/#/--test=}" --no-run -q
+# The full matrix's chaos runs (17+): the binaries as scripts/chaos.sh builds them.
+nats=$(command -v nats-server || echo /usr/sbin/nats-server)
+chaos=
+if [ -z "$short" ]; then
+  if [ -x "$nats" ]; then
+    cargo build -q --workspace --all-features --bins
+    chaos="${CARGO_TARGET_DIR:-target}/debug/txoutbox-chaos"
+  else
+    log "no nats-server: the failover chaos runs on 17+ are skipped (scripts/services.sh installs it)"
+  fi
+fi
 
 results=()
 failed=0
@@ -160,7 +173,17 @@ for major in "${majors[@]}"; do
     fi
   done
   stop_cluster
-  if [ ${#bad[@]} -eq 0 ]; then outcome="passed (${runs[*]})"; else outcome="FAILED (${bad[*]})"; fi
+  # Failover slots under chaos: the WAL relays read on from the synchronized copy.
+  done_runs=("${runs[@]}")
+  if [ -n "$chaos" ] && [ "$major" -ge 17 ]; then
+    done_runs+=(chaos)
+    if ! "$chaos" --pg-bin "$bin" --nats-server "$nats" --source wal --faults failover,kill \
+        --duration 40s --fault-interval 4s --seed 42 --relays 3; then
+      bad+=(chaos)
+      failed=1
+    fi
+  fi
+  if [ ${#bad[@]} -eq 0 ]; then outcome="passed (${done_runs[*]})"; else outcome="FAILED (${bad[*]})"; fi
   results+=("PostgreSQL $major: $outcome in $((SECONDS - started)) s")
 done
 for r in "${results[@]}"; do log "$r"; done

@@ -32,7 +32,7 @@ async fn wait_listening(port: u16, what: &str, secs: u64) -> anyhow::Result<()> 
     }
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -40,15 +40,20 @@ fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A PostgreSQL cluster of our own: initdb'd into `dir`, trust auth, loopback only.
+/// A PostgreSQL cluster of our own: initdb'd into `dir`, trust auth, loopback only. (The
+/// `failover` fault runs two of them, a primary and a standby: see `failover.rs`.)
 pub struct PgCluster {
     bin: PathBuf,
     dir: PathBuf,
+    /// The server's log (outside `dir` for a node of a pair, whose directory is made again).
+    log: PathBuf,
     port: u16,
     /// PostgreSQL refuses to run as root: then every command runs as the `postgres` user.
     as_postgres: bool,
     /// Started with `wal_level=logical`, for relays that read the WAL.
     logical: bool,
+    /// More `-o` options of the server (a standby's settings).
+    extra: String,
 }
 
 impl PgCluster {
@@ -59,28 +64,59 @@ impl PgCluster {
         std::fs::create_dir_all(&dir).context("create the PostgreSQL directory")?;
         let as_postgres = running_as_root();
         if as_postgres {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(root)
-                .status()
-                .context("chown the run directory to postgres")?
-                .success();
-            if !ok {
-                bail!(
-                    "chown {} to postgres failed (is there a postgres user?)",
-                    root.display()
-                );
-            }
+            chown_to_postgres(root)?;
         }
         let me = Self {
             bin: bin.to_path_buf(),
+            log: dir.join("server.log"),
             dir,
             port: free_port()?,
             as_postgres,
             logical,
+            extra: String::new(),
         };
-        let dir = me.dir.display().to_string();
-        me.run(
+        me.initdb()?;
+        me.pg_ctl(&["start"])?;
+        wait_listening(me.port, "PostgreSQL", 30).await?;
+        Ok(me)
+    }
+
+    /// A node that is not made yet: `dir` (its data directory) is made by [`Self::initdb`]
+    /// or copied from a primary; `extra`: more server options.
+    pub fn node(
+        bin: &Path,
+        dir: PathBuf,
+        log: PathBuf,
+        port: u16,
+        logical: bool,
+        extra: String,
+    ) -> Self {
+        Self {
+            bin: bin.to_path_buf(),
+            dir,
+            log,
+            port,
+            as_postgres: running_as_root(),
+            logical,
+            extra,
+        }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn as_postgres(&self) -> bool {
+        self.as_postgres
+    }
+
+    pub fn initdb(&self) -> anyhow::Result<()> {
+        let dir = self.dir.display().to_string();
+        self.run(
             "initdb",
             &[
                 "-D",
@@ -92,10 +128,23 @@ impl PgCluster {
                 "UTF8",
                 "--no-sync",
             ],
-        )?;
-        me.pg_ctl(&["start"])?;
-        wait_listening(me.port, "PostgreSQL", 30).await?;
-        Ok(me)
+        )
+    }
+
+    /// Start it and wait until it listens (`pg_ctl -w`: a standby once it is consistent).
+    pub async fn start_server(&self) -> anyhow::Result<()> {
+        self.pg_ctl(&["start"])?;
+        wait_listening(self.port, "PostgreSQL", 60).await
+    }
+
+    /// Kill it: an immediate stop, as a crash (no shutdown checkpoint).
+    pub fn kill(&self) -> anyhow::Result<()> {
+        self.pg_ctl(&["stop", "-m", "immediate"])
+    }
+
+    /// Promote a standby; returns once it is a primary (`pg_ctl promote -w`).
+    pub fn promote(&self) -> anyhow::Result<()> {
+        self.pg_ctl(&["promote"])
     }
 
     pub fn url(&self) -> String {
@@ -125,8 +174,12 @@ impl PgCluster {
                 " -c wal_level=logical -c max_replication_slots=16 -c max_wal_senders=16",
             );
         }
+        if !self.extra.is_empty() {
+            opts.push(' ');
+            opts.push_str(&self.extra);
+        }
         let dir = self.dir.display().to_string();
-        let log = self.dir.join("server.log").display().to_string();
+        let log = self.log.display().to_string();
         let mut all = vec!["-D", &dir, "-l", &log, "-w", "-t", "60", "-o", &opts];
         all.extend_from_slice(args);
         self.run("pg_ctl", &all)
@@ -156,6 +209,23 @@ impl PgCluster {
         }
         Ok(())
     }
+}
+
+/// `chown -R postgres: path` (PostgreSQL refuses to run as root: then it runs as `postgres`).
+pub fn chown_to_postgres(path: &Path) -> anyhow::Result<()> {
+    let ok = Command::new("chown")
+        .args(["-R", "postgres:"])
+        .arg(path)
+        .status()
+        .context("chown the run directory to postgres")?
+        .success();
+    if !ok {
+        bail!(
+            "chown {} to postgres failed (is there a postgres user?)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 impl Drop for PgCluster {

@@ -32,6 +32,10 @@ pub enum Kind {
     /// WAL source only: the replication slot goes away while the relays run (dropped, its
     /// reader's server process terminated first; or invalidated by `max_slot_wal_keep_size`).
     SlotLoss,
+    /// The primary killed (an immediate stop) and its physical standby promoted; a new
+    /// standby is then made of the old node in the background (`failover.rs`), and until it
+    /// is ready this fault is postponed.
+    Failover,
 }
 
 pub const ALL: &[Kind] = &[
@@ -45,11 +49,24 @@ pub const ALL: &[Kind] = &[
     Kind::BrokerRestart,
     Kind::Publisher,
     Kind::SlotLoss,
+    Kind::Failover,
 ];
 
 /// The kinds that only a WAL run has.
 fn wal_only(k: Kind) -> bool {
     k == Kind::SlotLoss
+}
+
+/// Is `k` in `all`? Slot loss in a WAL run only. Failover in a table run only, for now: with
+/// the synchronous standby that failover needs, a WAL run's table path (`wal_claim.sql`)
+/// sends an aggregate's events out of order now and then (two relays' claims, one of them
+/// waiting for the standby to acknowledge its commit; see docs/guarantees.md), so a WAL run
+/// names it (`--faults failover,...`) until that is fixed.
+fn in_all(k: Kind, wal: bool) -> bool {
+    match k {
+        Kind::Failover => !wal,
+        k => wal || !wal_only(k),
+    }
 }
 
 impl Kind {
@@ -65,6 +82,7 @@ impl Kind {
             Kind::BrokerRestart => "broker-restart",
             Kind::Publisher => "publisher",
             Kind::SlotLoss => "slot-loss",
+            Kind::Failover => "failover",
         }
     }
 
@@ -85,14 +103,10 @@ impl FromStr for Kind {
 }
 
 /// `kill,stop,...`, `all` or `none`; `wal`: the relays read the WAL (`slot-loss` is
-/// allowed, and part of `all`).
+/// allowed, and part of `all`; `failover` is not part of it, see [`in_all`]).
 pub fn parse_list(s: &str, wal: bool) -> Result<Vec<Kind>, String> {
     match s.trim() {
-        "all" => Ok(ALL
-            .iter()
-            .copied()
-            .filter(|k| wal || !wal_only(*k))
-            .collect()),
+        "all" => Ok(ALL.iter().copied().filter(|k| in_all(*k, wal)).collect()),
         "none" | "" => Ok(Vec::new()),
         list => {
             let mut kinds = list
@@ -137,6 +151,8 @@ pub struct Planned {
 pub struct Schedule {
     kinds: Vec<Kind>,
     bag: Vec<Kind>,
+    /// How often a failover was drawn while the standby was not ready, and put off.
+    pub postponed: u32,
 }
 
 impl Schedule {
@@ -149,15 +165,42 @@ impl Schedule {
                 .filter(|k| *k != Kind::Publisher)
                 .collect(),
             bag: Vec::new(),
+            postponed: 0,
         }
     }
 
-    pub fn next(&mut self, rng: &mut StdRng, relays: usize) -> Option<Planned> {
+    /// The next fault. `failover_ready`: a standby can take over now; when it cannot, a
+    /// failover drawn goes back to the bottom of the bag (drawn again after the others) and
+    /// another kind is drawn instead (`None` if it was the only one).
+    pub fn next(
+        &mut self,
+        rng: &mut StdRng,
+        relays: usize,
+        failover_ready: bool,
+    ) -> Option<Planned> {
         if self.bag.is_empty() {
             self.bag = self.kinds.clone();
             self.bag.shuffle(rng);
         }
-        let kind = self.bag.pop()?;
+        let mut kind = self.bag.pop()?;
+        if kind == Kind::Failover && !failover_ready {
+            self.postponed += 1;
+            if self.bag.is_empty() {
+                // A round of the other kinds comes first.
+                self.bag = self
+                    .kinds
+                    .iter()
+                    .copied()
+                    .filter(|k| *k != Kind::Failover)
+                    .collect();
+                self.bag.shuffle(rng);
+            }
+            self.bag.insert(0, kind);
+            if self.bag.len() == 1 {
+                return None;
+            }
+            kind = self.bag.pop()?;
+        }
         let mut all: Vec<usize> = (0..relays).collect();
         all.shuffle(rng);
         let how_many = match kind {
@@ -222,17 +265,17 @@ mod tests {
     fn the_schedule_is_reproducible_from_the_seed_and_meets_every_kind_early() {
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut s = Schedule::new(&parse_list("all", true).unwrap());
+            let mut s = Schedule::new(ALL);
             (0..50)
                 .map(|_| {
-                    let p = s.next(&mut rng, 3).unwrap();
+                    let p = s.next(&mut rng, 3, true).unwrap();
                     (p.kind, p.relays, p.link, p.hold)
                 })
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
-        // The first nine faults are the nine discrete kinds.
+        // The first ten faults are the ten discrete kinds.
         let first: std::collections::BTreeSet<Kind> = draw(7)
             .into_iter()
             .take(ALL.len() - 1)
@@ -248,7 +291,14 @@ mod tests {
             vec![Kind::Kill, Kind::Stop]
         );
         // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
-        assert_eq!(parse_list("all", true).unwrap().len(), ALL.len());
+        // Failover is in a table run's `all`, and a WAL run's by name only.
+        let wal = parse_list("all", true).unwrap();
+        assert_eq!(wal.len(), ALL.len() - 1);
+        assert!(wal.contains(&Kind::SlotLoss) && !wal.contains(&Kind::Failover));
+        assert_eq!(
+            parse_list("failover,kill", true).unwrap(),
+            vec![Kind::Kill, Kind::Failover]
+        );
         let table = parse_list("all", false).unwrap();
         assert_eq!(table.len(), ALL.len() - 1);
         assert!(!table.contains(&Kind::SlotLoss));
@@ -263,7 +313,32 @@ mod tests {
         assert!(parse_list("kill,boom", false).unwrap_err().contains("boom"));
         let mut only_publisher = Schedule::new(&[Kind::Publisher]);
         assert!(only_publisher
-            .next(&mut StdRng::seed_from_u64(1), 3)
+            .next(&mut StdRng::seed_from_u64(1), 3, true)
             .is_none());
+        // Failover is in a table run's `all`.
+        assert!(table.contains(&Kind::Failover));
+    }
+
+    #[test]
+    fn a_failover_is_not_drawn_while_the_standby_is_not_ready_but_comes_once_it_is() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut s = Schedule::new(&[Kind::Kill, Kind::Stop, Kind::Failover]);
+        let kinds: Vec<Kind> = (0..30)
+            .map(|_| s.next(&mut rng, 3, false).unwrap().kind)
+            .collect();
+        assert!(!kinds.contains(&Kind::Failover), "{kinds:?}");
+        assert!(kinds.contains(&Kind::Kill) && kinds.contains(&Kind::Stop));
+        assert!(s.postponed >= 10, "postponed {}", s.postponed);
+        // Postponed, not dropped: it is among the next draws once the standby is ready.
+        let postponed = s.postponed;
+        let next: Vec<Kind> = (0..3)
+            .map(|_| s.next(&mut rng, 3, true).unwrap().kind)
+            .collect();
+        assert!(next.contains(&Kind::Failover), "{next:?}");
+        assert_eq!(s.postponed, postponed);
+        // The only kind, and not ready: nothing to inject now.
+        let mut only = Schedule::new(&[Kind::Failover]);
+        assert!(only.next(&mut rng, 3, false).is_none());
+        assert_eq!(only.next(&mut rng, 3, true).unwrap().kind, Kind::Failover);
     }
 }

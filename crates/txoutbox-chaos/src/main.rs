@@ -1,7 +1,8 @@
 //! `txoutbox-chaos`: a workload, fault injector and checker for the txoutbox relay.
 //!
 //! It starts its own PostgreSQL cluster and broker (a NATS server, or a RabbitMQ node with
-//! `--publisher amqp`; so restarting them disturbs nobody), puts a fault-injecting proxy in
+//! `--publisher amqp`; so restarting them disturbs nobody; with the `failover` fault a
+//! primary and a standby), puts a fault-injecting proxy in
 //! front of each for every relay, runs writers that commit
 //! (and roll back) events, runs real `txoutbox relay` processes (claiming rows, or with
 //! `--source wal` reading the outbox's replication slot), injects faults at seeded
@@ -15,10 +16,13 @@
 mod amqp_consumer;
 mod amqp_tap;
 mod audit;
+mod basebackup;
 mod broker;
 mod check;
 mod cluster;
+mod failover;
 mod faults;
+mod finish;
 mod proxy;
 mod rabbit;
 mod relays;
@@ -64,8 +68,12 @@ pub struct Args {
     #[arg(long, default_value = "ordered", value_parser = ["ordered", "unordered"])]
     pub mode: String,
     /// Faults to inject: a comma-separated list of kill, stop, cut, stall, slow, reset,
-    /// pg-restart, broker-restart, publisher, and with `--source wal` slot-loss; or `all`
-    /// (slot-loss included with `--source wal`), or `none`.
+    /// pg-restart, broker-restart, publisher, failover, and with `--source wal` slot-loss; or
+    /// `all` (slot-loss included with `--source wal`; failover with `--source table` only,
+    /// named to have it in a WAL run), or `none`. With failover the run's PostgreSQL is a
+    /// primary and a synchronous physical standby: the fault kills the primary and promotes
+    /// the standby, and a new standby is made of the old node (another failover waits until
+    /// it is ready).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Mean time between two faults (each gap is drawn from 0.5x to 1.5x of it).

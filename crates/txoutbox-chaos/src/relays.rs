@@ -33,7 +33,9 @@ pub struct RelaySlot {
     generation: u32,
     pub relay_id: String,
     child: Option<Child>,
-    pub pg: Proxy,
+    /// To PostgreSQL: one per server (with the `failover` fault, the primary's and the
+    /// standby's, both named in the relay's URL).
+    pub pg: Vec<Proxy>,
     /// To the broker; taps what the relay publishes.
     pub broker: Proxy,
     admin_port: u16,
@@ -46,6 +48,13 @@ pub struct RelaySlot {
     /// ...and a relay (a standby waiting for the slot lock, or one starting) whose database
     /// connection broke: the table source rides that out, the WAL source exits.
     pub db_lost_exits: u32,
+    /// With the `failover` fault only, a relay (of either source) that exited because the
+    /// primary moved: at its start no server of its URL took read-write sessions (the primary
+    /// dead, the standby not yet promoted), or its server turned standby under it (the old
+    /// primary made a standby again) before its pool moved to the new primary
+    /// (`recovery is in progress`, `logical decoding cannot be used while in recovery`,
+    /// `read-only transaction`), or (WAL) its slot was not on the new primary.
+    pub failover_exits: u32,
     /// SIGSTOP and SIGCONT times of this slot's relays.
     pub freezes: Vec<(std::time::SystemTime, std::time::SystemTime)>,
 }
@@ -57,18 +66,24 @@ fn secs(d: Duration) -> String {
 impl RelaySlot {
     pub async fn new(
         index: usize,
-        pg: SocketAddr,
+        pg: &[SocketAddr],
         broker: SocketAddr,
         s: &RelaySettings,
     ) -> anyhow::Result<Self> {
+        let mut proxies = Vec::new();
+        for addr in pg {
+            proxies.push(
+                Proxy::start(*addr, None)
+                    .await
+                    .context("proxy to PostgreSQL")?,
+            );
+        }
         let mut slot = Self {
             index,
             generation: 0,
             relay_id: String::new(),
             child: None,
-            pg: Proxy::start(pg, None)
-                .await
-                .context("proxy to PostgreSQL")?,
+            pg: proxies,
             broker: Proxy::start(broker, Some(s.broker.tap()))
                 .await
                 .context("proxy to the broker")?,
@@ -76,6 +91,7 @@ impl RelaySlot {
             unexpected_exits: 0,
             lock_lost_exits: 0,
             db_lost_exits: 0,
+            failover_exits: 0,
             freezes: Vec::new(),
         };
         slot.spawn(s)?;
@@ -87,7 +103,19 @@ impl RelaySlot {
         self.generation += 1;
         self.relay_id = format!("chaos-r{}-g{}", self.index, self.generation);
         self.admin_port = free_port()?;
-        let db = format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg.port());
+        let hosts: Vec<String> = self
+            .pg
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect();
+        // Several servers: the one that takes writes, found again after a failover.
+        let db = match hosts.len() {
+            1 => format!("postgres://postgres@{}/postgres", hosts[0]),
+            _ => format!(
+                "postgres://postgres@{}/postgres?target_session_attrs=read-write",
+                hosts.join(",")
+            ),
+        };
         let publisher = s.broker.relay_url(self.broker.port());
         let log = s.log_dir.join(format!("{}.log", self.relay_id));
         let file = std::fs::File::create(&log).context("create a relay log")?;
@@ -149,12 +177,30 @@ impl RelaySlot {
         if let Some(status) = &exited {
             self.unexpected_exits += 1;
             let log = s.log_dir.join(format!("{}.log", self.relay_id));
-            let why = match (s.source == "wal").then(|| last_error(&log)).flatten() {
-                Some(e) if e.contains("lost the connection that holds slot") => {
+            let wal = s.source == "wal";
+            let why = match last_error(&log) {
+                Some(e) if self.pg.len() > 1 && e.contains("serves a read-write session") => {
+                    self.failover_exits += 1;
+                    ": no server took read-write sessions at its start (a failover under way)"
+                }
+                Some(e)
+                    if self.pg.len() > 1
+                        && (e.contains("recovery is in progress")
+                            || e.contains("while in recovery")
+                            || e.contains("read-only transaction")) =>
+                {
+                    self.failover_exits += 1;
+                    ": its server became a standby before its pool moved to the new primary"
+                }
+                Some(e) if wal && self.pg.len() > 1 && e.contains("does not exist") => {
+                    self.failover_exits += 1;
+                    ": its slot was not on the new primary (lost at the promotion before 17)"
+                }
+                Some(e) if wal && e.contains("lost the connection that holds slot") => {
                     self.lock_lost_exits += 1;
                     ": its slot lock's connection died, by design"
                 }
-                Some(e) if e.contains("error communicating with database") => {
+                Some(e) if wal && e.contains("error communicating with database") => {
                     self.db_lost_exits += 1;
                     ": a WAL relay's database connection broke"
                 }

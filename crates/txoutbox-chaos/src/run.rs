@@ -14,16 +14,17 @@ use uuid::Uuid;
 
 use crate::audit::{install_claim_audit, print_violations, unfenced_sends};
 use crate::broker::Broker;
-use crate::check::{self, FinalTruth};
-use crate::cluster::PgCluster;
+use crate::check;
+use crate::failover::{self, Postgres};
 use crate::faults::{self, Kind, Link, Planned, Tally};
+use crate::finish::{drain, resolve, unfinished};
 use crate::proxy::Mode;
 use crate::relays::{find_txoutbox, RelaySettings, RelaySlot};
 use crate::slot;
 use crate::workload::{self, WorkloadConfig};
 use crate::Args;
 
-const TABLE: &str = "public.outbox_events";
+pub(crate) const TABLE: &str = "public.outbox_events";
 
 /// The run's temporary directory: removed on drop unless kept.
 struct RunDir {
@@ -64,9 +65,15 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         copy
     };
     let wal = args.source == "wal";
-    let pg = PgCluster::start(&args.pg_bin, &dir.path, wal)
-        .await
-        .context("start PostgreSQL")?;
+    // With the failover fault: a primary and a standby (`failover.rs`).
+    let mut pg = Postgres::start(
+        &args.pg_bin,
+        &dir.path,
+        wal,
+        kinds.contains(&Kind::Failover),
+    )
+    .await
+    .context("start PostgreSQL")?;
     let mut broker = match Broker::start(&args, &dir.path).await {
         Ok(b) => b,
         Err(e) => {
@@ -87,10 +94,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
         logs.display()
     );
     migrate(&txoutbox, &pg.url()).await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(args.writers as u32 + 2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&pg.url())
+    let pool = failover::connect(&pg.url(), args.writers as u32 + 2)
         .await
         .context("connect to the run's PostgreSQL")?;
     install_claim_audit(&pool).await?;
@@ -112,7 +116,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     };
     let mut slots = Vec::new();
     for i in 0..usize::from(args.relays) {
-        slots.push(RelaySlot::new(i, pg.addr(), broker.addr(), &settings).await?);
+        slots.push(RelaySlot::new(i, &pg.addrs(), broker.addr(), &settings).await?);
     }
 
     // --- writers and faults ---------------------------------------------------------------
@@ -144,14 +148,23 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
             break;
         }
         supervise_until(&mut slots, &settings, at, &mut restarts_by_supervisor).await?;
-        let Some(mut fault) = schedule.next(&mut rng, slots.len()) else {
+        let ready = match pg.pair() {
+            Some(p) => p.ready().await,
+            None => Ok(()),
+        };
+        let postponed = schedule.postponed;
+        let fault = schedule.next(&mut rng, slots.len(), ready.is_ok());
+        if let (true, Err(why)) = (schedule.postponed > postponed, &ready) {
+            eprintln!("chaos: failover postponed: the standby is not ready ({why})");
+        }
+        let Some(mut fault) = fault else {
             continue;
         };
         inject(
             &mut fault,
             &mut slots,
             &settings,
-            &pg,
+            &mut pg,
             &mut broker,
             &pool,
             &args,
@@ -174,7 +187,7 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
 
     // --- drain ------------------------------------------------------------------------------
     for s in &slots {
-        s.pg.set(Mode::Pass);
+        s.pg.iter().for_each(|p| p.set(Mode::Pass));
         s.broker.set(Mode::Pass);
     }
     let drained = drain(
@@ -221,7 +234,9 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     let unexpected_exits: u32 = slots.iter().map(|s| s.unexpected_exits).sum();
     let lock_lost_exits: u32 = slots.iter().map(|s| s.lock_lost_exits).sum();
     let db_lost_exits: u32 = slots.iter().map(|s| s.db_lost_exits).sum();
-    let wal_exits = lock_lost_exits + db_lost_exits;
+    let failover_exits: u32 = slots.iter().map(|s| s.failover_exits).sum();
+    // Exits by design, each restarted by the supervisor.
+    let wal_exits = lock_lost_exits + db_lost_exits + failover_exits;
 
     // --- report -----------------------------------------------------------------------------
     let ordered = args.mode == "ordered";
@@ -279,11 +294,34 @@ pub async fn run(args: Args, kinds: Vec<Kind>) -> anyhow::Result<bool> {
     } else {
         String::new()
     };
-    let lock_lost = if wal {
+    let mut lock_lost = if wal {
         format!(" (WAL: {lock_lost_exits} readers whose slot lock connection died, by design; {db_lost_exits} whose database connection broke)")
     } else {
         String::new()
     };
+    if let Some(p) = pg.pair() {
+        lock_lost.push_str(&format!(
+            " (failover: {failover_exits} because the primary moved)"
+        ));
+        let sends: Vec<(String, SystemTime)> = slots
+            .iter()
+            .filter_map(|s| s.broker.tap())
+            .flat_map(|t| t.lock().map(|l| l.clone()).unwrap_or_default())
+            .collect();
+        let seq_of = |id: &str| {
+            let id = Uuid::parse_str(id).ok()?;
+            final_truth.committed.get(&id).map(|(_, seq)| *seq)
+        };
+        for line in failover::report(&p.promotions, &sends, seq_of) {
+            println!("{line}");
+        }
+        if schedule.postponed > 0 {
+            println!(
+                "failover postponed {} times (the standby was not ready)",
+                schedule.postponed
+            );
+        }
+    }
     println!(
         "relays: sends seen on the wire={sends} failed attempts recorded={attempts_failed} fenced settles (live relays' metrics)={fenced} sends outside a held lease={unfenced}{stream_sends} (besides {} already in flight when a relay was frozen) exits by themselves={unexpected_exits}{lock_lost} unclean shutdowns={unclean_exits} drained={drained}",
         audit.in_flight_at_freeze
@@ -353,7 +391,7 @@ async fn migrate(txoutbox: &Path, url: &str) -> anyhow::Result<()> {
 }
 
 /// Restart relays that exited by themselves, until `until`.
-async fn supervise_until(
+pub(crate) async fn supervise_until(
     slots: &mut [RelaySlot],
     settings: &RelaySettings,
     until: Instant,
@@ -377,7 +415,7 @@ async fn inject(
     f: &mut Planned,
     slots: &mut [RelaySlot],
     settings: &RelaySettings,
-    pg: &PgCluster,
+    pg: &mut Postgres,
     broker: &mut Broker,
     pool: &PgPool,
     args: &Args,
@@ -471,17 +509,17 @@ async fn inject(
                 f.hold
             );
             for i in &f.relays {
-                proxy_of(&slots[*i], f.link).set(mode);
+                proxies_of(&slots[*i], f.link).for_each(|p| p.set(mode));
             }
             tokio::time::sleep(f.hold).await;
             for i in &f.relays {
-                proxy_of(&slots[*i], f.link).set(Mode::Pass);
+                proxies_of(&slots[*i], f.link).for_each(|p| p.set(Mode::Pass));
             }
         }
         Kind::Reset => {
             eprintln!("chaos: reset {link} connections of {who:?}");
             for i in &f.relays {
-                proxy_of(&slots[*i], f.link).reset();
+                proxies_of(&slots[*i], f.link).for_each(|p| p.reset());
             }
         }
         Kind::PgRestart => {
@@ -493,6 +531,11 @@ async fn inject(
             broker.restart().await?;
         }
         Kind::SlotLoss => {
+            if f.invalidate && pg.pair().is_some_and(|p| p.rebuilding()) {
+                // The standby's new slot, not streaming yet, would be invalidated too.
+                eprintln!("chaos: slot loss: a standby is being made; dropping the slot rather than invalidating it");
+                f.invalidate = false;
+            }
             if f.invalidate {
                 // Every relay frozen, so that the reader cannot confirm past the WAL that
                 // the checkpoint removes.
@@ -518,113 +561,28 @@ async fn inject(
             let dropped = slot::drop_all(pool).await?;
             eprintln!("chaos: slot loss: dropped {dropped:?} (its reader's server process terminated first)");
         }
+        Kind::Failover => {
+            if let Some(pair) = pg.pair() {
+                eprintln!(
+                    "chaos: failover: kill the primary (immediate stop), promote the standby"
+                );
+                let p = pair.failover().await?;
+                eprintln!(
+                    "chaos: failover: node {} promoted in {:.2?}; making the old node a standby",
+                    p.node, p.took
+                );
+            }
+        }
         Kind::Publisher => {}
     }
     Ok(())
 }
 
-fn proxy_of(slot: &RelaySlot, link: Link) -> &crate::proxy::Proxy {
-    match link {
-        Link::Postgres => &slot.pg,
-        Link::Broker => &slot.broker,
-    }
-}
-
-/// Wait until nothing is pending or leased (dead letters aside).
-async fn drain(
-    pool: &PgPool,
-    slots: &mut [RelaySlot],
-    settings: &RelaySettings,
-    timeout: Duration,
-    restarts: &mut u32,
-) -> anyhow::Result<bool> {
-    let deadline = Instant::now() + timeout;
-    let mut left = -1i64;
-    while Instant::now() < deadline {
-        let n: Result<i64, _> = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {TABLE} WHERE processed_at IS NULL AND dead_at IS NULL"
-        ))
-        .fetch_one(pool)
-        .await;
-        if let Ok(n) = n {
-            left = n;
-            if n == 0 {
-                return Ok(true);
-            }
-        }
-        supervise_until(
-            slots,
-            settings,
-            Instant::now() + Duration::from_millis(500),
-            restarts,
-        )
-        .await?;
-    }
-    eprintln!("chaos: not drained after {timeout:?}: {left} events unfinished");
-    Ok(false)
-}
-
-/// What the events left unfinished after the drain are: how many reached the broker anyway,
-/// how many the table path holds, and a few of them.
-async fn unfinished(pool: &PgPool, deliveries: &[Uuid]) -> anyhow::Result<String> {
-    let rows: Vec<(Uuid, i64, i32, bool)> = sqlx::query_as(&format!(
-        "SELECT id, seq, attempts, handed_off_at IS NOT NULL FROM {TABLE} \
-         WHERE processed_at IS NULL AND dead_at IS NULL ORDER BY seq"
-    ))
-    .fetch_all(pool)
-    .await
-    .context("read the unfinished events")?;
-    let delivered: HashSet<&Uuid> = deliveries.iter().collect();
-    let reached = rows.iter().filter(|r| delivered.contains(&r.0)).count();
-    let handed = rows.iter().filter(|r| r.3).count();
-    let sample: Vec<String> = rows
-        .iter()
-        .take(3)
-        .map(|(id, seq, attempts, _)| format!("{id} (seq {seq}, attempts {attempts})"))
-        .collect();
-    Ok(format!(
-        "unfinished after the drain: {} (of which at the broker: {reached}, in the table path: {handed}), for example: {}",
-        rows.len(),
-        sample.join(", ")
-    ))
-}
-
-/// The writers' truth, with uncertain commits looked up in the commit audit.
-/// Returns (truth, uncertain that committed, committed but missing from the audit).
-async fn resolve(
-    pool: &PgPool,
-    truth: workload::Truth,
-) -> anyhow::Result<(FinalTruth, usize, usize)> {
-    // Committed events, also those whose row the relay deleted on settle.
-    let in_table: HashSet<Uuid> = sqlx::query_scalar("SELECT id FROM chaos_commits")
-        .fetch_all(pool)
-        .await
-        .context("read the committed ids")?
-        .into_iter()
-        .collect();
-    let mut t = FinalTruth {
-        committed: truth.committed,
-        rolled_back: truth.rolled_back,
-        poison: HashSet::new(),
+/// A relay's proxies on `link`: to the broker, or to each PostgreSQL server.
+fn proxies_of(slot: &RelaySlot, link: Link) -> impl Iterator<Item = &crate::proxy::Proxy> {
+    let (pg, broker) = match link {
+        Link::Postgres => (&slot.pg[..], None),
+        Link::Broker => (&[][..], Some(&slot.broker)),
     };
-    let mut uncertain_committed = 0;
-    for (id, v) in truth.uncertain {
-        if in_table.contains(&id) {
-            uncertain_committed += 1;
-            t.committed.insert(id, v);
-        } else {
-            t.rolled_back.insert(id);
-        }
-    }
-    t.poison = truth
-        .poison
-        .into_iter()
-        .filter(|id| t.committed.contains_key(id))
-        .collect();
-    let missing = t
-        .committed
-        .keys()
-        .filter(|id| !in_table.contains(id))
-        .count();
-    Ok((t, uncertain_committed, missing))
+    pg.iter().chain(broker)
 }

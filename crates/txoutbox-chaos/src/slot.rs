@@ -89,6 +89,27 @@ pub async fn invalidate_all(pool: &PgPool) -> anyhow::Result<Vec<String>> {
                 .await
                 .context("switch the WAL segment")?;
         }
+        // A standby's physical slot must not go with them: wait (up to 10 s) until every
+        // streaming standby has the WAL written so far.
+        let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(pool)
+            .await
+            .context("read the WAL position")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let behind: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical' \
+                 AND active AND restart_lsn < $1::pg_lsn",
+            )
+            .bind(&written)
+            .fetch_one(pool)
+            .await
+            .context("read the standbys' slots")?;
+            if behind == 0 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         sqlx::query("CHECKPOINT")
             .execute(pool)
             .await
