@@ -57,16 +57,9 @@ fn wal_only(k: Kind) -> bool {
     k == Kind::SlotLoss
 }
 
-/// Is `k` in `all`? Slot loss in a WAL run only. Failover in a table run only, for now: with
-/// the synchronous standby that failover needs, a WAL run's table path (`wal_claim.sql`)
-/// sends an aggregate's events out of order now and then (two relays' claims, one of them
-/// waiting for the standby to acknowledge its commit; see docs/guarantees.md), so a WAL run
-/// names it (`--faults failover,...`) until that is fixed.
+/// Is `k` in `all`? Slot loss in a WAL run only; the others, failover included, in both.
 fn in_all(k: Kind, wal: bool) -> bool {
-    match k {
-        Kind::Failover => !wal,
-        k => wal || !wal_only(k),
-    }
+    wal || !wal_only(k)
 }
 
 impl Kind {
@@ -103,7 +96,7 @@ impl FromStr for Kind {
 }
 
 /// `kill,stop,...`, `all` or `none`; `wal`: the relays read the WAL (`slot-loss` is
-/// allowed, and part of `all`; `failover` is not part of it, see [`in_all`]).
+/// allowed, and part of `all`, see [`in_all`]).
 pub fn parse_list(s: &str, wal: bool) -> Result<Vec<Kind>, String> {
     match s.trim() {
         "all" => Ok(ALL.iter().copied().filter(|k| in_all(*k, wal)).collect()),
@@ -291,10 +284,10 @@ mod tests {
             vec![Kind::Kill, Kind::Stop]
         );
         // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
-        // Failover is in a table run's `all`, and a WAL run's by name only.
+        // Failover is in both runs' `all`.
         let wal = parse_list("all", true).unwrap();
-        assert_eq!(wal.len(), ALL.len() - 1);
-        assert!(wal.contains(&Kind::SlotLoss) && !wal.contains(&Kind::Failover));
+        assert_eq!(wal.len(), ALL.len());
+        assert!(wal.contains(&Kind::SlotLoss) && wal.contains(&Kind::Failover));
         assert_eq!(
             parse_list("failover,kill", true).unwrap(),
             vec![Kind::Kill, Kind::Failover]
