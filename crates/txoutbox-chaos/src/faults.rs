@@ -57,9 +57,16 @@ fn wal_only(k: Kind) -> bool {
     k == Kind::SlotLoss
 }
 
-/// Is `k` in `all`? Slot loss in a WAL run only; the others, failover included, in both.
+/// Is `k` in `all`? Slot loss in a WAL run only. Failover in a table run only, for now: in
+/// a WAL run the harness's own slot-loss fault can write WAL through a connection to the old
+/// primary just turned standby (`cannot make new WAL entries during recovery`, slot.rs), which
+/// ends the run; a WAL run names it (`--faults failover,...`) until the harness follows the
+/// primary there.
 fn in_all(k: Kind, wal: bool) -> bool {
-    wal || !wal_only(k)
+    match k {
+        Kind::Failover => !wal,
+        k => wal || !wal_only(k),
+    }
 }
 
 impl Kind {
@@ -284,10 +291,10 @@ mod tests {
             vec![Kind::Kill, Kind::Stop]
         );
         // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
-        // Failover is in both runs' `all`.
+        // Failover is in a table run's `all`, and a WAL run's by name only.
         let wal = parse_list("all", true).unwrap();
-        assert_eq!(wal.len(), ALL.len());
-        assert!(wal.contains(&Kind::SlotLoss) && wal.contains(&Kind::Failover));
+        assert_eq!(wal.len(), ALL.len() - 1);
+        assert!(wal.contains(&Kind::SlotLoss) && !wal.contains(&Kind::Failover));
         assert_eq!(
             parse_list("failover,kill", true).unwrap(),
             vec![Kind::Kill, Kind::Failover]
