@@ -20,6 +20,19 @@ const SLOT_RELEASE: Duration = Duration::from_secs(5);
 /// Events per transaction of [`BenchDb::insert_events`].
 pub const EVENTS_PER_TX: i64 = 1000;
 
+/// The bench's events numbered `g` from $1 to $2, in `g` order, each with its id: UUIDv7 from
+/// the time base $4 (100 events a millisecond), the version and variant bits, and random bits
+/// from md5.
+const NUMBERED: &str = "SELECT g, (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
+                 || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id
+       FROM generate_series($1, $2) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r
+       ORDER BY g";
+/// Event `g`'s aggregate of $3, its type (of $5 round robin) and its ~200-byte payload.
+const AGGREGATE: &str = "(g % $3)::text";
+const EVENT_TYPE: &str = "CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END";
+const PAYLOAD: &str = "jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
+                                   'total', g * 1.5, 'note', repeat('x', 100))";
+
 /// Schemas this process created and has not dropped yet.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -224,36 +237,19 @@ impl BenchDb {
         aggregates: u64,
         event_types: u64,
     ) -> anyhow::Result<()> {
-        let n = i64::try_from(n).context("--events too large")?;
-        let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
-        let event_types = i64::try_from(event_types).context("--event-types too large")?;
         let sql = format!(
             "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload)
-             SELECT (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
-                     || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
-                    'order', (g % $3)::text,
-                    CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END,
-                    jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
-                                       'total', g * 1.5, 'note', repeat('x', 100))
-             FROM generate_series($1, $2) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r",
+             SELECT id, 'order', {AGGREGATE}, {EVENT_TYPE}, {PAYLOAD} FROM ({NUMBERED}) e",
             self.qualified()
         );
-        // One time base for all transactions: ids keep rising with `g` across them.
-        let base = chrono::Utc::now();
-        let mut first = 1i64;
-        while first <= n {
-            let last = (first + EVENTS_PER_TX - 1).min(n);
-            sqlx::query(&sql)
-                .bind(first)
-                .bind(last)
-                .bind(aggregates)
-                .bind(base)
-                .bind(event_types)
-                .execute(&self.pool)
-                .await
-                .context("inserting the bench events")?;
-            first = last + 1;
-        }
+        self.in_transactions(
+            &sql,
+            n,
+            aggregates,
+            event_types,
+            "inserting the bench events",
+        )
+        .await?;
         sqlx::query(&format!("VACUUM ANALYZE {}", self.qualified()))
             .execute(&self.pool)
             .await
@@ -272,27 +268,47 @@ impl BenchDb {
         aggregates: u64,
         event_types: u64,
     ) -> anyhow::Result<wal::Lsn> {
+        let sql = format!(
+            "SELECT count({emit}(id, 'order', {AGGREGATE}, {EVENT_TYPE}, {PAYLOAD},
+                                 NULL, NULL, '{{}}'::jsonb))
+             FROM ({NUMBERED}) e",
+            emit = self.table.derived("emit_event")
+        );
+        self.in_transactions(
+            &sql,
+            n,
+            aggregates,
+            event_types,
+            "emitting the bench's tableless events",
+        )
+        .await?;
+        let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&self.pool)
+            .await
+            .context("reading the WAL position")?;
+        end.parse()
+            .map_err(|e| anyhow::anyhow!("the WAL position {end:?}: {e}"))
+    }
+
+    /// Run `sql` (over [`NUMBERED`]: $1 first, $2 last, $3 aggregates, $4 the time base,
+    /// $5 event types) for `1..=n` in transactions of [`EVENTS_PER_TX`]. One time base for
+    /// all of them: ids keep rising with `g` across transactions.
+    async fn in_transactions(
+        &self,
+        sql: &str,
+        n: u64,
+        aggregates: u64,
+        event_types: u64,
+        what: &'static str,
+    ) -> anyhow::Result<()> {
         let n = i64::try_from(n).context("--events too large")?;
         let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
         let event_types = i64::try_from(event_types).context("--event-types too large")?;
-        let sql = format!(
-            "SELECT count({emit}(id, 'order', (g % $3)::text,
-                    CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END,
-                    jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
-                                       'total', g * 1.5, 'note', repeat('x', 100)),
-                    NULL, NULL, '{{}}'::jsonb))
-             FROM (SELECT g, (lpad(to_hex((extract(epoch FROM $4::timestamptz) * 1000)::bigint + g / 100), 12, '0')
-                              || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id
-                   FROM generate_series($1, $2) g,
-                        LATERAL (SELECT md5(g::text || random()::text) AS h) r
-                   ORDER BY g) e",
-            emit = self.table.derived("emit_event")
-        );
         let base = chrono::Utc::now();
         let mut first = 1i64;
         while first <= n {
             let last = (first + EVENTS_PER_TX - 1).min(n);
-            sqlx::query(&sql)
+            sqlx::query(sql)
                 .bind(first)
                 .bind(last)
                 .bind(aggregates)
@@ -300,15 +316,10 @@ impl BenchDb {
                 .bind(event_types)
                 .execute(&self.pool)
                 .await
-                .context("emitting the bench's tableless events")?;
+                .context(what)?;
             first = last + 1;
         }
-        let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&self.pool)
-            .await
-            .context("reading the WAL position")?;
-        end.parse()
-            .map_err(|e| anyhow::anyhow!("the WAL position {end:?}: {e}"))
+        Ok(())
     }
 
     /// Where this schema's replication slot is confirmed to (`None`: no slot, or never).
