@@ -133,9 +133,11 @@ impl Relay {
         let mut failed = Vec::new();
         let mut released = Vec::new();
         let mut unavailable = Vec::new();
+        let mut acked = Vec::with_capacity(events.len());
         {
             let mut rng = rand::thread_rng();
             for (event, result) in events.iter().zip(outcome) {
+                acked.push(matches!(result, Some(Ok(()))));
                 match result {
                     Some(Ok(())) => {
                         self.count_published(event);
@@ -157,6 +159,9 @@ impl Relay {
         report.published = published.len();
         report.failed = failed.len();
         report.released = released.len();
+        // Settling: an ordered claim now holds back only the aggregates of its events the
+        // broker did not acknowledge, and the main loop may claim their successors meanwhile.
+        _in_flight.acknowledged(&claim, &acked);
         let settled = self
             .store
             .settle(SettleParams {

@@ -13,27 +13,47 @@ use crate::store::Claim;
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     claims: Mutex<Slots>,
+    /// Poked when a claim in flight was acknowledged ([`Held::acknowledged`]): the main loop,
+    /// waiting for a batch, may claim again (the acknowledged events' aggregates are free).
+    pub(super) acknowledged: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
 struct Slots {
     next: u64,
-    by_slot: HashMap<u64, Arc<Claim>>,
+    by_slot: HashMap<u64, Slot>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// The claim as the next claim must see it (after its acknowledgement, the claim that
+    /// stands for it: [`Claim::acknowledged`]).
+    claim: Arc<Claim>,
+    /// Its payload bytes, held in memory until it is settled or released.
+    bytes: u64,
+    /// Its events were published and some acknowledged: it stands for itself as
+    /// [`Claim::acknowledged`] says, and is settling.
+    settling: bool,
 }
 
 impl InFlight {
     /// The claims in flight now.
     pub(super) fn snapshot(&self) -> Vec<Arc<Claim>> {
-        match self.claims.lock() {
-            Ok(s) => s.by_slot.values().cloned().collect(),
-            Err(poisoned) => poisoned.get_ref().by_slot.values().cloned().collect(),
-        }
+        let s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_slot.values().map(|slot| slot.claim.clone()).collect()
     }
 
     /// The payload bytes of the claims in flight now.
     pub(super) fn bytes(&self) -> u64 {
         let s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-        s.by_slot.values().map(|c| claim_bytes(c)).sum()
+        s.by_slot.values().map(|slot| slot.bytes).sum()
+    }
+
+    /// The claims in flight not settling ([`Held::acknowledged`]): being published, or
+    /// settling with nothing to free.
+    pub(super) fn publishing(&self) -> usize {
+        let s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_slot.values().filter(|slot| !slot.settling).count()
     }
 
     /// Remember `claim` until the returned guard is dropped (after its settle or release).
@@ -41,7 +61,15 @@ impl InFlight {
         let mut s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
         let slot = s.next;
         s.next += 1;
-        s.by_slot.insert(slot, claim);
+        let bytes = claim_bytes(&claim);
+        s.by_slot.insert(
+            slot,
+            Slot {
+                claim,
+                bytes,
+                settling: false,
+            },
+        );
         Held {
             registry: self.clone(),
             slot,
@@ -66,6 +94,30 @@ pub(super) struct Held {
     slot: u64,
 }
 
+impl Held {
+    /// The claim's events were published, those at `acked` acknowledged, and its settle is
+    /// next: if [`Claim::acknowledged`] has a claim to stand for it (an ordered claim with an
+    /// event acknowledged), the relay's next claim sees that one from now on, the claim counts
+    /// as settling rather than publishing, and the main loop is told.
+    pub(super) fn acknowledged(&self, claim: &Claim, acked: &[bool]) {
+        let Some(narrowed) = claim.acknowledged(acked) else {
+            return;
+        };
+        {
+            let mut s = self
+                .registry
+                .claims
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = s.by_slot.get_mut(&self.slot) {
+                slot.settling = true;
+                slot.claim = Arc::new(narrowed);
+            }
+        }
+        self.registry.acknowledged.notify_one();
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let mut s = self
@@ -87,6 +139,16 @@ mod tests {
             Vec::new(),
             std::time::Instant::now(),
         ))
+    }
+
+    #[test]
+    fn a_claim_with_no_aggregates_to_free_stays_as_it_is_and_publishing() {
+        let reg = Arc::new(InFlight::default());
+        let leased = claim();
+        let held = reg.hold(leased.clone());
+        held.acknowledged(&leased, &[]);
+        assert_eq!(reg.publishing(), 1);
+        assert!(Arc::ptr_eq(&reg.snapshot()[0], &leased));
     }
 
     #[test]

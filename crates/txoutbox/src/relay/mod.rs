@@ -327,7 +327,14 @@ impl Relay {
             let pausing = self.release_wanted.load(AtomicOrdering::SeqCst);
             // The batches in flight hold the in-flight byte budget: claim once one is done.
             let bytes_full = busy > 0 && self.in_flight.bytes() >= cfg.max_in_flight_bytes;
-            if busy >= cfg.pipeline.max(1) || (busy > 0 && (!claim_ahead || pausing || bytes_full))
+            // Up to `pipeline` batches being published; an ordered batch whose events the
+            // broker acknowledged is settling and frees its aggregates for the next claim
+            // (in_flight::Held::acknowledged), and up to as many again may be settling.
+            let depth = cfg.pipeline.max(1);
+            let publishing = self.in_flight.publishing();
+            if publishing >= depth
+                || busy >= 2 * depth
+                || (busy > 0 && (!claim_ahead || pausing || bytes_full))
             {
                 tokio::select! {
                     _ = cancel.cancelled() => break Ok(()),
@@ -338,6 +345,9 @@ impl Relay {
                             }
                         }
                     }
+                    // A batch settling freed aggregates: claiming ahead may find their next
+                    // events.
+                    _ = self.in_flight.acknowledged.notified() => claim_ahead = true,
                 }
                 continue;
             }
@@ -368,8 +378,8 @@ impl Relay {
                 continue;
             }
             if !in_flight.is_empty() {
-                // More may become claimable when a batch in flight settles (its aggregates'
-                // next events), or when a writer commits.
+                // More may become claimable when a batch in flight is acknowledged or settles
+                // (its aggregates' next events), or when a writer commits.
                 tokio::select! {
                     _ = cancel.cancelled() => break Ok(()),
                     Some(joined) = in_flight.join_next() => {
@@ -379,6 +389,7 @@ impl Relay {
                             }
                         }
                     }
+                    _ = self.in_flight.acknowledged.notified() => claim_ahead = true,
                 }
                 continue;
             }

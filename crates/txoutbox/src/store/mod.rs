@@ -169,10 +169,14 @@ pub struct PartitionFence {
     pub partitions: Vec<i32>,
     /// The ownership epoch of each partition in `partitions`, index for index.
     pub epochs: Vec<i64>,
-    /// The claim's aggregate hashes (`partition_key`), ascending, without repeats: the next
-    /// ordered claim skips them while this one is in flight. Empty for an unordered claim,
-    /// whose successor skips its events instead.
+    /// The aggregate hash (`partition_key`) of each of the claim's events, index for index:
+    /// the next ordered claim skips these aggregates while this one is in flight. Empty for an
+    /// unordered claim, whose successor skips its events instead.
     pub keys: Vec<i32>,
+    /// Events the broker acknowledged, by `seq`, in a claim that stands for another one while
+    /// that one settles ([`Claim::acknowledged`]): the next claim skips these events but does
+    /// not hold their aggregates back. Empty in a claim as the store made it.
+    pub acknowledged: Vec<i64>,
 }
 
 impl Claim {
@@ -198,6 +202,44 @@ impl Claim {
     /// The ids of its events, in claim order.
     pub fn ids(&self) -> Vec<Uuid> {
         self.events.iter().map(|e| e.id).collect()
+    }
+
+    /// This ordered claim as the relay's next claim must see it once the broker acknowledged
+    /// the events whose index in [`events`](Self::events) `acked` holds: a claim that holds
+    /// back only the aggregates of the events still unacknowledged (failed, or not sent), and
+    /// names the acknowledged ones, which the next claim skips until the settle has marked them.
+    /// An aggregate's next event may then go while its previous one is being settled: it
+    /// follows an acknowledged event, so its first delivery is still in `seq` order. (Should
+    /// that settle not take effect, a relay crash or a lost partition, the previous event is
+    /// delivered again after it: a redelivery, which at-least-once allows.)
+    ///
+    /// `None` for any other claim (row leases, an unordered claim: nothing to hold back), and
+    /// when nothing was acknowledged.
+    pub fn acknowledged(&self, acked: &[bool]) -> Option<Claim> {
+        let Fence::Partitions(f) = &self.fence else {
+            return None;
+        };
+        if f.keys.len() != self.events.len() || !acked.iter().any(|a| *a) {
+            return None;
+        }
+        let mut keys = Vec::new();
+        let mut seqs = f.acknowledged.clone();
+        for ((event, key), acked) in self.events.iter().zip(&f.keys).zip(acked) {
+            if *acked {
+                seqs.push(event.seq);
+            } else {
+                keys.push(*key);
+            }
+        }
+        Some(Claim {
+            events: Vec::new(),
+            fence: Fence::Partitions(PartitionFence {
+                keys,
+                acknowledged: seqs,
+                ..f.clone()
+            }),
+            expires: self.expires,
+        })
     }
 }
 

@@ -383,6 +383,77 @@ async fn relay_connect_options_turn_jit_off_unless_the_url_sets_it() {
     );
 }
 
+/// Once the broker acknowledged some events of an ordered claim in flight, the claim that
+/// stands for it while it settles (`Claim::acknowledged`) frees those events' aggregates: the
+/// next claim takes their next events, skips the acknowledged events themselves (not settled
+/// yet), and still holds back the aggregate of an event that was not acknowledged.
+#[tokio::test]
+async fn an_acknowledged_event_frees_its_aggregate_before_its_settle() {
+    use txoutbox::store::{Ordering, RebalanceParams};
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
+    let outbox = txoutbox::Outbox::new(db.table.clone());
+    // a1 b1 a2 b2
+    let mut ids = Vec::new();
+    for (agg, i) in [("a", 1), ("b", 1), ("a", 2), ("b", 2)] {
+        let e = NewEvent::new("order", agg, "e", &serde_json::json!({ "i": i })).unwrap();
+        ids.push(outbox.enqueue(&db.pool, &e).await.unwrap());
+    }
+    store
+        .rebalance(RebalanceParams {
+            relay_id: "r",
+            instance: uuid::Uuid::nil(),
+            ordering: Ordering::Ordered,
+            lease: LEASE,
+            may_release: true,
+        })
+        .await
+        .unwrap();
+    let ordered = |limit, in_flight| ClaimParams {
+        relay_id: "r",
+        token: Uuid::new_v4(),
+        limit,
+        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
+        lease: LEASE,
+        ordering: Ordering::Ordered,
+        in_flight,
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
+    };
+    let first = Arc::new(store.claim(ordered(2, &[])).await.unwrap());
+    assert_eq!(first.ids(), ids[..2]);
+    // Publishing: both aggregates are held.
+    let publishing = [first.clone()];
+    let held = store.claim(ordered(10, &publishing)).await.unwrap();
+    assert!(held.events.is_empty(), "{:?}", held.ids());
+    // a1 acknowledged, b1 not (it failed): a2 may go, b2 not, and a1 is not claimed again.
+    let settling = Arc::new(first.acknowledged(&[true, false]).expect("an ordered claim"));
+    let acked = [settling.clone()];
+    let next = store.claim(ordered(10, &acked)).await.unwrap();
+    assert_eq!(next.ids(), vec![ids[2]]);
+    // Acknowledged in turn, a2's claim stands for itself too: nothing of a or b goes.
+    let next = Arc::new(next);
+    let both = [
+        settling,
+        Arc::new(next.acknowledged(&[true]).expect("an ordered claim")),
+    ];
+    let none = store.claim(ordered(10, &both)).await.unwrap();
+    assert!(none.events.is_empty(), "{:?}", none.ids());
+    // Settled out of order (a2's first), a1 published, b1 given back (its claim's settle
+    // names it neither way): b's events come next, in order, and nothing is lost.
+    for (claim, published) in [(&next, &ids[2..3]), (&first, &ids[..1])] {
+        store
+            .settle(SettleParams {
+                claim,
+                published,
+                failed: &[],
+            })
+            .await
+            .unwrap();
+    }
+    let rest = store.claim(ordered(10, &[])).await.unwrap();
+    assert_eq!(rest.ids(), vec![ids[1], ids[3]]);
+}
+
 /// While an ordered claim is in flight, the next claim skips its aggregates and reads only a
 /// few batches past it: with every aggregate of that stretch in flight it finds nothing (and
 /// does not read the whole backlog to find so). Once the batch is settled, all is claimable

@@ -86,8 +86,8 @@ impl PartitionHead {
         })
     }
 
-    /// A claim of `events` held by these partitions (`keys`: the events' aggregate hashes,
-    /// for an ordered claim), which expires when the shortest of their leases runs out.
+    /// A claim of `events` held by these partitions (`keys`: each event's aggregate hash, for
+    /// an ordered claim), which expires when the shortest of their leases runs out.
     pub(super) fn claim(
         self,
         relay_id: &str,
@@ -102,6 +102,7 @@ impl PartitionHead {
                 partitions: self.partitions,
                 epochs: self.epochs,
                 keys,
+                acknowledged: Vec::new(),
             }),
             expires: started + self.left,
         }
@@ -131,7 +132,7 @@ impl PgStore {
         let partitions = self.partition_count().await?;
         let started = Instant::now();
         let empty = || Claim::leased(p.token, Vec::new(), started + p.lease);
-        let (mut busy, mut upto) = (Vec::new(), i64::MAX);
+        let (mut busy, mut acknowledged, mut upto) = (Vec::new(), Vec::new(), i64::MAX);
         // A claim whose partition lease ran out holds nothing back: the relay does not send
         // it any more.
         let live = p.in_flight.iter().filter(|c| c.expires > started);
@@ -139,9 +140,12 @@ impl PgStore {
         for c in live {
             if let Fence::Partitions(f) = &c.fence {
                 busy.extend(f.keys.iter().copied());
+                acknowledged.extend(f.acknowledged.iter().copied());
                 last = last.max(c.events.iter().map(|e| e.seq).max());
+                last = last.max(f.acknowledged.iter().copied().max());
             }
         }
+        acknowledged.sort_unstable();
         if let Some(last) = last {
             let window =
                 i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
@@ -158,6 +162,7 @@ impl PgStore {
             .bind(upto)
             .bind(p.bytes.batch_param())
             .bind(p.bytes.event_param())
+            .bind(&acknowledged)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -165,13 +170,11 @@ impl PgStore {
             return Ok(empty());
         }
         let head = PartitionHead::read(&rows[0])?;
-        let mut keys = rows
+        let key_of = rows
             .iter()
-            .map(|r| r.try_get::<i32, _>("partition_key"))
-            .collect::<Result<Vec<_>, _>>()
+            .map(|r| Ok((r.try_get::<i64, _>("seq")?, r.try_get::<i32, _>("partition_key")?)))
+            .collect::<Result<std::collections::HashMap<_, _>, sqlx::Error>>()
             .map_err(Error::Database)?;
-        keys.sort_unstable();
-        keys.dedup();
         let rows = decode_claimed(&rows, p)?;
         // Events held behind an undecodable row (`hold`) are simply not handed out: an
         // ordered claim leases nothing.
@@ -182,6 +185,10 @@ impl PgStore {
         if events.is_empty() {
             return Ok(empty());
         }
+        let keys = events
+            .iter()
+            .map(|e| key_of.get(&e.seq).copied().unwrap_or_default())
+            .collect();
         Ok(head.claim(p.relay_id, events, keys, started))
     }
 
