@@ -426,7 +426,11 @@ async fn an_acknowledged_event_frees_its_aggregate_before_its_settle() {
     let held = store.claim(ordered(10, &publishing)).await.unwrap();
     assert!(held.events.is_empty(), "{:?}", held.ids());
     // a1 acknowledged, b1 not (it failed): a2 may go, b2 not, and a1 is not claimed again.
-    let settling = Arc::new(first.acknowledged(&[true, false]).expect("an ordered claim"));
+    let settling = Arc::new(
+        first
+            .acknowledged(&[true, false])
+            .expect("an ordered claim"),
+    );
     let acked = [settling.clone()];
     let next = store.claim(ordered(10, &acked)).await.unwrap();
     assert_eq!(next.ids(), vec![ids[2]]);

@@ -172,7 +172,12 @@ impl PgStore {
         let head = PartitionHead::read(&rows[0])?;
         let key_of = rows
             .iter()
-            .map(|r| Ok((r.try_get::<i64, _>("seq")?, r.try_get::<i32, _>("partition_key")?)))
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>("seq")?,
+                    r.try_get::<i32, _>("partition_key")?,
+                ))
+            })
             .collect::<Result<std::collections::HashMap<_, _>, sqlx::Error>>()
             .map_err(Error::Database)?;
         let rows = decode_claimed(&rows, p)?;
