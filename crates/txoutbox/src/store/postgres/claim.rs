@@ -121,6 +121,22 @@ pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<
         .collect()
 }
 
+/// Ascending `seqs` as runs of consecutive values: their first and last values, index for
+/// index (a batch of consecutive seqs is one run, not one value each on the wire).
+fn runs(seqs: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    let (mut from, mut to): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    for &s in seqs {
+        match to.last_mut() {
+            Some(last) if s <= last.saturating_add(1) => *last = (*last).max(s),
+            _ => {
+                from.push(s);
+                to.push(s);
+            }
+        }
+    }
+    (from, to)
+}
+
 impl PgStore {
     /// An ordered claim: read-only. It writes nothing to the table: the relay holds the
     /// events because it owns their partitions (the claim's [`PartitionFence`]). What a row
@@ -146,6 +162,7 @@ impl PgStore {
             }
         }
         acknowledged.sort_unstable();
+        let (from, to) = runs(&acknowledged);
         if let Some(last) = last {
             let window =
                 i64::try_from(p.limit.saturating_mul(CLAIM_AHEAD_WINDOW)).unwrap_or(i64::MAX);
@@ -162,7 +179,8 @@ impl PgStore {
             .bind(upto)
             .bind(p.bytes.batch_param())
             .bind(p.bytes.event_param())
-            .bind(&acknowledged)
+            .bind(&from)
+            .bind(&to)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -290,5 +308,20 @@ impl PgStore {
             Err(e) => tracing::warn!(error = %self.err(e),
                 "could not dead-letter rows that do not decode; the next claims meet them again"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn seqs_go_as_runs_of_consecutive_values() {
+        assert_eq!(runs(&[]), (vec![], vec![]));
+        assert_eq!(runs(&[5]), (vec![5], vec![5]));
+        assert_eq!(
+            runs(&[1, 2, 3, 3, 7, 9, 10, i64::MAX]),
+            (vec![1, 7, 9, i64::MAX], vec![3, 7, 10, i64::MAX])
+        );
     }
 }

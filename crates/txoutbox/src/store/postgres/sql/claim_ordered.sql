@@ -14,9 +14,10 @@
 -- backlog costs next to nothing.
 -- Up to the byte budget (within_bytes.sql; an event over the per-event ceiling comes without
 -- its payload, and its size: the claim dead-letters it).
--- Events of this relay's claims in flight that the broker already acknowledged ($9: their
--- seqs, in a hashed subplan) are skipped, not held back on: their settle is on its way, and
--- their aggregates' next events may go (Claim::acknowledged).
+-- Events of this relay's claims in flight that the broker already acknowledged ($9, $10: their
+-- seqs as runs from $9[i] to $10[i], a batch's usually one or two, expanded into a hashed
+-- subplan) are skipped, not held back on: their settle is on its way, and their aggregates'
+-- next events may go (Claim::acknowledged).
 -- $1 limit, $2 relay id, $3 partition count, $7 the byte budget, $8 the per-event ceiling.
 WITH RECURSIVE lim AS (SELECT $7::int8 AS batch, $8::int8 AS event),
 owned AS (
@@ -33,7 +34,7 @@ WHERE e.processed_at IS NULL AND e.dead_at IS NULL AND e.available_at <= now()
   AND e.partition_key % $3 = ANY (ARRAY(SELECT partition FROM owned))
   AND e.seq <= $6
   AND e.partition_key NOT IN (SELECT unnest($5::int[]))
-  AND e.seq NOT IN (SELECT unnest($9::int8[]))
+  AND e.seq NOT IN (SELECT generate_series(r.lo, r.hi) FROM unnest($9::int8[], $10::int8[]) AS r (lo, hi))
   AND EXISTS (SELECT 1 FROM owned o WHERE EXISTS (
     SELECT 1 FROM {{table}} x
     WHERE (x.partition_key & 63) = o.partition
