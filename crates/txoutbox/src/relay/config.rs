@@ -47,9 +47,11 @@ pub struct RelayConfig {
     /// heartbeat; heartbeats come three times per lease. A dead relay's partitions are taken
     /// over after this.
     pub partition_lease: Duration,
-    /// Batches in flight at once: the next batch is claimed while earlier ones are being
+    /// Batches being published at once: the next batch is claimed while earlier ones are
     /// published and settled. In ordered mode an aggregate's later events still wait for its
-    /// earlier ones (they are leased until settled), so order is unaffected.
+    /// earlier ones: until they are settled (leased rows), or on PostgreSQL until the broker
+    /// acknowledged them, and a batch then counts as settling; up to as many batches again may
+    /// be settling. Order is unaffected.
     pub pipeline: usize,
     /// Where committed events come from: the table (claimed rows, any database) or
     /// PostgreSQL's logical replication stream.
