@@ -410,7 +410,7 @@ pub struct RelayTuning {
     #[arg(long, help_heading = "Retries and ordering", env = "TXOUTBOX_PARTITION_LEASE", default_value = DEFAULTS.partition_lease.as_str(), value_parser = within(DurationRange::PARTITION_LEASE))]
     pub partition_lease: Duration,
     /// Batches being published at once: the next batch is claimed while earlier ones are
-    /// published and settled, and (ordered, PostgreSQL) as many more may be settling
+    /// published and settled, and (PostgreSQL) as many more may be settling
     /// (per-aggregate order is kept either way; 1 to 64)
     #[arg(long, help_heading = "Tuning", env = "TXOUTBOX_PIPELINE", default_value_t = DEFAULTS.relay.pipeline, value_parser = count::<usize>(1, 64))]
     pub pipeline: usize,

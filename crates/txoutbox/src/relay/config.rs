@@ -50,8 +50,8 @@ pub struct RelayConfig {
     /// Batches being published at once: the next batch is claimed while earlier ones are
     /// published and settled. In ordered mode an aggregate's later events still wait for its
     /// earlier ones: until they are settled (leased rows), or on PostgreSQL until the broker
-    /// acknowledged them, and a batch then counts as settling; up to as many batches again may
-    /// be settling. Order is unaffected.
+    /// acknowledged them. On PostgreSQL a published batch counts as settling, and up to as
+    /// many batches again may be settling. Order is unaffected.
     pub pipeline: usize,
     /// Where committed events come from: the table (claimed rows, any database) or
     /// PostgreSQL's logical replication stream.

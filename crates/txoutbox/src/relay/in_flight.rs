@@ -7,15 +7,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::store::Claim;
+use crate::store::{Claim, Fence};
 
 /// Claims in flight, shared by the main loop and the batches' tasks.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     claims: Mutex<Slots>,
-    /// Poked when a claim in flight was acknowledged ([`Held::acknowledged`]): the main loop,
-    /// waiting for a batch, may claim again (the acknowledged events' aggregates are free).
+    /// Poked when a claim in flight started settling ([`Held::acknowledged`]): the main loop,
+    /// waiting for a batch, may claim again.
     pub(super) acknowledged: tokio::sync::Notify,
+    /// Set when a claim that started settling freed aggregates: a claim ahead may find their
+    /// next events even after one came back short.
+    freed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -31,8 +34,7 @@ struct Slot {
     claim: Arc<Claim>,
     /// Its payload bytes, held in memory until it is settled or released.
     bytes: u64,
-    /// Its events were published and some acknowledged: it stands for itself as
-    /// [`Claim::acknowledged`] says, and is settling.
+    /// Its events were published: it is settling ([`Held::acknowledged`]).
     settling: bool,
 }
 
@@ -49,8 +51,12 @@ impl InFlight {
         s.by_slot.values().map(|slot| slot.bytes).sum()
     }
 
-    /// The claims in flight not settling ([`Held::acknowledged`]): being published, or
-    /// settling with nothing to free.
+    /// Did a claim that started settling free aggregates since the last call?
+    pub(super) fn take_freed(&self) -> bool {
+        self.freed.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The claims in flight not settling ([`Held::acknowledged`]).
     pub(super) fn publishing(&self) -> usize {
         let s = self.claims.lock().unwrap_or_else(|p| p.into_inner());
         s.by_slot.values().filter(|slot| !slot.settling).count()
@@ -96,13 +102,17 @@ pub(super) struct Held {
 
 impl Held {
     /// The claim's events were published, those at `acked` acknowledged, and its settle is
-    /// next: if [`Claim::acknowledged`] has a claim to stand for it (an ordered claim with an
-    /// event acknowledged), the relay's next claim sees that one from now on, the claim counts
-    /// as settling rather than publishing, and the main loop is told.
+    /// next. A claim held by partition ownership (PostgreSQL) now counts as settling rather
+    /// than publishing, and the main loop is told: its events are in the claim params until
+    /// the settle lands, so the next claim cannot take them again. If [`Claim::acknowledged`]
+    /// has a claim to stand for it (an ordered claim with an event acknowledged), the relay's
+    /// next claim sees that one from now on. A claim of leased rows stays as it is.
     pub(super) fn acknowledged(&self, claim: &Claim, acked: &[bool]) {
-        let Some(narrowed) = claim.acknowledged(acked) else {
+        if !matches!(claim.fence, Fence::Partitions(_)) {
             return;
-        };
+        }
+        let narrowed = claim.acknowledged(acked).map(Arc::new);
+        let freed = narrowed.is_some();
         {
             let mut s = self
                 .registry
@@ -111,8 +121,15 @@ impl Held {
                 .unwrap_or_else(|p| p.into_inner());
             if let Some(slot) = s.by_slot.get_mut(&self.slot) {
                 slot.settling = true;
-                slot.claim = Arc::new(narrowed);
+                if let Some(narrowed) = narrowed {
+                    slot.claim = narrowed;
+                }
             }
+        }
+        if freed {
+            self.registry
+                .freed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         self.registry.acknowledged.notify_one();
     }

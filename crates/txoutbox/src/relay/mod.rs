@@ -327,9 +327,10 @@ impl Relay {
             let pausing = self.release_wanted.load(AtomicOrdering::SeqCst);
             // The batches in flight hold the in-flight byte budget: claim once one is done.
             let bytes_full = busy > 0 && self.in_flight.bytes() >= cfg.max_in_flight_bytes;
-            // Up to `pipeline` batches being published; an ordered batch whose events the
-            // broker acknowledged is settling and frees its aggregates for the next claim
-            // (in_flight::Held::acknowledged), and up to as many again may be settling.
+            // Up to `pipeline` batches being published, and as many again settling: a batch
+            // held by partitions (PostgreSQL) settles apart once published, and an ordered
+            // one frees the aggregates of its acknowledged events for the next claim
+            // (in_flight::Held::acknowledged).
             let depth = cfg.pipeline.max(1);
             let publishing = self.in_flight.publishing();
             if publishing >= depth
@@ -345,9 +346,11 @@ impl Relay {
                             }
                         }
                     }
-                    // A batch settling freed aggregates: claiming ahead may find their next
-                    // events.
-                    _ = self.in_flight.acknowledged.notified() => claim_ahead = true,
+                    // A batch started settling; if it freed aggregates, claiming ahead may
+                    // find their next events.
+                    _ = self.in_flight.acknowledged.notified() => {
+                        claim_ahead |= self.in_flight.take_freed();
+                    }
                 }
                 continue;
             }
@@ -389,7 +392,9 @@ impl Relay {
                             }
                         }
                     }
-                    _ = self.in_flight.acknowledged.notified() => claim_ahead = true,
+                    _ = self.in_flight.acknowledged.notified() => {
+                        claim_ahead |= self.in_flight.take_freed();
+                    }
                 }
                 continue;
             }
