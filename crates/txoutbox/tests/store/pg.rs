@@ -383,42 +383,61 @@ async fn relay_connect_options_turn_jit_off_unless_the_url_sets_it() {
     );
 }
 
+/// One event of each of these aggregates, in this order; their ids.
+async fn enqueue_of(db: &PgHarness, aggregates: &[&str]) -> Vec<Uuid> {
+    let outbox = txoutbox::Outbox::new(db.table.clone());
+    let mut ids = Vec::new();
+    for (i, agg) in aggregates.iter().enumerate() {
+        let e = NewEvent::new("order", *agg, "e", &serde_json::json!({ "i": i })).unwrap();
+        ids.push(outbox.enqueue(&db.pool, &e).await.unwrap());
+    }
+    ids
+}
+
+/// `relay_id` takes its share of the partitions as an ordered relay (all of them, alone).
+async fn join_ordered(store: &impl Store, relay_id: &str) {
+    store
+        .rebalance(txoutbox::store::RebalanceParams {
+            relay_id,
+            instance: uuid::Uuid::nil(),
+            ordering: txoutbox::store::Ordering::Ordered,
+            lease: LEASE,
+            may_release: true,
+        })
+        .await
+        .unwrap();
+}
+
+/// An ordered claim of up to `limit` events by `relay_id`, with these claims in flight.
+fn ordered_claim<'a>(
+    relay_id: &'a str,
+    limit: usize,
+    in_flight: &'a [Arc<txoutbox::store::Claim>],
+) -> ClaimParams<'a> {
+    ClaimParams {
+        relay_id,
+        token: Uuid::new_v4(),
+        limit,
+        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
+        lease: LEASE,
+        ordering: txoutbox::store::Ordering::Ordered,
+        in_flight,
+        metric_labels: txoutbox::metrics::MetricLabels::none(),
+    }
+}
+
 /// Once the broker acknowledged some events of an ordered claim in flight, the claim that
 /// stands for it while it settles (`Claim::acknowledged`) frees those events' aggregates: the
 /// next claim takes their next events, skips the acknowledged events themselves (not settled
 /// yet), and still holds back the aggregate of an event that was not acknowledged.
 #[tokio::test]
 async fn an_acknowledged_event_frees_its_aggregate_before_its_settle() {
-    use txoutbox::store::{Ordering, RebalanceParams};
     let db = PgHarness::new().await;
     let store = db.pool_store();
-    let outbox = txoutbox::Outbox::new(db.table.clone());
     // a1 b1 a2 b2
-    let mut ids = Vec::new();
-    for (agg, i) in [("a", 1), ("b", 1), ("a", 2), ("b", 2)] {
-        let e = NewEvent::new("order", agg, "e", &serde_json::json!({ "i": i })).unwrap();
-        ids.push(outbox.enqueue(&db.pool, &e).await.unwrap());
-    }
-    store
-        .rebalance(RebalanceParams {
-            relay_id: "r",
-            instance: uuid::Uuid::nil(),
-            ordering: Ordering::Ordered,
-            lease: LEASE,
-            may_release: true,
-        })
-        .await
-        .unwrap();
-    let ordered = |limit, in_flight| ClaimParams {
-        relay_id: "r",
-        token: Uuid::new_v4(),
-        limit,
-        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
-        lease: LEASE,
-        ordering: Ordering::Ordered,
-        in_flight,
-        metric_labels: txoutbox::metrics::MetricLabels::none(),
-    };
+    let ids = enqueue_of(&db, &["a", "b", "a", "b"]).await;
+    join_ordered(&store, "r").await;
+    let ordered = |limit, in_flight| ordered_claim("r", limit, in_flight);
     let first = Arc::new(store.claim(ordered(2, &[])).await.unwrap());
     assert_eq!(first.ids(), ids[..2]);
     // Publishing: both aggregates are held.
@@ -464,37 +483,14 @@ async fn an_acknowledged_event_frees_its_aggregate_before_its_settle() {
 /// again, in order.
 #[tokio::test]
 async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
-    use txoutbox::store::{Ordering, RebalanceParams};
     let db = PgHarness::new().await;
     let store = db.pool_store();
-    let outbox = txoutbox::Outbox::new(db.table.clone());
     // 20 events of aggregate a, then one of b.
-    let mut ids = Vec::new();
-    for i in 0..21 {
-        let agg = if i < 20 { "a" } else { "b" };
-        let e = NewEvent::new("order", agg, "e", &serde_json::json!({ "i": i })).unwrap();
-        ids.push(outbox.enqueue(&db.pool, &e).await.unwrap());
-    }
-    store
-        .rebalance(RebalanceParams {
-            relay_id: "r",
-            instance: uuid::Uuid::nil(),
-            ordering: Ordering::Ordered,
-            lease: LEASE,
-            may_release: true,
-        })
-        .await
-        .unwrap();
-    let ordered = |limit, in_flight| ClaimParams {
-        relay_id: "r",
-        token: Uuid::new_v4(),
-        limit,
-        bytes: txoutbox::store::ClaimBytes::UNLIMITED,
-        lease: LEASE,
-        ordering: Ordering::Ordered,
-        in_flight,
-        metric_labels: txoutbox::metrics::MetricLabels::none(),
-    };
+    let mut aggregates = vec!["a"; 20];
+    aggregates.push("b");
+    let ids = enqueue_of(&db, &aggregates).await;
+    join_ordered(&store, "r").await;
+    let ordered = |limit, in_flight| ordered_claim("r", limit, in_flight);
     let first = Arc::new(store.claim(ordered(2, &[])).await.unwrap());
     assert_eq!(first.ids(), ids[..2]);
 
@@ -542,23 +538,8 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
             .unwrap(),
         0
     );
-    store
-        .rebalance(RebalanceParams {
-            relay_id: "r2",
-            instance: uuid::Uuid::new_v4(),
-            ordering: Ordering::Ordered,
-            lease: LEASE,
-            may_release: true,
-        })
-        .await
-        .unwrap();
-    let taken = store
-        .claim(ClaimParams {
-            relay_id: "r2",
-            ..ordered(100, &[])
-        })
-        .await
-        .unwrap();
+    join_ordered(&store, "r2").await;
+    let taken = store.claim(ordered_claim("r2", 100, &[])).await.unwrap();
     assert_eq!(taken.ids(), ids[2..20]);
     db.cleanup().await;
 }
