@@ -56,6 +56,18 @@ async fn write(db: &PgHarness, n: usize, aggregates: usize) -> Vec<Uuid> {
     ids
 }
 
+/// One relay with `cfg` until it has drained the table (within a minute).
+async fn drain(db: &PgHarness, p: &RecordingPublisher, mut cfg: RelayConfig) {
+    cfg.exit_when_drained = true;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        Relay::new(db.pool_store(), p.boxed(), cfg).spawn().join(),
+    )
+    .await
+    .expect("drained in time")
+    .unwrap();
+}
+
 /// Per aggregate, the seqs of first deliveries must rise. Returns the number of violations.
 fn order_violations(acked: &[Message]) -> usize {
     let mut seen = HashSet::new();
@@ -398,14 +410,7 @@ async fn a_claim_ahead_skips_the_aggregates_of_the_batch_in_flight() {
     let mut cfg = ordered("ahead");
     cfg.batch_size = 10;
     cfg.pipeline = 2;
-    cfg.exit_when_drained = true;
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        Relay::new(db.pool_store(), p.boxed(), cfg).spawn().join(),
-    )
-    .await
-    .expect("drained in time")
-    .unwrap();
+    drain(&db, &p, cfg).await;
     let sent = p.sent();
     let mut seen = HashSet::new();
     let twice: Vec<i64> = sent
@@ -443,14 +448,7 @@ async fn an_unordered_claim_ahead_skips_the_events_of_the_batch_in_flight() {
     cfg.ordering = Ordering::Unordered;
     cfg.batch_size = 10;
     cfg.pipeline = 2;
-    cfg.exit_when_drained = true;
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        Relay::new(db.pool_store(), p.boxed(), cfg).spawn().join(),
-    )
-    .await
-    .expect("drained in time")
-    .unwrap();
+    drain(&db, &p, cfg).await;
     let sent = p.sent();
     let mut seen = HashSet::new();
     let twice: Vec<i64> = sent
@@ -473,5 +471,41 @@ async fn an_unordered_claim_ahead_skips_the_events_of_the_batch_in_flight() {
         0,
         "a relay that owns partitions leased rows"
     );
+    db.cleanup().await;
+}
+
+/// On PostgreSQL an aggregate's next event waits for the broker's acknowledgement of the one
+/// before, not for that one's settle: with the settle of a1 held up for 3 s at the database,
+/// the relay publishes a2 meanwhile (pipeline 1, batches of one). Both are settled in the end,
+/// in order at the broker, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregates_next_event_goes_while_the_previous_one_settles() {
+    let db = PgHarness::new().await;
+    let ids = write(&db, 2, 1).await;
+    let t = db.table.qualified();
+    let schema = db.table.schema().quoted();
+    // The settle of the first event (its row marked published) sleeps.
+    db.exec(&format!(
+        "CREATE FUNCTION {schema}.slow_settle() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_sleep(3); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_settle BEFORE UPDATE ON {t} FOR EACH ROW \
+           WHEN (OLD.processed_at IS NULL AND NEW.processed_at IS NOT NULL \
+                 AND OLD.id = '{}') EXECUTE FUNCTION {schema}.slow_settle()",
+        ids[0]
+    ))
+    .await;
+    let p = RecordingPublisher::new();
+    let mut cfg = ordered("settling");
+    cfg.batch_size = 1;
+    cfg.pipeline = 1;
+    drain(&db, &p, cfg).await;
+    assert_eq!(p.acked_ids(), ids, "each once, in order");
+    let (first, second) = (p.send_times(ids[0])[0], p.send_times(ids[1])[0]);
+    assert!(
+        second.duration_since(first) < Duration::from_secs(2),
+        "a2 waited {:?} for a1's settle",
+        second.duration_since(first)
+    );
+    assert!(!store_has_unfinished(&db).await, "both settled");
     db.cleanup().await;
 }
