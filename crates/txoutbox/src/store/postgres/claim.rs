@@ -109,6 +109,17 @@ impl PartitionHead {
     }
 }
 
+/// The row with a read-only claim's head (lease left and fence), the lowest seq's. The
+/// statements send their rows in no particular order (claim_ordered.sql): it is usually the
+/// first, and [`undecodable::split`] puts the events in seq order. `None` if no row has one
+/// (a bug: the statement puts it on a row of every claim that found any).
+pub(super) fn head_of(rows: &[PgRow]) -> Option<&PgRow> {
+    rows.iter().find(|r| {
+        r.try_get_raw("fence_partitions")
+            .is_ok_and(|v| !sqlx::ValueRef::is_null(&v))
+    })
+}
+
 /// A claim's rows decoded, each event over the claim's per-event ceiling refused (it came
 /// without its payload, with its size in `payload_size`).
 pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<Decoded>, Error> {
@@ -187,7 +198,7 @@ impl PgStore {
         if rows.is_empty() {
             return Ok(empty());
         }
-        let head = PartitionHead::read(&rows[0])?;
+        let head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
         let key_of = rows
             .iter()
             .map(|r| {
@@ -237,6 +248,9 @@ impl PgStore {
             .map(|e| e.seq)
             .collect();
         let by_seq = seqs.len() == published.len();
+        // $1, the ids, only serves the by-id statements: a by-seq settle sends none (500 UUIDs
+        // a settle, encoded, sent and decoded for nothing).
+        let ids_published: &[Uuid] = if by_seq { &[] } else { p.published };
         let (settle, settle_ordered) = if by_seq {
             (&self.q.settle, &self.q.settle_ordered)
         } else {
@@ -244,7 +258,7 @@ impl PgStore {
         };
         let query = match &p.claim.fence {
             Fence::Partitions(fence) => sqlx::query(settle_ordered)
-                .bind(p.published)
+                .bind(ids_published)
                 .bind(&ids)
                 .bind(&errs)
                 .bind(&delays)
@@ -255,7 +269,7 @@ impl PgStore {
                 .bind(&fence.partitions)
                 .bind(&fence.epochs),
             Fence::Lease { token } => sqlx::query(settle)
-                .bind(p.published)
+                .bind(ids_published)
                 .bind(&ids)
                 .bind(&errs)
                 .bind(&delays)

@@ -16,7 +16,7 @@ use std::time::Instant;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::claim::{decode_claimed, PartitionHead};
+use super::claim::{decode_claimed, head_of, PartitionHead};
 use super::{millis, PgStore};
 use crate::error::Error;
 use crate::store::undecodable;
@@ -83,19 +83,18 @@ impl PgStore {
                 .await?;
             // One fence for the claim: if the partitions changed hands between the two
             // statements (a heartbeat took one), the rows behind wait for the next claim.
-            let agree = match (rows.first(), behind.first()) {
+            let agree = match (head_of(&rows), head_of(&behind)) {
                 (Some(a), Some(b)) => PartitionHead::read(a)? == PartitionHead::read(b)?,
                 _ => true,
             };
             if agree {
-                // Behind the cursor, so before every row past it: seq order holds.
-                rows.splice(0..0, behind);
+                rows.extend(behind);
             }
         }
         if rows.is_empty() {
             return self.claim_leased(p).await;
         }
-        let head = PartitionHead::read(&rows[0])?;
+        let head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
         let rows = decode_claimed(&rows, p)?;
         let (events, bad, _) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
@@ -105,7 +104,8 @@ impl PgStore {
     }
 
     /// One read-only claim of up to `p.limit` rows of the partitions this relay owns, with
-    /// `seq` in `(from, upto]`, skipping the seqs `skip` (ascending).
+    /// `seq` in `(from, upto]`, skipping the seqs `skip` (ascending), in no particular order
+    /// (the head on the lowest seq's row: [`head_of`]).
     async fn claim_owned(
         &self,
         p: &ClaimParams<'_>,

@@ -5,7 +5,7 @@
 -- come back full the next one starts past the highest seq claimed, $4). It writes nothing:
 -- the partition lease is the claim, and the settle is fenced by partition ownership and
 -- epoch (settle_ordered.sql). A row a row-lease claim holds (locked_until ahead) is left to
--- it. `lease_left` and the fence come on the first row only, as in the ordered claim, and the
+-- it. `lease_left` and the fence come on the lowest seq's row only, as in the ordered claim, and the
 -- walk of the pending index runs only if one of the owned partitions has an event available
 -- at all (one probe of the partition index per partition).
 -- Up to the byte budget (within_bytes.sql; an event over the per-event ceiling comes without
@@ -37,6 +37,8 @@ ORDER BY e.seq
 LIMIT $1
 ),
 {{within_bytes}},
+-- The head on the lowest seq's row only, and the rows in no particular order: as in
+-- claim_ordered.sql.
 head AS (
   SELECT min(c.seq) AS seq,
     extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
@@ -53,7 +55,8 @@ SELECT s.id, s.seq, s.aggregate_type, s.aggregate_id, s.event_type,
   CASE WHEN s.size > $8 THEN NULL ELSE s.payload END AS payload,
   CASE WHEN s.size > $8 THEN NULL ELSE s.payload_bytes END AS payload_bytes, s.content_type,
   s.headers, s.attempts, s.attempts_unavailable, s.available_at, s.created_at, s.processed_at,
-  s.dead_at, s.locked_by, s.locked_until, s.last_error, h.lease_left,
-  h.fence_partitions, h.fence_epochs, s.size AS payload_size
-FROM sized s LEFT JOIN head h ON h.seq = s.seq
-ORDER BY s.seq
+  s.dead_at, s.locked_by, s.locked_until, s.last_error,
+  CASE WHEN s.seq = h.seq THEN h.lease_left END AS lease_left,
+  CASE WHEN s.seq = h.seq THEN h.fence_partitions END AS fence_partitions,
+  CASE WHEN s.seq = h.seq THEN h.fence_epochs END AS fence_epochs, s.size AS payload_size
+FROM sized s CROSS JOIN head h
