@@ -54,8 +54,8 @@ pub(crate) fn pg_json(col: &str, v: PgValueRef<'_>) -> Result<JsonPayload, Strin
     if v.is_null() {
         return Err(format!("{col} is NULL"));
     }
-    let ty = v.type_info().name().to_string();
-    let jsonb = match ty.as_str() {
+    let info = v.type_info();
+    let jsonb = match info.name() {
         "JSONB" => true,
         "JSON" => false,
         other => return Err(format!("{col} is {other}, not JSONB")),
