@@ -65,8 +65,9 @@ impl ScanState {
     }
 }
 
-/// What a read-only claim (ordered, or unordered on owned partitions) says on its first row:
-/// the partitions it came from, their epochs, and how long the shortest of their leases runs.
+/// What a read-only claim (ordered, or unordered on owned partitions) says on one row
+/// ([`head_of`]): the partitions it came from, their epochs, and how long the shortest of
+/// their leases runs.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct PartitionHead {
     pub(super) partitions: Vec<i32>,
@@ -75,7 +76,7 @@ pub(super) struct PartitionHead {
 }
 
 impl PartitionHead {
-    /// The head on `row`, the first row of a read-only claim.
+    /// The head on `row`, the row of a read-only claim that carries it ([`head_of`]).
     pub(super) fn read(row: &PgRow) -> Result<Self, Error> {
         let g = Error::Database;
         let left: Option<f64> = row.try_get("lease_left").map_err(g)?;

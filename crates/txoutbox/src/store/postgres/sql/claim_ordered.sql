@@ -7,7 +7,7 @@
 -- their aggregate backing off, leased (by an unordered relay of old) or (with $4, `hold`) dead.
 -- Together with one owner per partition, this keeps each aggregate's events in seq order. It
 -- writes nothing: the partition lease is the claim, and the settle is fenced by partition
--- ownership and epoch. `lease_left` (on the first row only, with the fence) is how long the
+-- ownership and epoch. `lease_left` (on one row only, with the fence) is how long the
 -- shortest of the partition leases still runs. The walk of the pending index runs only if one
 -- of the owned partitions has an event available at all (an InitPlan, one probe of the
 -- partition index per partition): the empty claim of an idle relay beside another relay's
@@ -58,9 +58,9 @@ LIMIT $1
 {{within_bytes}},
 -- The lease left and the fence are the claim's, not each event's: they come with the lowest
 -- seq's row only (two arrays of 64 on each of 500 rows were most of what a claim sent).
--- The rows come in no particular order: the relay puts them in seq order (claim.rs
--- `in_seq_order`), where they nearly always are already. Sorting 500 wide rows here, and
--- merging the head in by seq, was a seventh of the statement's time.
+-- The rows come in no particular order: the relay puts the events in seq order
+-- (undecodable.rs `split`), and finds the head's row (claim.rs `head_of`). Sorting 500 wide
+-- rows here, and merging the head in by seq, was a seventh of the statement's time.
 head AS (
   SELECT min(c.seq) AS seq,
     extract(epoch FROM (SELECT min(lease_until) FROM owned) - now())::float8 AS lease_left,
