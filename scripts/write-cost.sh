@@ -59,7 +59,7 @@ ALTER TABLE wc_seed_row.outbox_events DISABLE TRIGGER USER;
 ALTER TABLE wc_seed_row.outbox_events DROP COLUMN partition_key CASCADE;
 ALTER TABLE wc_seed_row.outbox_events DROP CONSTRAINT outbox_payload_kind;
 DROP INDEX wc_seed_row.outbox_dead, wc_seed_row.outbox_dead_seq, wc_seed_row.outbox_handed_off,
-  wc_seed_row.outbox_processed, wc_seed_row.outbox_published_seq;
+  wc_seed_row.outbox_published_seq;
 SQL
 
 cat > "$tmp/biz.sql" <<'SQL'

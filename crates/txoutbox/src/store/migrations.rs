@@ -80,6 +80,16 @@ macro_rules! migrations {
                     "/0006_tableless.sql"
                 )),
             },
+            $crate::store::migrations::Migration {
+                version: 7,
+                name: "purge_by_seq",
+                sql: include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/migrations/",
+                    $db,
+                    "/0007_purge_by_seq.sql"
+                )),
+            },
         ]
     };
 }
@@ -168,7 +178,7 @@ pub(crate) fn assert_rendered(
 }
 
 /// The schema version this build needs.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// What [`crate::migrate()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -543,3 +543,99 @@ async fn an_ordered_claim_ahead_skips_busy_aggregates_within_a_window() {
     assert_eq!(taken.ids(), ids[2..20]);
     db.cleanup().await;
 }
+
+/// The retention purge walks the published rows by seq (migration 7 dropped the index on
+/// `processed_at`): old rows go lowest seq first in batches, dead letters and unfinished rows
+/// stay, a backlog published late is stepped over until it ages, and the walk stops at the
+/// first row created after the cutoff.
+#[tokio::test]
+async fn purge_takes_old_published_rows_by_seq_and_steps_over_a_late_backlog() {
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
+    let t = db.table.qualified();
+    let insert = |kind: &str, n: usize, created: &str, processed: &str, dead: &str| {
+        format!(
+            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, created_at, processed_at, dead_at)
+             SELECT 'order', g::text, '{kind}', '{{}}', {created}, {processed}, {dead}
+             FROM generate_series(1, {n}) g;"
+        )
+    };
+    let days = |d: u32| format!("now() - interval '{d} days'");
+    // In seq order: a backlog published an hour ago, though written three days ago (late);
+    // old rows; a dead letter and an unfinished row, both old; rows written and published
+    // now (young); and one more old row, written by a transaction open all that time.
+    db.exec(
+        &[
+            insert("late", 30, &days(3), "now() - interval '1 hour'", "NULL"),
+            insert("old", 50, &days(3), &days(2), "NULL"),
+            insert("dead", 1, &days(3), "NULL", &days(2)),
+            insert("unfinished", 1, &days(3), "NULL", "NULL"),
+            insert("young", 10, "now()", "now()", "NULL"),
+            insert("straggler", 1, &days(3), &days(2), "NULL"),
+        ]
+        .concat(),
+    )
+    .await;
+    let keep = Duration::from_secs(24 * 3600);
+    let kinds = || async {
+        sqlx::query_scalar::<_, String>(&format!(
+            "SELECT event_type || ':' || count(*) FROM {t} GROUP BY event_type ORDER BY event_type"
+        ))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+
+    // Batches of 20, the walk counting only old and young rows: 20, 20, then 10 old before
+    // the first young row (a short batch: the retention task's round ends there).
+    let mut batches = Vec::new();
+    for _ in 0..4 {
+        batches.push(store.purge_processed(keep, 20).await.unwrap());
+    }
+    assert_eq!(batches, [20, 20, 10, 0]);
+    assert_eq!(
+        kinds().await,
+        [
+            "dead:1",
+            "late:30",
+            "straggler:1",
+            "unfinished:1",
+            "young:10"
+        ]
+    );
+
+    // Once the young rows age, the walk goes past them to the straggler; once the late
+    // backlog ages, it goes too. Dead letters and unfinished rows are never purged.
+    db.exec(&format!(
+        "UPDATE {t} SET created_at = {}, processed_at = {} WHERE event_type = 'young'",
+        days(2),
+        days(2)
+    ))
+    .await;
+    assert_eq!(store.purge_processed(keep, 20).await.unwrap(), 11);
+    db.exec(&format!(
+        "UPDATE {t} SET processed_at = {} WHERE event_type = 'late'",
+        days(2)
+    ))
+    .await;
+    assert_eq!(store.purge_processed(keep, 100).await.unwrap(), 30);
+    assert_eq!(kinds().await, ["dead:1", "unfinished:1"]);
+
+    // No index on processed_at is left for a settle to pay for.
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY indexname",
+    )
+    .bind(&db.schema)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        indexes.iter().any(|i| i.ends_with("_published_seq")),
+        "{indexes:?}"
+    );
+    assert!(
+        !indexes.iter().any(|i| i.ends_with("_processed")),
+        "{indexes:?}"
+    );
+    db.cleanup().await;
+}

@@ -138,7 +138,7 @@ pub(crate) async fn emit<'e, E: PgExecutor<'e>>(
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42883") => {
             Err(Error::SchemaTooOld {
                 table: t.display(),
-                found: crate::SCHEMA_VERSION - 1,
+                found: 5,
                 expected: crate::SCHEMA_VERSION,
             })
         }
