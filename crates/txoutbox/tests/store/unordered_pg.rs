@@ -166,3 +166,64 @@ async fn unordered_relays_sharing_partitions_claim_disjoint_events() {
     assert_eq!(all, want, "each event claimed once, by one relay");
     db.cleanup().await;
 }
+
+/// A claim past the cursor that comes back short looks behind the cursor in a second
+/// statement, and what it finds there goes out in the same claim (both statements read the
+/// same partitions at the same epochs; each reads its own lease left, and the claim keeps the
+/// shorter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_claim_past_the_cursor_takes_what_is_behind_it_at_once() {
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
+    store.rebalance(join("u1")).await.unwrap();
+    let event = |i: usize| {
+        NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "e",
+            &serde_json::json!({ "i": i }),
+        )
+        .unwrap()
+    };
+    // A transaction takes its seq first and commits after the cursor went past it.
+    let mut late = db.pool.begin().await.unwrap();
+    let late_id = db.outbox().enqueue(&mut *late, &event(0)).await.unwrap();
+    let ids = db
+        .outbox()
+        .enqueue_many(&db.pool, &(1..=25).map(event).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let mut in_flight: Vec<Arc<Claim>> = Vec::new();
+    for expected in [&ids[..10], &ids[10..20]] {
+        let c = store
+            .claim(ClaimParams {
+                limit: 10,
+                ..unordered("u1", &in_flight)
+            })
+            .await
+            .unwrap();
+        assert_eq!(c.ids(), expected, "a full claim past the cursor");
+        in_flight.push(Arc::new(c));
+    }
+    late.commit().await.unwrap();
+    let started = std::time::Instant::now();
+    let short = store
+        .claim(ClaimParams {
+            limit: 10,
+            ..unordered("u1", &in_flight)
+        })
+        .await
+        .unwrap();
+    let mut want = vec![late_id];
+    want.extend_from_slice(&ids[20..]);
+    assert_eq!(
+        short.ids(),
+        want,
+        "the rows behind the cursor come in the short claim itself, in seq order"
+    );
+    assert!(
+        short.expires <= started + LEASE,
+        "the claim outlives its partitions' lease"
+    );
+    db.cleanup().await;
+}

@@ -68,7 +68,7 @@ impl ScanState {
 /// What a read-only claim (ordered, or unordered on owned partitions) says on one row
 /// ([`head_of`]): the partitions it came from, their epochs, and how long the shortest of
 /// their leases runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(super) struct PartitionHead {
     pub(super) partitions: Vec<i32>,
     pub(super) epochs: Vec<i64>,
@@ -85,6 +85,11 @@ impl PartitionHead {
             epochs: row.try_get("fence_epochs").map_err(g)?,
             left: Duration::try_from_secs_f64(left.unwrap_or(0.0).max(0.0)).unwrap_or_default(),
         })
+    }
+
+    /// Whether `other` holds the same partitions at the same epochs (the lease left aside).
+    pub(super) fn same_fence(&self, other: &Self) -> bool {
+        self.partitions == other.partitions && self.epochs == other.epochs
     }
 
     /// A claim of `events` held by these partitions (`keys`: each event's aggregate hash, for

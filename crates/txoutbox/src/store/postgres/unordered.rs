@@ -66,6 +66,7 @@ impl PgStore {
             scan.record(floor, p.limit, &rows);
         }
         let used = bytes_of(&rows);
+        let mut shorter = None;
         if floor > 0 && rows.len() < p.limit && used < p.bytes.batch {
             // The backlog past the cursor ran out (not the byte budget): look behind it too,
             // so that a short claim means "nothing more is claimable now", within what is
@@ -82,19 +83,27 @@ impl PgStore {
                 .claim_owned(&rest, partitions, (0, floor), &skip(0, floor))
                 .await?;
             // One fence for the claim: if the partitions changed hands between the two
-            // statements (a heartbeat took one), the rows behind wait for the next claim.
-            let agree = match (head_of(&rows), head_of(&behind)) {
-                (Some(a), Some(b)) => PartitionHead::read(a)? == PartitionHead::read(b)?,
-                _ => true,
-            };
-            if agree {
-                rows.extend(behind);
+            // statements (a heartbeat took one), the rows behind wait for the next claim. The
+            // lease left is each statement's own reading (the later one reads less), so it
+            // is not compared: the claim keeps the shorter.
+            match (head_of(&rows), head_of(&behind)) {
+                (Some(a), Some(b)) => {
+                    let b = PartitionHead::read(b)?;
+                    if PartitionHead::read(a)?.same_fence(&b) {
+                        shorter = Some(b.left);
+                        rows.extend(behind);
+                    }
+                }
+                _ => rows.extend(behind),
             }
         }
         if rows.is_empty() {
             return self.claim_leased(p).await;
         }
-        let head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
+        let mut head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
+        if let Some(left) = shorter {
+            head.left = head.left.min(left);
+        }
         let rows = decode_claimed(&rows, p)?;
         let (events, bad, _) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
