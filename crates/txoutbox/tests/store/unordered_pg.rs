@@ -227,3 +227,120 @@ async fn a_short_claim_past_the_cursor_takes_what_is_behind_it_at_once() {
     );
     db.cleanup().await;
 }
+
+/// Both read-only claims (ordered, and unordered on owned partitions) keep their byte limits
+/// whichever of their two forms serves them: small events come from the fast form, and a
+/// candidate too large for it (over the budget's share of one event, or compressed) sends the
+/// claim to the full statement, which stops at the budget, takes the first event whatever its
+/// size, and dead-letters an event over the per-event ceiling unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_claims_keep_their_byte_limits_in_both_forms() {
+    use txoutbox::store::ClaimBytes;
+    // A JSON string of `n` times `c`: `n + 2` bytes as text.
+    let sized = |i: usize, n: usize, c: char| {
+        let text = serde_json::Value::String(std::iter::repeat_n(c, n).collect());
+        NewEvent::new("order", format!("o-{i}"), "e", &text).unwrap()
+    };
+    for ordering in [Ordering::Ordered, Ordering::Unordered] {
+        let db = PgHarness::new().await;
+        let store = db.pool_store();
+        store
+            .rebalance(RebalanceParams {
+                ordering,
+                ..join("r1")
+            })
+            .await
+            .unwrap();
+        let claim = |batch: u64, event: u64| ClaimParams {
+            bytes: ClaimBytes { batch, event },
+            ordering,
+            ..unordered("r1", &[])
+        };
+        let take = async |batch: u64, event: u64| {
+            let c = store.claim(claim(batch, event)).await.unwrap();
+            let ids = c.ids();
+            let keep = Arc::new(c);
+            // Settle what was claimed, so the next claim goes on past it.
+            store
+                .settle(SettleParams {
+                    claim: &keep,
+                    published: &ids,
+                    failed: &[],
+                })
+                .await
+                .unwrap();
+            ids
+        };
+        // Five 1 KB events: the fast form's share of a 100 KB budget is 1 KB (100 events), so
+        // they come from it, all five.
+        let small = db
+            .outbox()
+            .enqueue_many(
+                &db.pool,
+                &(0..5).map(|i| sized(i, 900, 'x')).collect::<Vec<_>>(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(take(100_000, u64::MAX).await, small, "{ordering:?}");
+        // Five more, under a budget of 2,500 bytes: the full statement, two by two, then the
+        // first alone whatever its size under a budget of one byte.
+        let more = db
+            .outbox()
+            .enqueue_many(
+                &db.pool,
+                &(0..5).map(|i| sized(i, 1000, 'x')).collect::<Vec<_>>(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(take(2_500, u64::MAX).await, more[..2], "{ordering:?}");
+        assert_eq!(take(1, u64::MAX).await, more[2..3], "{ordering:?}");
+        assert_eq!(take(2_500, u64::MAX).await, more[3..], "{ordering:?}");
+        // 200 KB of one letter (stored compressed, in far fewer bytes) and two small ones:
+        // a budget of 100 KB takes the large one alone, whole.
+        let mixed = db
+            .outbox()
+            .enqueue_many(
+                &db.pool,
+                &[
+                    sized(10, 200_000, 'a'),
+                    sized(11, 10, 'b'),
+                    sized(12, 10, 'c'),
+                ],
+            )
+            .await
+            .unwrap();
+        let c = store.claim(claim(100_000, u64::MAX)).await.unwrap();
+        assert_eq!(c.ids(), mixed[..1], "{ordering:?}");
+        assert_eq!(
+            c.events[0].payload.as_bytes().len(),
+            200_002,
+            "{ordering:?}"
+        );
+        let c = Arc::new(c);
+        store
+            .settle(SettleParams {
+                claim: &c,
+                published: &mixed[..1],
+                failed: &[],
+            })
+            .await
+            .unwrap();
+        assert_eq!(take(100_000, u64::MAX).await, mixed[1..], "{ordering:?}");
+        // An event over the per-event ceiling is dead-lettered unread; the one beside it flows.
+        let over = db
+            .outbox()
+            .enqueue_many(&db.pool, &[sized(20, 50_000, 'z'), sized(21, 10, 'y')])
+            .await
+            .unwrap();
+        // Incompressible, so its stored size says what it is.
+        db.exec(&format!(
+            "UPDATE {} SET payload = to_jsonb((SELECT string_agg(md5(g::text), '') FROM generate_series(1, 1600) g)) WHERE id = '{}'",
+            db.table.qualified(),
+            over[0]
+        ))
+        .await;
+        assert_eq!(take(u64::MAX, 10_000).await, over[1..], "{ordering:?}");
+        assert_eq!(db.dead().await, 1, "{ordering:?}");
+        db.cleanup().await;
+    }
+}

@@ -126,6 +126,55 @@ pub(super) fn head_of(rows: &[PgRow]) -> Option<&PgRow> {
     })
 }
 
+/// A read-only claim's event rows and its head (lease left and fence): `head` is `Some`
+/// whenever `rows` is not empty.
+pub(super) struct ClaimRows {
+    pub(super) rows: Vec<PgRow>,
+    pub(super) head: Option<PartitionHead>,
+}
+
+fn is_null(row: &PgRow, col: &str) -> bool {
+    row.try_get_raw(col)
+        .is_ok_and(|v| sqlx::ValueRef::is_null(&v))
+}
+
+impl PgStore {
+    /// A read-only claim: its fast form (`fast`, sql/claim_fast.sql), or, when a candidate is
+    /// not small enough for it (it then comes without its payload and size), the full
+    /// statement (`full`, with the byte budget's walk), both bound by `bind`. The fast form
+    /// sends the head as a row of its own (`id` NULL), taken out here; the full one on the
+    /// lowest seq's row ([`head_of`]).
+    pub(super) async fn fetch_claim<'q>(
+        &self,
+        fast: &'q str,
+        full: &'q str,
+        bind: impl Fn(&'q str) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<ClaimRows, Error> {
+        let fetched = bind(fast)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let (heads, rows): (Vec<PgRow>, Vec<PgRow>) =
+            fetched.into_iter().partition(|r| is_null(r, "id"));
+        if rows.iter().any(|r| is_null(r, "payload_size")) {
+            let rows = bind(full)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            let head = match rows.first() {
+                Some(first) => Some(PartitionHead::read(head_of(&rows).unwrap_or(first))?),
+                None => None,
+            };
+            return Ok(ClaimRows { rows, head });
+        }
+        let head = match heads.first() {
+            Some(h) if !rows.is_empty() => Some(PartitionHead::read(h)?),
+            _ => None,
+        };
+        Ok(ClaimRows { rows, head })
+    }
+}
+
 /// A claim's rows decoded, each event over the claim's per-event ceiling refused (it came
 /// without its payload, with its size in `payload_size`).
 pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<Decoded>, Error> {
@@ -187,24 +236,25 @@ impl PgStore {
         }
         busy.sort_unstable();
         busy.dedup();
-        let rows = sqlx::query(&self.q.claim_ordered)
-            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
-            .bind(p.relay_id)
-            .bind(partitions)
-            .bind(p.ordering == Ordering::OrderedHold)
-            .bind(&busy)
-            .bind(upto)
-            .bind(p.bytes.batch_param())
-            .bind(p.bytes.event_param())
-            .bind(&from)
-            .bind(&to)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if rows.is_empty() {
+        let bind = |sql| {
+            sqlx::query(sql)
+                .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+                .bind(p.relay_id)
+                .bind(partitions)
+                .bind(p.ordering == Ordering::OrderedHold)
+                .bind(&busy)
+                .bind(upto)
+                .bind(p.bytes.batch_param())
+                .bind(p.bytes.event_param())
+                .bind(&from)
+                .bind(&to)
+        };
+        let ClaimRows { rows, head } = self
+            .fetch_claim(&self.q.claim_ordered_fast, &self.q.claim_ordered, bind)
+            .await?;
+        let Some(head) = head else {
             return Ok(empty());
-        }
-        let head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
+        };
         let key_of = rows
             .iter()
             .map(|r| {

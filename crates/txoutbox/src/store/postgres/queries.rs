@@ -43,6 +43,9 @@ pub(super) struct Queries {
     /// The unordered read-only claim (a relay that owns partitions).
     pub(super) claim_owned: String,
     pub(super) claim_ordered: String,
+    /// The fast forms of the two read-only claims (sql/claim_fast.sql).
+    pub(super) claim_owned_fast: String,
+    pub(super) claim_ordered_fast: String,
     pub(super) has_unfinished_hold: String,
     pub(super) partition_count: String,
     /// The settles, the published rows found by seq ($8; ordered: $11), or by id
@@ -99,6 +102,15 @@ impl Queries {
             let published = published.replace("{{published_rows}}", &strip(rows));
             f.fill_with(statement, &[(tag, &published)])
         };
+        // A read-only claim's fast form: its candidates (everything before the byte budget's
+        // walk), then claim_fast.sql, with the ordered claim's partition key (`key`).
+        let fast = |full: &str, key: &str, key_null: &str| {
+            let candidates = full.split("{{within_bytes}}").next().unwrap_or(full);
+            let tail = sql_file!("postgres", "claim_fast")
+                .replace("{{key_null}}", key_null)
+                .replace("{{key}}", key);
+            f.fill(&format!("{candidates}{tail}"))
+        };
         let (unordered, ordered) = (
             sql_file!("postgres", "settle"),
             sql_file!("postgres", "settle_ordered"),
@@ -107,6 +119,12 @@ impl Queries {
             claim: f.fill(sql_file!("postgres", "claim")),
             claim_owned: f.fill(sql_file!("postgres", "claim_owned")),
             claim_ordered: f.fill(sql_file!("postgres", "claim_ordered")),
+            claim_owned_fast: fast(sql_file!("postgres", "claim_owned"), "", ""),
+            claim_ordered_fast: fast(
+                sql_file!("postgres", "claim_ordered"),
+                ", c.partition_key",
+                ", NULL::int4",
+            ),
             has_unfinished_hold: f.fill(sql_file!("postgres", "has_unfinished_hold")),
             partition_count: f.fill(sql_file!("postgres", "partition_count")),
             settle: settle(unordered, "{{published}}", published, &by_seq("$8")),
@@ -163,6 +181,12 @@ mod tests {
             }
             assert!(!all.contains("{{"), "unfilled placeholder: {all}");
             assert!(q.claim.contains("\"app\".\"events\""), "{}", q.claim);
+            // The fast forms read the candidates once: no byte budget's walk.
+            for fast in [&q.claim_ordered_fast, &q.claim_owned_fast] {
+                assert!(fast.contains("cap AS ("), "{fast}");
+                assert!(!fast.contains("fast AS ("), "{fast}");
+            }
+            assert!(q.claim_ordered_fast.contains("c.partition_key"));
             assert!(
                 q.deregister.contains("\"app\".\"events_relays\""),
                 "{}",

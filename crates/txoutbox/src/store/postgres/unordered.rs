@@ -16,7 +16,7 @@ use std::time::Instant;
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use super::claim::{decode_claimed, head_of, PartitionHead};
+use super::claim::{decode_claimed, ClaimRows};
 use super::{millis, PgStore};
 use crate::error::Error;
 use crate::store::undecodable;
@@ -59,14 +59,13 @@ impl PgStore {
             s
         };
         let floor = self.scan.lock().map(|s| s.floor()).unwrap_or(0);
-        let mut rows = self
+        let ClaimRows { mut rows, mut head } = self
             .claim_owned(p, partitions, (floor, i64::MAX), &skip(floor, i64::MAX))
             .await?;
         if let Ok(mut scan) = self.scan.lock() {
             scan.record(floor, p.limit, &rows);
         }
         let used = bytes_of(&rows);
-        let mut shorter = None;
         if floor > 0 && rows.len() < p.limit && used < p.bytes.batch {
             // The backlog past the cursor ran out (not the byte budget): look behind it too,
             // so that a short claim means "nothing more is claimable now", within what is
@@ -86,24 +85,23 @@ impl PgStore {
             // statements (a heartbeat took one), the rows behind wait for the next claim. The
             // lease left is each statement's own reading (the later one reads less), so it
             // is not compared: the claim keeps the shorter.
-            match (head_of(&rows), head_of(&behind)) {
+            match (head.as_mut(), behind.head) {
                 (Some(a), Some(b)) => {
-                    let b = PartitionHead::read(b)?;
-                    if PartitionHead::read(a)?.same_fence(&b) {
-                        shorter = Some(b.left);
-                        rows.extend(behind);
+                    if a.same_fence(&b) {
+                        a.left = a.left.min(b.left);
+                        rows.extend(behind.rows);
                     }
                 }
-                _ => rows.extend(behind),
+                (None, b) => {
+                    rows = behind.rows;
+                    head = b;
+                }
+                (Some(_), None) => {}
             }
         }
-        if rows.is_empty() {
+        let Some(head) = head else {
             return self.claim_leased(p).await;
-        }
-        let mut head = PartitionHead::read(head_of(&rows).unwrap_or(&rows[0]))?;
-        if let Some(left) = shorter {
-            head.left = head.left.min(left);
-        }
+        };
         let rows = decode_claimed(&rows, p)?;
         let (events, bad, _) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
@@ -113,27 +111,28 @@ impl PgStore {
     }
 
     /// One read-only claim of up to `p.limit` rows of the partitions this relay owns, with
-    /// `seq` in `(from, upto]`, skipping the seqs `skip` (ascending), in no particular order
-    /// (the head on the lowest seq's row: [`head_of`]).
+    /// `seq` in `(from, upto]`, skipping the seqs `skip` (ascending), in no particular order,
+    /// with its head ([`PgStore::fetch_claim`]).
     async fn claim_owned(
         &self,
         p: &ClaimParams<'_>,
         partitions: i32,
         (from, upto): (i64, i64),
         skip: &[i64],
-    ) -> Result<Vec<PgRow>, Error> {
-        sqlx::query(&self.q.claim_owned)
-            .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
-            .bind(p.relay_id)
-            .bind(partitions)
-            .bind(from)
-            .bind(upto)
-            .bind(skip)
-            .bind(p.bytes.batch_param())
-            .bind(p.bytes.event_param())
-            .fetch_all(&self.pool)
+    ) -> Result<ClaimRows, Error> {
+        let bind = |sql| {
+            sqlx::query(sql)
+                .bind(i64::try_from(p.limit).unwrap_or(i64::MAX))
+                .bind(p.relay_id)
+                .bind(partitions)
+                .bind(from)
+                .bind(upto)
+                .bind(skip)
+                .bind(p.bytes.batch_param())
+                .bind(p.bytes.event_param())
+        };
+        self.fetch_claim(&self.q.claim_owned_fast, &self.q.claim_owned, bind)
             .await
-            .map_err(|e| self.err(e))
     }
 
     /// The row-lease claim of a relay that owns no partition: rows of partitions no live
