@@ -271,44 +271,26 @@ async fn read_only_claims_keep_their_byte_limits_in_both_forms() {
                 .unwrap();
             ids
         };
+        let enqueue =
+            async |events: &[NewEvent]| db.outbox().enqueue_many(&db.pool, events).await.unwrap();
         // Five 1 KB events: the fast form's share of a 100 KB budget is 1 KB (100 events), so
         // they come from it, all five.
-        let small = db
-            .outbox()
-            .enqueue_many(
-                &db.pool,
-                &(0..5).map(|i| sized(i, 900, 'x')).collect::<Vec<_>>(),
-            )
-            .await
-            .unwrap();
+        let small = enqueue(&(0..5).map(|i| sized(i, 900, 'x')).collect::<Vec<_>>()).await;
         assert_eq!(take(100_000, u64::MAX).await, small, "{ordering:?}");
         // Five more, under a budget of 2,500 bytes: the full statement, two by two, then the
         // first alone whatever its size under a budget of one byte.
-        let more = db
-            .outbox()
-            .enqueue_many(
-                &db.pool,
-                &(0..5).map(|i| sized(i, 1000, 'x')).collect::<Vec<_>>(),
-            )
-            .await
-            .unwrap();
+        let more = enqueue(&(0..5).map(|i| sized(i, 1000, 'x')).collect::<Vec<_>>()).await;
         assert_eq!(take(2_500, u64::MAX).await, more[..2], "{ordering:?}");
         assert_eq!(take(1, u64::MAX).await, more[2..3], "{ordering:?}");
         assert_eq!(take(2_500, u64::MAX).await, more[3..], "{ordering:?}");
         // 200 KB of one letter (stored compressed, in far fewer bytes) and two small ones:
         // a budget of 100 KB takes the large one alone, whole.
-        let mixed = db
-            .outbox()
-            .enqueue_many(
-                &db.pool,
-                &[
-                    sized(10, 200_000, 'a'),
-                    sized(11, 10, 'b'),
-                    sized(12, 10, 'c'),
-                ],
-            )
-            .await
-            .unwrap();
+        let mixed = enqueue(&[
+            sized(10, 200_000, 'a'),
+            sized(11, 10, 'b'),
+            sized(12, 10, 'c'),
+        ])
+        .await;
         let c = store.claim(claim(100_000, u64::MAX)).await.unwrap();
         assert_eq!(c.ids(), mixed[..1], "{ordering:?}");
         assert_eq!(
@@ -327,11 +309,7 @@ async fn read_only_claims_keep_their_byte_limits_in_both_forms() {
             .unwrap();
         assert_eq!(take(100_000, u64::MAX).await, mixed[1..], "{ordering:?}");
         // An event over the per-event ceiling is dead-lettered unread; the one beside it flows.
-        let over = db
-            .outbox()
-            .enqueue_many(&db.pool, &[sized(20, 50_000, 'z'), sized(21, 10, 'y')])
-            .await
-            .unwrap();
+        let over = enqueue(&[sized(20, 50_000, 'z'), sized(21, 10, 'y')]).await;
         // Incompressible, so its stored size says what it is.
         db.exec(&format!(
             "UPDATE {} SET payload = to_jsonb((SELECT string_agg(md5(g::text), '') FROM generate_series(1, 1600) g)) WHERE id = '{}'",
