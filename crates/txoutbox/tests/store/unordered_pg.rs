@@ -322,3 +322,65 @@ async fn read_only_claims_keep_their_byte_limits_in_both_forms() {
         db.cleanup().await;
     }
 }
+
+/// What a short claim finds behind its cursor joins it only within what is left of its byte
+/// budget: an event there too large for it (which a claim of its own would take whatever its
+/// size) waits for the next claim, which it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_behind_the_cursor_joins_a_claim_only_within_its_budget() {
+    let db = PgHarness::new().await;
+    let store = db.pool_store();
+    store.rebalance(join("u1")).await.unwrap();
+    let small = |i: usize| {
+        NewEvent::new(
+            "order",
+            format!("o-{i}"),
+            "e",
+            &serde_json::json!({ "i": i }),
+        )
+        .unwrap()
+    };
+    // A 5 KB event whose transaction takes its seq first and commits after the cursor went
+    // past it.
+    let big = NewEvent::new(
+        "order",
+        "big",
+        "e",
+        &serde_json::Value::String("x".repeat(5_000)),
+    )
+    .unwrap();
+    let mut late = db.pool.begin().await.unwrap();
+    let late_id = db.outbox().enqueue(&mut *late, &big).await.unwrap();
+    let ids = db
+        .outbox()
+        .enqueue_many(&db.pool, &(1..=25).map(small).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    fn budget(in_flight: &[Arc<Claim>]) -> ClaimParams<'_> {
+        ClaimParams {
+            limit: 10,
+            bytes: txoutbox::store::ClaimBytes {
+                batch: 1_000,
+                event: u64::MAX,
+            },
+            ..unordered("u1", in_flight)
+        }
+    }
+    let mut in_flight: Vec<Arc<Claim>> = Vec::new();
+    for expected in [&ids[..10], &ids[10..20]] {
+        let c = store.claim(budget(&in_flight)).await.unwrap();
+        assert_eq!(c.ids(), expected, "a full claim past the cursor");
+        in_flight.push(Arc::new(c));
+    }
+    late.commit().await.unwrap();
+    let short = store.claim(budget(&in_flight)).await.unwrap();
+    assert_eq!(
+        short.ids(),
+        ids[20..],
+        "the large event would pass the budget"
+    );
+    in_flight.push(Arc::new(short));
+    let next = store.claim(budget(&in_flight)).await.unwrap();
+    assert_eq!(next.ids(), [late_id], "it opens the next claim, alone");
+    db.cleanup().await;
+}

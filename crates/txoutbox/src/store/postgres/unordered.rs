@@ -85,9 +85,13 @@ impl PgStore {
             // statements (a heartbeat took one), the rows behind wait for the next claim. The
             // lease left is each statement's own reading (the later one reads less), so it
             // is not compared: the claim keeps the shorter.
+            // And the rows behind must fit what is left of the budget: a claim of their own
+            // takes its first event whatever its size, which merged would pass the budget
+            // (that event then opens the next claim).
+            let fits = bytes_of(&behind.rows) <= p.bytes.batch - used;
             match (head.as_mut(), behind.head) {
                 (Some(a), Some(b)) => {
-                    if a.same_fence(&b) {
+                    if a.same_fence(&b) && fits {
                         a.left = a.left.min(b.left);
                         rows.extend(behind.rows);
                     }
