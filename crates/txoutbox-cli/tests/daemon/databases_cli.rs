@@ -61,6 +61,12 @@ impl Drop for Dir {
     }
 }
 
+/// What `migrate` prints of a table it brought from nothing to this build's version.
+fn all_applied() -> String {
+    let all: Vec<i32> = (1..=txoutbox::SCHEMA_VERSION).collect();
+    format!("applied migration(s) {all:?}")
+}
+
 /// The README's first command with no server at all: an SQLite file in the temp directory,
 /// named on stderr.
 #[tokio::test]
@@ -102,11 +108,7 @@ async fn migrate_enqueue_relay_status_on_sqlite() {
     );
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5, 6]"),
-        "{}",
-        stdout(&out)
-    );
+    assert!(stdout(&out).contains(&all_applied()), "{}", stdout(&out));
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(stdout(&out).contains("up to date"), "{}", stdout(&out));
     for i in 0..3 {
@@ -241,11 +243,7 @@ async fn migrate_enqueue_relay_status_and_demo_on_mysql() {
     let url = h.url();
     let out = dir.run(Some(&url), &["migrate"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("applied migration(s) [1, 2, 3, 4, 5, 6]"),
-        "{}",
-        stdout(&out)
-    );
+    assert!(stdout(&out).contains(&all_applied()), "{}", stdout(&out));
     for i in 0..3 {
         let payload = format!("{{\"n\":{i}}}");
         let out = dir
