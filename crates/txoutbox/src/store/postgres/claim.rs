@@ -45,16 +45,13 @@ impl ScanState {
         }
     }
 
-    pub(super) fn record(&mut self, floor: i64, limit: usize, rows: &[PgRow]) {
+    /// A claim from `floor` found `found` events (of `limit`), the last of them at `last`.
+    pub(super) fn record(&mut self, floor: i64, limit: usize, found: usize, last: Option<i64>) {
         if floor == 0 {
             self.last_full = std::time::Instant::now();
         }
-        self.backlog = rows.len() >= limit;
-        if let Some(last) = rows
-            .iter()
-            .filter_map(|r| r.try_get::<i64, _>("seq").ok())
-            .max()
-        {
+        self.backlog = found >= limit;
+        if let Some(last) = last {
             self.cursor = self.cursor.max(last);
         }
     }
@@ -66,8 +63,8 @@ impl ScanState {
 }
 
 /// What a read-only claim (ordered, or unordered on owned partitions) says on one row
-/// ([`head_of`]): the partitions it came from, their epochs, and how long the shortest of
-/// their leases runs.
+/// ([`PgStore::fetch_claim`]): the partitions it came from, their epochs, and how long the
+/// shortest of their leases runs.
 #[derive(Debug, Clone)]
 pub(super) struct PartitionHead {
     pub(super) partitions: Vec<i32>,
@@ -76,7 +73,8 @@ pub(super) struct PartitionHead {
 }
 
 impl PartitionHead {
-    /// The head on `row`, the row of a read-only claim that carries it ([`head_of`]).
+    /// The head on `row`, the row of a read-only claim that carries it
+    /// ([`PgStore::fetch_claim`]).
     pub(super) fn read(row: &PgRow) -> Result<Self, Error> {
         let g = Error::Database;
         let left: Option<f64> = row.try_get("lease_left").map_err(g)?;
@@ -115,22 +113,44 @@ impl PartitionHead {
     }
 }
 
-/// The row with a read-only claim's head (lease left and fence), the lowest seq's. The
-/// statements send their rows in no particular order (claim_ordered.sql): it is usually the
-/// first, and [`undecodable::split`] puts the events in seq order. `None` if no row has one
-/// (a bug: the statement puts it on a row of every claim that found any).
-pub(super) fn head_of(rows: &[PgRow]) -> Option<&PgRow> {
-    rows.iter().find(|r| {
-        r.try_get_raw("fence_partitions")
-            .is_ok_and(|v| !sqlx::ValueRef::is_null(&v))
-    })
+/// A read-only claim's rows, each decoded as it came in (while the database was still sending
+/// the next ones), and its head (lease left and fence): `head` is `Some` whenever `rows` is not
+/// empty.
+pub(super) struct ClaimRows {
+    pub(super) rows: Vec<Fetched>,
+    pub(super) head: Option<PartitionHead>,
 }
 
-/// A read-only claim's event rows and its head (lease left and fence): `head` is `Some`
-/// whenever `rows` is not empty.
-pub(super) struct ClaimRows {
-    pub(super) rows: Vec<PgRow>,
-    pub(super) head: Option<PartitionHead>,
+/// One claimed row, decoded.
+pub(super) struct Fetched {
+    pub(super) row: Decoded,
+    /// Its aggregate's hash (`partition_key`), where the statement sends it (the ordered
+    /// claims).
+    pub(super) key: Option<i32>,
+    /// Its payload's size as stored, as the claim measured it (`payload_size`).
+    pub(super) size: Option<i64>,
+}
+
+impl Fetched {
+    /// `r` decoded, refused whole if its payload is over the claim's per-event ceiling (it
+    /// then came without it).
+    fn read(r: &PgRow, p: &ClaimParams<'_>, size: Option<i64>) -> Result<Self, Error> {
+        let mut row = decode_row(r)?;
+        row.refuse_over(size, p.bytes.event);
+        let key = match r.try_get_raw("partition_key") {
+            Ok(_) => r.try_get("partition_key").map_err(Error::Database)?,
+            Err(_) => None,
+        };
+        Ok(Self { row, key, size })
+    }
+}
+
+/// Payload bytes of claimed rows, as the claim measured them.
+pub(super) fn bytes_of(rows: &[Fetched]) -> u64 {
+    rows.iter()
+        .filter_map(|f| f.size)
+        .map(|s| u64::try_from(s).unwrap_or(0))
+        .sum()
 }
 
 fn is_null(row: &PgRow, col: &str) -> bool {
@@ -142,36 +162,75 @@ impl PgStore {
     /// A read-only claim: its fast form (`fast`, sql/claim_fast.sql), or, when a candidate is
     /// not small enough for it (it then comes without its payload and size), the full
     /// statement (`full`, with the byte budget's walk), both bound by `bind`. The fast form
-    /// sends the head as a row of its own (`id` NULL), taken out here; the full one on the
-    /// lowest seq's row ([`head_of`]).
+    /// sends the head as a row of its own (`id` NULL), the full one on the lowest seq's row;
+    /// the rows come in no particular order ([`undecodable::split`] puts the events in seq
+    /// order).
     pub(super) async fn fetch_claim<'q>(
         &self,
+        p: &ClaimParams<'_>,
         fast: &'q str,
         full: &'q str,
         bind: impl Fn(&'q str) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<ClaimRows, Error> {
-        let fetched = bind(fast)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        let (heads, rows): (Vec<PgRow>, Vec<PgRow>) =
-            fetched.into_iter().partition(|r| is_null(r, "id"));
-        if rows.iter().any(|r| is_null(r, "payload_size")) {
-            let rows = bind(full)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let head = match rows.first() {
-                Some(first) => Some(PartitionHead::read(head_of(&rows).unwrap_or(first))?),
-                None => None,
-            };
-            return Ok(ClaimRows { rows, head });
+        if let Some(rows) = self.read_claim(bind(fast), p, true).await? {
+            return Ok(rows);
         }
-        let head = match heads.first() {
-            Some(h) if !rows.is_empty() => Some(PartitionHead::read(h)?),
-            _ => None,
-        };
-        Ok(ClaimRows { rows, head })
+        let rows = self.read_claim(bind(full), p, false).await?;
+        Ok(rows.unwrap_or(ClaimRows {
+            rows: Vec::new(),
+            head: None,
+        }))
+    }
+
+    /// Run one form of a read-only claim (`fast`, or the full statement), decoding each row
+    /// as it arrives: the relay's decoding overlaps the database's reading of the rows after
+    /// it. `None`: the fast form met a candidate that is not small (the full statement must
+    /// run); the rest of its rows are read and dropped.
+    async fn read_claim(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        p: &ClaimParams<'_>,
+        fast: bool,
+    ) -> Result<Option<ClaimRows>, Error> {
+        use futures::TryStreamExt;
+        let mut stream = query.fetch(&self.pool);
+        let mut rows = Vec::with_capacity(p.limit.min(10_000));
+        let mut head = None;
+        let mut small = true;
+        while let Some(r) = stream.try_next().await.map_err(|e| self.err(e))? {
+            if fast && is_null(&r, "id") {
+                // With no partition owned there is no fence, and no rows either.
+                if !is_null(&r, "fence_partitions") {
+                    head = Some(PartitionHead::read(&r)?);
+                }
+                continue;
+            }
+            if !small {
+                continue;
+            }
+            let size: Option<i64> = r.try_get("payload_size").map_err(Error::Database)?;
+            if fast && size.is_none() {
+                small = false;
+                rows.clear();
+                continue;
+            }
+            if !fast && head.is_none() && !is_null(&r, "fence_partitions") {
+                head = Some(PartitionHead::read(&r)?);
+            }
+            rows.push(Fetched::read(&r, p, size)?);
+        }
+        if !small {
+            return Ok(None);
+        }
+        if rows.is_empty() {
+            head = None;
+        } else if head.is_none() {
+            // A bug: the statements put the head on a row of every claim that finds any.
+            return Err(Error::Database(sqlx::Error::Protocol(
+                "a read-only claim found events but sent no head (lease left and fence)".into(),
+            )));
+        }
+        Ok(Some(ClaimRows { rows, head }))
     }
 }
 
@@ -250,22 +309,16 @@ impl PgStore {
                 .bind(&to)
         };
         let ClaimRows { rows, head } = self
-            .fetch_claim(&self.q.claim_ordered_fast, &self.q.claim_ordered, bind)
+            .fetch_claim(p, &self.q.claim_ordered_fast, &self.q.claim_ordered, bind)
             .await?;
         let Some(head) = head else {
             return Ok(empty());
         };
-        let key_of = rows
+        let key_of: std::collections::HashMap<i64, i32> = rows
             .iter()
-            .map(|r| {
-                Ok((
-                    r.try_get::<i64, _>("seq")?,
-                    r.try_get::<i32, _>("partition_key")?,
-                ))
-            })
-            .collect::<Result<std::collections::HashMap<_, _>, sqlx::Error>>()
-            .map_err(Error::Database)?;
-        let rows = decode_claimed(&rows, p)?;
+            .map(|f| (f.row.event.seq, f.key.unwrap_or_default()))
+            .collect();
+        let rows = rows.into_iter().map(|f| f.row).collect();
         // Events held behind an undecodable row (`hold`) are simply not handed out: an
         // ordered claim leases nothing.
         let (events, bad, _held) = undecodable::split(rows, p.ordering);

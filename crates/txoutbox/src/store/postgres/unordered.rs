@@ -13,22 +13,11 @@
 
 use std::time::Instant;
 
-use sqlx::postgres::PgRow;
-use sqlx::Row;
-
-use super::claim::{decode_claimed, ClaimRows};
+use super::claim::{bytes_of, decode_claimed, ClaimRows};
 use super::{millis, PgStore};
 use crate::error::Error;
 use crate::store::undecodable;
 use crate::store::{Claim, ClaimBytes, ClaimParams, Fence};
-
-/// Payload bytes of claimed rows, as the claim measured them.
-fn bytes_of(rows: &[PgRow]) -> u64 {
-    rows.iter()
-        .filter_map(|r| r.try_get::<i64, _>("payload_size").ok())
-        .map(|s| u64::try_from(s).unwrap_or(0))
-        .sum()
-}
 
 impl PgStore {
     /// An unordered claim: read-only from the partitions this relay owns, or, if that finds
@@ -63,7 +52,8 @@ impl PgStore {
             .claim_owned(p, partitions, (floor, i64::MAX), &skip(floor, i64::MAX))
             .await?;
         if let Ok(mut scan) = self.scan.lock() {
-            scan.record(floor, p.limit, &rows);
+            let last = rows.iter().map(|f| f.row.event.seq).max();
+            scan.record(floor, p.limit, rows.len(), last);
         }
         let used = bytes_of(&rows);
         if floor > 0 && rows.len() < p.limit && used < p.bytes.batch {
@@ -106,7 +96,7 @@ impl PgStore {
         let Some(head) = head else {
             return self.claim_leased(p).await;
         };
-        let rows = decode_claimed(&rows, p)?;
+        let rows = rows.into_iter().map(|f| f.row).collect();
         let (events, bad, _) = undecodable::split(rows, p.ordering);
         if !bad.is_empty() {
             self.bury_undecodable(p, &bad, Some(partitions)).await;
@@ -135,7 +125,7 @@ impl PgStore {
                 .bind(p.bytes.batch_param())
                 .bind(p.bytes.event_param())
         };
-        self.fetch_claim(&self.q.claim_owned_fast, &self.q.claim_owned, bind)
+        self.fetch_claim(p, &self.q.claim_owned_fast, &self.q.claim_owned, bind)
             .await
     }
 

@@ -59,7 +59,7 @@ LIMIT $1
 -- The lease left and the fence are the claim's, not each event's: they come with the lowest
 -- seq's row only (two arrays of 64 on each of 500 rows were most of what a claim sent).
 -- The rows come in no particular order: the relay puts the events in seq order
--- (undecodable.rs `split`), and finds the head's row (claim.rs `head_of`). Sorting 500 wide
+-- (undecodable.rs `split`), and finds the head's row (claim.rs `read_claim`). Sorting 500 wide
 -- rows here, and merging the head in by seq, was a seventh of the statement's time.
 head AS (
   SELECT min(c.seq) AS seq,
