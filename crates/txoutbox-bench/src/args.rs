@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// else `order.e0` ... (for routes by event type)
     #[arg(long, env = "TXOUTBOX_BENCH_EVENT_TYPES", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub event_types: u64,
+    /// drain, scale: each event's JSON payload, in bytes as stored, about: its `note` field is
+    /// this less 100 characters (the default gives the ~200-byte payloads of every figure in
+    /// docs/performance.md; larger ones take a claim through the byte budget's full statement
+    /// once they pass `--max-batch-bytes / --batch-size`)
+    #[arg(long, env = "TXOUTBOX_BENCH_PAYLOAD_BYTES", default_value_t = 200, value_parser = clap::value_parser!(u64).range(100..=16_000_000))]
+    pub payload_bytes: u64,
     /// latency: total commit rates to test, events/s (comma-separated or repeated)
     #[arg(long = "rate", value_name = "N", env = "TXOUTBOX_BENCH_RATE", value_delimiter = ',', default_values_t = [500u32, 5000], value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub rates: Vec<u32>,

@@ -57,9 +57,9 @@ impl Build {
     }
 }
 
-pub fn measures(events: u64, aggregates: u64) -> String {
+pub fn measures(events: u64, aggregates: u64, payload_bytes: u64) -> String {
     format!(
-        "{events} events over {aggregates} aggregates (~200-byte JSON payloads) inserted set-based \
+        "{events} events over {aggregates} aggregates (~{payload_bytes}-byte JSON payloads) inserted set-based \
          in transactions of {per_tx} and VACUUM ANALYZEd (with --source wal after the \
          publication and slot were created), then `txoutbox relay --drain` child process(es) publish them all. \
          events/s = events / wall-clock from the relays' start to the last relay's exit \
@@ -159,13 +159,9 @@ async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<R
     // Tableless: where the last event's transaction ended, which the slot must have confirmed
     // once the relays are done.
     let emitted_to = if cfg.tableless {
-        Some(
-            db.emit_events(env.events, env.aggregates, env.event_types)
-                .await?,
-        )
+        Some(db.emit_events(env.events, env.shape()).await?)
     } else {
-        db.insert_events(env.events, env.aggregates, env.event_types)
-            .await?;
+        db.insert_events(env.events, env.shape()).await?;
         None
     };
     super::checkpoint(env).await;

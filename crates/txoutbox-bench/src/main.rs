@@ -92,6 +92,8 @@ pub struct Env {
     pub events: u64,
     pub aggregates: u64,
     pub event_types: u64,
+    /// Each pre-inserted payload's size, about (`--payload-bytes`).
+    pub payload_bytes: u64,
     pub duration: Duration,
     pub grace: Duration,
     pub writers: u32,
@@ -105,6 +107,15 @@ pub struct Env {
 }
 
 impl Env {
+    /// How the pre-inserted events are spread, and their payloads' size.
+    pub fn shape(&self) -> schema::Shape {
+        schema::Shape {
+            aggregates: self.aggregates,
+            event_types: self.event_types,
+            payload_bytes: self.payload_bytes,
+        }
+    }
+
     /// What is running now, beside the progress bar.
     pub fn status(&self, msg: &str) {
         self.bar.set_message(msg.to_string());
@@ -225,6 +236,7 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         events: a.events,
         aggregates: a.aggregates,
         event_types: a.event_types,
+        payload_bytes: a.payload_bytes,
         duration: a.duration,
         grace: a.grace,
         writers: a.writers,
@@ -488,7 +500,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         report::add_ratio_to_baseline(&mut rows, "events_per_s", "ratio_to_baseline");
         sections.push(Section {
             scenario: "drain",
-            measures: drain::measures(env.events, env.aggregates),
+            measures: drain::measures(env.events, env.aggregates, env.payload_bytes),
             columns: drain::COLUMNS.to_vec(),
             rows,
         });
@@ -542,7 +554,7 @@ async fn scenarios(env: &Env, a: &BenchArgs) -> anyhow::Result<Vec<Section>> {
         report::add_ratio_to_baseline(&mut rows, "events_per_s", "ratio_to_baseline");
         sections.push(Section {
             scenario: "scale",
-            measures: drain::measures(env.events, env.aggregates),
+            measures: drain::measures(env.events, env.aggregates, env.payload_bytes),
             columns: drain::COLUMNS.to_vec(),
             rows,
         });

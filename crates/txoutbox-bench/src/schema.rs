@@ -27,11 +27,21 @@ const NUMBERED: &str = "SELECT g, (lpad(to_hex((extract(epoch FROM $4::timestamp
                  || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid AS id
        FROM generate_series($1, $2) g, LATERAL (SELECT md5(g::text || random()::text) AS h) r
        ORDER BY g";
-/// Event `g`'s aggregate of $3, its type (of $5 round robin) and its ~200-byte payload.
+/// Event `g`'s aggregate of $3, its type (of $5 round robin) and its payload (~200 bytes with
+/// a `note` of $6 = 100 characters).
 const AGGREGATE: &str = "(g % $3)::text";
 const EVENT_TYPE: &str = "CASE WHEN $5 = 1 THEN 'order.created' ELSE 'order.e' || (g % $5) END";
 const PAYLOAD: &str = "jsonb_build_object('order_id', g, 'customer_id', 'c-' || (g % 97),
-                                   'total', g * 1.5, 'note', repeat('x', 100))";
+                                   'total', g * 1.5, 'note', repeat('x', $6::int))";
+
+/// How the pre-inserted events are spread and how large their payloads are.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub aggregates: u64,
+    pub event_types: u64,
+    /// Each payload's size, about: its `note` is this less 100 characters.
+    pub payload_bytes: u64,
+}
 
 /// Schemas this process created and has not dropped yet.
 #[derive(Clone, Default)]
@@ -231,25 +241,14 @@ impl BenchDb {
     /// millisecond timestamp rising with `g` (100 events a millisecond), the version and
     /// variant bits, and random bits from md5.
     /// With `event_types` above 1 the types are `order.e0`, `order.e1`, ... round robin.
-    pub async fn insert_events(
-        &self,
-        n: u64,
-        aggregates: u64,
-        event_types: u64,
-    ) -> anyhow::Result<()> {
+    pub async fn insert_events(&self, n: u64, shape: Shape) -> anyhow::Result<()> {
         let sql = format!(
             "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload)
              SELECT id, 'order', {AGGREGATE}, {EVENT_TYPE}, {PAYLOAD} FROM ({NUMBERED}) e",
             self.qualified()
         );
-        self.in_transactions(
-            &sql,
-            n,
-            aggregates,
-            event_types,
-            "inserting the bench events",
-        )
-        .await?;
+        self.in_transactions(&sql, n, shape, "inserting the bench events")
+            .await?;
         sqlx::query(&format!("VACUUM ANALYZE {}", self.qualified()))
             .execute(&self.pool)
             .await
@@ -262,26 +261,15 @@ impl BenchDb {
     /// `<table>_emit_event`, in the same transactions of [`EVENTS_PER_TX`], in `g` order.
     /// Returns the WAL position after the last transaction's commit: once the slot has
     /// confirmed it, every event was published.
-    pub async fn emit_events(
-        &self,
-        n: u64,
-        aggregates: u64,
-        event_types: u64,
-    ) -> anyhow::Result<wal::Lsn> {
+    pub async fn emit_events(&self, n: u64, shape: Shape) -> anyhow::Result<wal::Lsn> {
         let sql = format!(
             "SELECT count({emit}(id, 'order', {AGGREGATE}, {EVENT_TYPE}, {PAYLOAD},
                                  NULL, NULL, '{{}}'::jsonb))
              FROM ({NUMBERED}) e",
             emit = self.table.derived("emit_event")
         );
-        self.in_transactions(
-            &sql,
-            n,
-            aggregates,
-            event_types,
-            "emitting the bench's tableless events",
-        )
-        .await?;
+        self.in_transactions(&sql, n, shape, "emitting the bench's tableless events")
+            .await?;
         let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
             .fetch_one(&self.pool)
             .await
@@ -291,19 +279,21 @@ impl BenchDb {
     }
 
     /// Run `sql` (over [`NUMBERED`]: $1 first, $2 last, $3 aggregates, $4 the time base,
-    /// $5 event types) for `1..=n` in transactions of [`EVENTS_PER_TX`]. One time base for
-    /// all of them: ids keep rising with `g` across transactions.
+    /// $5 event types, $6 the payload's `note` length) for `1..=n` in transactions of
+    /// [`EVENTS_PER_TX`]. One time base for all of them: ids keep rising with `g` across
+    /// transactions.
     async fn in_transactions(
         &self,
         sql: &str,
         n: u64,
-        aggregates: u64,
-        event_types: u64,
+        shape: Shape,
         what: &'static str,
     ) -> anyhow::Result<()> {
         let n = i64::try_from(n).context("--events too large")?;
-        let aggregates = i64::try_from(aggregates).context("--aggregates too large")?;
-        let event_types = i64::try_from(event_types).context("--event-types too large")?;
+        let aggregates = i64::try_from(shape.aggregates).context("--aggregates too large")?;
+        let event_types = i64::try_from(shape.event_types).context("--event-types too large")?;
+        let note = i32::try_from(shape.payload_bytes.saturating_sub(100))
+            .context("--payload-bytes too large")?;
         let base = chrono::Utc::now();
         let mut first = 1i64;
         while first <= n {
@@ -314,6 +304,7 @@ impl BenchDb {
                 .bind(aggregates)
                 .bind(base)
                 .bind(event_types)
+                .bind(note)
                 .execute(&self.pool)
                 .await
                 .context(what)?;
