@@ -2,6 +2,7 @@
 //! claim, the fence a read-only claim carries, the fenced settle, and the burial of rows that
 //! do not decode. The unordered claim itself is in `unordered.rs`.
 
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgRow;
@@ -59,6 +60,36 @@ impl ScanState {
     /// Events were given back: the next claim looks behind the cursor.
     pub(super) fn rewind(&mut self) {
         self.backlog = false;
+    }
+}
+
+/// After a read-only claim's fast form met a candidate too large for it, this many claims run
+/// the full statement at once before the fast form is tried again: where payloads are large,
+/// most claims would otherwise run twice, the fast form only to learn it does not serve.
+const FULL_CLAIMS_AFTER_FALLBACK: u32 = 16;
+
+/// Whether the next read-only claim tries its fast form (sql/claim_fast.sql) or runs the full
+/// statement at once ([`FULL_CLAIMS_AFTER_FALLBACK`]).
+#[derive(Debug, Default)]
+pub(super) struct FastForm {
+    full_left: AtomicU32,
+}
+
+impl FastForm {
+    /// Try the fast form for this claim? No while a run of full claims lasts (this counts it
+    /// down).
+    pub(super) fn try_fast(&self) -> bool {
+        self.full_left
+            .fetch_update(AtomicOrdering::Relaxed, AtomicOrdering::Relaxed, |n| {
+                n.checked_sub(1)
+            })
+            .is_err()
+    }
+
+    /// The fast form met a candidate too large for it: the next claims run the full statement.
+    pub(super) fn fell_back(&self) {
+        self.full_left
+            .store(FULL_CLAIMS_AFTER_FALLBACK, AtomicOrdering::Relaxed);
     }
 }
 
@@ -134,12 +165,14 @@ pub(super) struct Fetched {
 impl Fetched {
     /// `r` decoded, refused whole if its payload is over the claim's per-event ceiling (it
     /// then came without it).
-    fn read(r: &PgRow, p: &ClaimParams<'_>, size: Option<i64>) -> Result<Self, Error> {
+    /// `keyed`: the statement sends `partition_key`.
+    fn read(r: &PgRow, p: &ClaimParams<'_>, size: Option<i64>, keyed: bool) -> Result<Self, Error> {
         let mut row = decode_row(r)?;
         row.refuse_over(size, p.bytes.event);
-        let key = match r.try_get_raw("partition_key") {
-            Ok(_) => r.try_get("partition_key").map_err(Error::Database)?,
-            Err(_) => None,
+        let key = if keyed {
+            r.try_get("partition_key").map_err(Error::Database)?
+        } else {
+            None
         };
         Ok(Self { row, key, size })
     }
@@ -161,7 +194,8 @@ fn is_null(row: &PgRow, col: &str) -> bool {
 impl PgStore {
     /// A read-only claim: its fast form (`fast`, sql/claim_fast.sql), or, when a candidate is
     /// not small enough for it (it then comes without its payload and size), the full
-    /// statement (`full`, with the byte budget's walk), both bound by `bind`. The fast form
+    /// statement (`full`, with the byte budget's walk), both bound by `bind`; after such a
+    /// fallback the next claims run the full statement at once ([`FastForm`]). The fast form
     /// sends the head as a row of its own (`id` NULL), the full one on the lowest seq's row;
     /// the rows come in no particular order ([`undecodable::split`] puts the events in seq
     /// order).
@@ -172,8 +206,11 @@ impl PgStore {
         full: &'q str,
         bind: impl Fn(&'q str) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<ClaimRows, Error> {
-        if let Some(rows) = self.read_claim(bind(fast), p, true).await? {
-            return Ok(rows);
+        if self.fast_form.try_fast() {
+            if let Some(rows) = self.read_claim(bind(fast), p, true).await? {
+                return Ok(rows);
+            }
+            self.fast_form.fell_back();
         }
         let rows = self.read_claim(bind(full), p, false).await?;
         Ok(rows.unwrap_or(ClaimRows {
@@ -197,6 +234,7 @@ impl PgStore {
         let mut rows = Vec::with_capacity(p.limit.min(10_000));
         let mut head = None;
         let mut small = true;
+        let mut keyed = None;
         while let Some(r) = stream.try_next().await.map_err(|e| self.err(e))? {
             if fast && is_null(&r, "id") {
                 // With no partition owned there is no fence, and no rows either.
@@ -217,7 +255,10 @@ impl PgStore {
             if !fast && head.is_none() && !is_null(&r, "fence_partitions") {
                 head = Some(PartitionHead::read(&r)?);
             }
-            rows.push(Fetched::read(&r, p, size)?);
+            // Whether the statement sends `partition_key`, looked up once (a failed lookup by
+            // name costs an error's allocation, on every row).
+            let keyed = *keyed.get_or_insert_with(|| r.try_get_raw("partition_key").is_ok());
+            rows.push(Fetched::read(&r, p, size, keyed)?);
         }
         if !small {
             return Ok(None);
@@ -226,7 +267,8 @@ impl PgStore {
             head = None;
         } else if head.is_none() {
             // A bug: the statements put the head on a row of every claim that finds any.
-            return Err(Error::Database(sqlx::Error::Protocol(
+            // Not transient (a retry would meet it again): the relay stops and says so.
+            return Err(Error::Database(sqlx::Error::Decode(
                 "a read-only claim found events but sent no head (lease left and fence)".into(),
             )));
         }
@@ -436,7 +478,26 @@ impl PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::{runs, FastForm, FULL_CLAIMS_AFTER_FALLBACK};
+
+    #[test]
+    fn after_a_fallback_a_run_of_claims_skips_the_fast_form() {
+        let f = FastForm::default();
+        assert!(
+            f.try_fast() && f.try_fast(),
+            "the fast form first, as long as it serves"
+        );
+        f.fell_back();
+        for i in 0..FULL_CLAIMS_AFTER_FALLBACK {
+            assert!(
+                !f.try_fast(),
+                "claim {i} after the fallback runs the full statement"
+            );
+        }
+        assert!(f.try_fast(), "then the fast form again");
+        f.fell_back();
+        assert!(!f.try_fast());
+    }
 
     #[test]
     fn seqs_go_as_runs_of_consecutive_values() {

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::error::{db_error, Error};
 use crate::OutboxTable;
-use claim::ScanState;
+use claim::{FastForm, ScanState};
 pub(crate) use decode::event_from_row;
 use queries::Queries;
 
@@ -93,6 +93,8 @@ pub struct PgStore {
     listener: Mutex<Option<PgListener>>,
     partitions: std::sync::OnceLock<i32>,
     scan: std::sync::Mutex<ScanState>,
+    /// Whether the next read-only claim tries its fast form (see `claim::FastForm`).
+    fast_form: FastForm,
     /// The last wake-up's "no longer waiting" statement, still running (see `wait_for_work`).
     pending_clear: std::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), sqlx::Error>>>>,
 }
@@ -122,6 +124,7 @@ impl PgStore {
                 backlog: false,
             }),
             pending_clear: std::sync::Mutex::new(None),
+            fast_form: FastForm::default(),
         }
     }
 
