@@ -454,6 +454,31 @@ async fn check_costs(path: &str) -> (Output, u32) {
     bench(&args).await
 }
 
+/// `--payload-bytes` sizes the drain's payloads: what comes from the database per event grows
+/// with it (each payload once, whole: the claim's fast form sends none of a payload too large
+/// for it, and the full statement sends it).
+#[tokio::test(flavor = "multi_thread")]
+async fn payload_bytes_sizes_the_drained_payloads() {
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "300",
+        "--repeats",
+        "1",
+        "--payload-bytes",
+        "5000",
+        "--costs",
+        "--json",
+    ])
+    .await;
+    let row = &section(&report, "drain")[0];
+    let bytes = median(row, "db_bytes_in_per_event");
+    assert!(
+        (4_900.0..10_000.0).contains(&bytes),
+        "~5,000-byte payloads, each read once: {bytes} bytes per event; {row}"
+    );
+}
+
 /// `--costs` counts through its proxy (bytes, statements, WAL); `--write-costs` stores them and
 /// `--check-costs` fails on a count over the stored one by more than the threshold. Other tests
 /// write WAL meanwhile, so only the bytes are compared exactly here.
