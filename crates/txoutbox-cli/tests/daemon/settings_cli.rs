@@ -98,13 +98,19 @@ async fn publisher_url_durations_take_the_flags_grammar_and_refuse_a_bare_number
     let db = TestSchema::migrated().await;
     let nats = nats_url();
     let stream = unique("TXO").to_uppercase();
-    let url = format!("{nats}?stream={stream}&ack_timeout=1m30s&connect_timeout=1.5s");
+    // A subject of its own: the default (`outbox.>`) would collide with any other stream on
+    // the server that took it (a benchmark's, a user's), and JetStream refuses overlaps.
+    let base = format!(
+        "{nats}?stream={stream}&subject={}.{{event_type}}",
+        stream.to_lowercase()
+    );
+    let url = format!("{base}&ack_timeout=1m30s&connect_timeout=1.5s");
     let out = run(&db, &[], &["relay", "--publisher", &url, "--drain"]).await;
     assert!(out.status.success(), "{url}: {}", stderr(&out));
-    let url = format!("{nats}?stream={stream}&ack_timeout=5000");
+    let url = format!("{base}&ack_timeout=5000");
     let out = run(&db, &[], &["relay", "--publisher", &url, "--drain"]).await;
     assert_usage_error(&out, &url, &["ack_timeout", "5000ms"]);
-    let url = format!("{nats}?stream={stream}&connect_timeout=400d");
+    let url = format!("{base}&connect_timeout=400d");
     let out = run(&db, &[], &["relay", "--publisher", &url, "--drain"]).await;
     assert_usage_error(&out, &url, &["connect_timeout"]);
     let client = async_nats::connect(nats).await.unwrap();
