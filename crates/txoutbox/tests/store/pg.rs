@@ -639,3 +639,25 @@ async fn purge_takes_old_published_rows_by_seq_and_steps_over_a_late_backlog() {
     );
     db.cleanup().await;
 }
+
+/// A harness dropped without `cleanup` (its test panicked) drops its schema even when a
+/// transaction the test left open still holds a lock in it: the drop, under a lock timeout,
+/// ends the sessions holding locks in the test's own schema and tries again. Before, the
+/// schema was left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_harness_drops_its_schema_past_a_transaction_left_open() {
+    let db = PgHarness::new().await;
+    let (schema, pool) = (db.schema.clone(), db.pool.clone());
+    let mut tx = db.pool.begin().await.unwrap();
+    let lock = format!("LOCK TABLE {} IN ACCESS SHARE MODE", db.table.qualified());
+    sqlx::query(&lock).execute(&mut *tx).await.unwrap();
+    // As after a panic: the transaction is never rolled back by its owner.
+    std::mem::forget(tx);
+    tokio::task::spawn_blocking(move || drop(db)).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+        .bind(&schema)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "schema {schema} left behind");
+}
