@@ -38,6 +38,17 @@ fn join(relay_id: &str) -> RebalanceParams<'_> {
     }
 }
 
+/// Event `i` of a test: aggregate `o-{i}`, so each is an aggregate of its own.
+fn numbered(i: usize) -> NewEvent {
+    NewEvent::new(
+        "order",
+        format!("o-{i}"),
+        "e",
+        &serde_json::json!({ "i": i }),
+    )
+    .expect("a numbered event")
+}
+
 /// Each row's version: a claim that wrote to a row would give it a new one.
 async fn versions(db: &PgHarness) -> Vec<(String, String)> {
     let sql = format!(
@@ -140,17 +151,7 @@ async fn unordered_relays_sharing_partitions_claim_disjoint_events() {
     a.rebalance(join("a")).await.unwrap();
     let mb = b.rebalance(join("b")).await.unwrap();
     assert_eq!(mb.owned.len(), mb.partitions / 2, "{mb:?}");
-    let events: Vec<NewEvent> = (0..200)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o-{i}"),
-                "e",
-                &serde_json::json!({ "i": i }),
-            )
-            .unwrap()
-        })
-        .collect();
+    let events: Vec<NewEvent> = (0..200).map(numbered).collect();
     let ids = db.outbox().enqueue_many(&db.pool, &events).await.unwrap();
     let mut params = unordered("a", &[]);
     params.limit = 1000;
@@ -176,21 +177,12 @@ async fn a_short_claim_past_the_cursor_takes_what_is_behind_it_at_once() {
     let db = PgHarness::new().await;
     let store = db.pool_store();
     store.rebalance(join("u1")).await.unwrap();
-    let event = |i: usize| {
-        NewEvent::new(
-            "order",
-            format!("o-{i}"),
-            "e",
-            &serde_json::json!({ "i": i }),
-        )
-        .unwrap()
-    };
     // A transaction takes its seq first and commits after the cursor went past it.
     let mut late = db.pool.begin().await.unwrap();
-    let late_id = db.outbox().enqueue(&mut *late, &event(0)).await.unwrap();
+    let late_id = db.outbox().enqueue(&mut *late, &numbered(0)).await.unwrap();
     let ids = db
         .outbox()
-        .enqueue_many(&db.pool, &(1..=25).map(event).collect::<Vec<_>>())
+        .enqueue_many(&db.pool, &(1..=25).map(numbered).collect::<Vec<_>>())
         .await
         .unwrap();
     let mut in_flight: Vec<Arc<Claim>> = Vec::new();
@@ -331,15 +323,6 @@ async fn what_is_behind_the_cursor_joins_a_claim_only_within_its_budget() {
     let db = PgHarness::new().await;
     let store = db.pool_store();
     store.rebalance(join("u1")).await.unwrap();
-    let small = |i: usize| {
-        NewEvent::new(
-            "order",
-            format!("o-{i}"),
-            "e",
-            &serde_json::json!({ "i": i }),
-        )
-        .unwrap()
-    };
     // A 5 KB event whose transaction takes its seq first and commits after the cursor went
     // past it.
     let big = NewEvent::new(
@@ -353,7 +336,7 @@ async fn what_is_behind_the_cursor_joins_a_claim_only_within_its_budget() {
     let late_id = db.outbox().enqueue(&mut *late, &big).await.unwrap();
     let ids = db
         .outbox()
-        .enqueue_many(&db.pool, &(1..=25).map(small).collect::<Vec<_>>())
+        .enqueue_many(&db.pool, &(1..=25).map(numbered).collect::<Vec<_>>())
         .await
         .unwrap();
     fn budget(in_flight: &[Arc<Claim>]) -> ClaimParams<'_> {

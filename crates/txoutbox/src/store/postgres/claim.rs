@@ -167,8 +167,7 @@ impl Fetched {
     /// then came without it).
     /// `keyed`: the statement sends `partition_key`.
     fn read(r: &PgRow, p: &ClaimParams<'_>, size: Option<i64>, keyed: bool) -> Result<Self, Error> {
-        let mut row = decode_row(r)?;
-        row.refuse_over(size, p.bytes.event);
+        let row = decode_within(r, size, p)?;
         let key = if keyed {
             r.try_get("partition_key").map_err(Error::Database)?
         } else {
@@ -280,12 +279,16 @@ impl PgStore {
 /// without its payload, with its size in `payload_size`).
 pub(super) fn decode_claimed(rows: &[PgRow], p: &ClaimParams<'_>) -> Result<Vec<Decoded>, Error> {
     rows.iter()
-        .map(|r| {
-            let mut d = decode_row(r)?;
-            d.refuse_over(r.try_get("payload_size").ok(), p.bytes.event);
-            Ok(d)
-        })
+        .map(|r| decode_within(r, r.try_get("payload_size").ok(), p))
         .collect()
+}
+
+/// `r` decoded, and refused if its payload (`size`, as the claim measured it) is over the
+/// claim's per-event ceiling.
+fn decode_within(r: &PgRow, size: Option<i64>, p: &ClaimParams<'_>) -> Result<Decoded, Error> {
+    let mut d = decode_row(r)?;
+    d.refuse_over(size, p.bytes.event);
+    Ok(d)
 }
 
 /// Ascending `seqs` as runs of consecutive values: their first and last values, index for
