@@ -39,7 +39,8 @@ pub struct BenchArgs {
     /// routes:PATH runs the relays with the `[[route]]` entries of the config file PATH
     /// (see --event-types to spread events over routes). For publish only,
     /// async-nats:nats://HOST:PORT?stream=NAME&subject=PREFIX sends the same messages with
-    /// async-nats alone, the reference for txoutbox's NATS publisher
+    /// async-nats alone, the reference for txoutbox's NATS publisher. drain empties a
+    /// nats:// publisher's stream before each run: give it a stream of its own
     #[arg(
         long = "publisher",
         value_name = "URL",

@@ -140,6 +140,7 @@ impl DrainConfig {
 }
 
 pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
+    empty_stream(&cfg.publisher).await?;
     let db = BenchDb::create(
         &env.pool,
         &env.registry,
@@ -152,6 +153,38 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
     let r = result?;
     dropped?;
     Ok(r)
+}
+
+/// A `nats://` (or `tls://`) publisher's stream emptied before a run, so every run starts on
+/// an empty stream as the first did: one that kept every run's events would grow by each (the
+/// server's disk with it) and could slow the later runs. A stream that does not exist yet is
+/// left to the relay to create. Other publishers: nothing to do.
+async fn empty_stream(publisher: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    if !(publisher.starts_with("nats://") || publisher.starts_with("tls://")) {
+        return Ok(());
+    }
+    let watch = txoutbox::publish::nats::watch(publisher)
+        .await
+        .context("empty the NATS stream before a run")?;
+    let js = async_nats::jetstream::new(watch.client);
+    match js.get_stream(&watch.stream).await {
+        Ok(stream) => {
+            stream
+                .purge()
+                .await
+                .with_context(|| format!("empty the NATS stream {} before a run", watch.stream))?;
+            Ok(())
+        }
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+                Ok(())
+            }
+            _ => Err(e).with_context(|| format!("find the NATS stream {}", watch.stream)),
+        },
+    }
 }
 
 async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {

@@ -306,7 +306,9 @@ impl BrokerWatch {
         if !(publisher.starts_with("nats://") || publisher.starts_with("tls://")) {
             return None;
         }
-        let (client, subjects) = match txoutbox::publish::nats::watch(publisher).await {
+        let txoutbox::publish::nats::Watch {
+            client, subjects, ..
+        } = match txoutbox::publish::nats::watch(publisher).await {
             Ok(c) => c,
             Err(e) => {
                 env.status(&format!("latency: no \"at broker\" column: {e}"));

@@ -751,3 +751,34 @@ async fn a_bad_baseline_is_a_usage_error() {
     assert!(stderr(&out).contains("drain and scale"), "{}", stderr(&out));
     assert_no_schemas_left(pid).await;
 }
+
+/// A drain to NATS empties the publisher's stream before each run: after two runs of 500
+/// events it holds the last run's 500, not 1,000 (the stream would grow by every run).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_to_nats_starts_each_run_on_an_empty_stream() {
+    let stream = unique("TXO_BENCH_DRAIN").to_uppercase();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let report = ok_json(&[
+        "drain",
+        "--events",
+        "500",
+        "--publisher",
+        &nats,
+        "--repeats",
+        "2",
+        "--json",
+    ])
+    .await;
+    let rows = section(&report, "drain");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(median(&rows[0], "events_per_s") > 0.0, "{}", rows[0]);
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(&stream).await.unwrap();
+    let messages = s.info().await.unwrap().state.messages;
+    js.delete_stream(&stream).await.unwrap();
+    assert_eq!(messages, 500);
+}

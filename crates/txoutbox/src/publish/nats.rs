@@ -203,17 +203,33 @@ async fn connect_client(
     }
 }
 
-/// For a watcher of what a publisher sends (the benchmark's latency at the broker): a plain
-/// client of the server of the `nats://` or `tls://` publisher URL `url`, connected as that
-/// publisher connects (credentials, TLS), and the subjects its messages go to (those of the
-/// stream it would create; `>` if its subject template has no literal first token).
-pub async fn watch(url: &str) -> Result<(async_nats::Client, Vec<String>), ConnectError> {
+/// What [`watch`] gives a watcher of a publisher.
+#[derive(Debug)]
+pub struct Watch {
+    /// A plain client of the publisher's server, connected as the publisher connects.
+    pub client: async_nats::Client,
+    /// The subjects its messages go to (those of the stream it would create; `>` if its
+    /// subject template has no literal first token).
+    pub subjects: Vec<String>,
+    /// The stream it publishes to (`stream`, default `OUTBOX`).
+    pub stream: String,
+}
+
+/// For a watcher of what a publisher sends (the benchmark's latency at the broker, and its
+/// drains, which empty the stream before each run): a plain client of the server of the
+/// `nats://` or `tls://` publisher URL `url`, connected as that publisher connects
+/// (credentials, TLS), with the subjects and the stream its messages go to.
+pub async fn watch(url: &str) -> Result<Watch, ConnectError> {
     let url = super::url::parse(url)?;
     let settings = Settings::from_url(&url)?;
     let client = connect_client(&settings, &redacted(&url)).await?;
     let subjects =
         stream_subjects(settings.subject.as_str()).unwrap_or_else(|_| vec![">".to_string()]);
-    Ok((client, subjects))
+    Ok(Watch {
+        client,
+        subjects,
+        stream: settings.stream,
+    })
 }
 
 impl NatsPublisher {
