@@ -40,7 +40,7 @@ db=txo_ceiling
 # The ceiling's database on the same server as the drains: the URL with its database swapped.
 base=${url%%\?*}; query=${url#"$base"}
 ceiling_url="${base%/*}/$db$query"
-psql -qAtX "$url" -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+PGOPTIONS="-c client_min_messages=warning" psql -qAtX "$url" -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
 work=$(mktemp -d -t ceiling-ratio.XXXXXX)
 trap 'rm -rf "$work"; psql -qAtX "$url" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
 PGOPTIONS="-c client_min_messages=warning" psql -qX -v ON_ERROR_STOP=1 "$ceiling_url" -f "$ref/schema_b.sql" > /dev/null
