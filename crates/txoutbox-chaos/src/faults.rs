@@ -57,16 +57,11 @@ fn wal_only(k: Kind) -> bool {
     k == Kind::SlotLoss
 }
 
-/// Is `k` in `all`? Slot loss in a WAL run only. Failover in a table run only, for now: in
-/// a WAL run the harness's own slot-loss fault can write WAL through a connection to the old
-/// primary just turned standby (`cannot make new WAL entries during recovery`, slot.rs), which
-/// ends the run; a WAL run names it (`--faults failover,...`) until the harness follows the
-/// primary there.
+/// Is `k` in `all`? Slot loss in a WAL run only; every other kind in both. (Failover was
+/// in a table run's only while the slot-loss fault could write WAL through a connection to
+/// the old primary just turned standby; it now writes to the node it knows is primary.)
 fn in_all(k: Kind, wal: bool) -> bool {
-    match k {
-        Kind::Failover => !wal,
-        k => wal || !wal_only(k),
-    }
+    wal || !wal_only(k)
 }
 
 impl Kind {
@@ -291,10 +286,10 @@ mod tests {
             vec![Kind::Kill, Kind::Stop]
         );
         // Slot loss is a WAL run's fault only: in its `all`, refused by name without it.
-        // Failover is in a table run's `all`, and a WAL run's by name only.
+        // Failover is in both `all`s.
         let wal = parse_list("all", true).unwrap();
-        assert_eq!(wal.len(), ALL.len() - 1);
-        assert!(wal.contains(&Kind::SlotLoss) && !wal.contains(&Kind::Failover));
+        assert_eq!(wal.len(), ALL.len());
+        assert!(wal.contains(&Kind::SlotLoss) && wal.contains(&Kind::Failover));
         assert_eq!(
             parse_list("failover,kill", true).unwrap(),
             vec![Kind::Kill, Kind::Failover]

@@ -69,8 +69,7 @@ pub struct Args {
     pub mode: String,
     /// Faults to inject: a comma-separated list of kill, stop, cut, stall, slow, reset,
     /// pg-restart, broker-restart, publisher, failover, and with `--source wal` slot-loss; or
-    /// `all` (slot-loss included with `--source wal`; failover with `--source table` only,
-    /// named to have it in a WAL run), or `none`. With failover the run's PostgreSQL is a
+    /// `all` (slot-loss included with `--source wal`), or `none`. With failover the run's PostgreSQL is a
     /// primary and a synchronous physical standby: the fault kills the primary and promotes
     /// the standby, and a new standby is made of the old node (another failover waits until
     /// it is ready).

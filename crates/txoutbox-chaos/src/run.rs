@@ -531,6 +531,15 @@ async fn inject(
             broker.restart().await?;
         }
         Kind::SlotLoss => {
+            // On the primary itself (the run's pool may still hold a connection to a node a
+            // failover just turned standby).
+            let primary = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect(&pg.primary_url())
+                .await
+                .context("slot loss: connect to the primary")?;
+            let pool = &primary;
             if f.invalidate && pg.pair().is_some_and(|p| p.rebuilding()) {
                 // The standby's new slot, not streaming yet, would be invalidated too.
                 eprintln!("chaos: slot loss: a standby is being made; dropping the slot rather than invalidating it");
