@@ -140,7 +140,7 @@ impl DrainConfig {
 }
 
 pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
-    empty_stream(&cfg.publisher).await?;
+    empty_stream(env, &cfg.publisher).await?;
     let db = BenchDb::create(
         &env.pool,
         &env.registry,
@@ -157,34 +157,66 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
 
 /// A `nats://` (or `tls://`) publisher's stream emptied before a run, so every run starts on
 /// an empty stream as the first did: one that kept every run's events would grow by each (the
-/// server's disk with it) and could slow the later runs. A stream that does not exist yet is
-/// left to the relay to create. Other publishers: nothing to do.
-async fn empty_stream(publisher: &str) -> anyhow::Result<()> {
+/// server's disk with it) and could slow the later runs. Only a stream this bench made: one
+/// missing when the bench first met it (the first run's relay creates it). A stream that was
+/// there before is someone's (perhaps a real relay's `OUTBOX`) and is never touched: the runs
+/// then add to it, and the bench says so once. Other publishers: nothing to do.
+async fn empty_stream(env: &Env, publisher: &str) -> anyhow::Result<()> {
     use anyhow::Context as _;
     use async_nats::jetstream::context::GetStreamErrorKind;
     use async_nats::jetstream::ErrorCode;
-    if !(publisher.starts_with("nats://") || publisher.starts_with("tls://")) {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    // Stream name -> whether this bench made it, from the first time it met the stream.
+    static OURS: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+    if !super::is_nats(publisher) {
         return Ok(());
     }
     let watch = txoutbox::publish::nats::watch(publisher)
         .await
-        .context("empty the NATS stream before a run")?;
+        .context("look for the NATS stream before a run")?;
+    let name = watch.stream;
+    let known = OURS
+        .get_or_init(Mutex::default)
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the bench's list of NATS streams is poisoned"))?
+        .get(&name)
+        .copied();
     let js = async_nats::jetstream::new(watch.client);
-    match js.get_stream(&watch.stream).await {
-        Ok(stream) => {
-            stream
-                .purge()
-                .await
-                .with_context(|| format!("empty the NATS stream {} before a run", watch.stream))?;
-            Ok(())
-        }
+    let found = match js.get_stream(&name).await {
+        Ok(stream) => Some(stream),
         Err(e) => match e.kind() {
             GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => {
-                Ok(())
+                None
             }
-            _ => Err(e).with_context(|| format!("find the NATS stream {}", watch.stream)),
+            _ => return Err(e).with_context(|| format!("find the NATS stream {name}")),
         },
+    };
+    let ours = match known {
+        Some(ours) => ours,
+        None => {
+            let ours = found.is_none();
+            if !ours {
+                env.bar.suspend(|| {
+                    eprintln!(
+                        "NATS stream {name} was there before the bench: not emptied between \
+                         runs (name a stream of the bench's own: ?stream=...&subject=...)"
+                    )
+                });
+            }
+            if let Ok(mut seen) = OURS.get_or_init(Mutex::default).lock() {
+                seen.insert(name.clone(), ours);
+            }
+            ours
+        }
+    };
+    if let (true, Some(stream)) = (ours, found) {
+        stream
+            .purge()
+            .await
+            .with_context(|| format!("empty the NATS stream {name} before a run"))?;
     }
+    Ok(())
 }
 
 async fn measure(env: &Env, db: &BenchDb, cfg: &DrainConfig) -> anyhow::Result<RunResult> {

@@ -303,7 +303,7 @@ impl BrokerWatch {
     /// the run goes on without the column.
     async fn start(env: &Env, publisher: &str) -> Option<Self> {
         use futures::StreamExt;
-        if !(publisher.starts_with("nats://") || publisher.starts_with("tls://")) {
+        if !super::is_nats(publisher) {
             return None;
         }
         let txoutbox::publish::nats::Watch {

@@ -327,6 +327,11 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Is `publisher` a NATS publisher's URL (`nats://`, or `tls://` for NATS over TLS)?
+pub fn is_nats(publisher: &str) -> bool {
+    publisher.starts_with("nats://") || publisher.starts_with("tls://")
+}
+
 /// A publisher URL for a table row: redacted, without its query string (the JSON has it all).
 pub fn short_url(url: &str) -> String {
     let u = txoutbox::redact::redact_url(url);

@@ -782,3 +782,50 @@ async fn a_drain_to_nats_starts_each_run_on_an_empty_stream() {
     js.delete_stream(&stream).await.unwrap();
     assert_eq!(messages, 500);
 }
+
+/// A stream that was there before the bench is someone's: a drain never empties it (the runs
+/// add to what it held), and says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_to_nats_leaves_a_stream_it_did_not_make_alone() {
+    let stream = unique("TXO_BENCH_THEIRS").to_uppercase();
+    let subject = format!("{stream}.>");
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![subject],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.publish(format!("{stream}.theirs"), "kept".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let nats = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    let (out, _) = bench(&[
+        "drain",
+        "--events",
+        "300",
+        "--publisher",
+        &nats,
+        "--repeats",
+        "2",
+        "--json",
+    ])
+    .await;
+    let mut s = js.get_stream(&stream).await.unwrap();
+    let messages = s.info().await.unwrap().state.messages;
+    js.delete_stream(&stream).await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("was there before the bench"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(messages, 601);
+}
