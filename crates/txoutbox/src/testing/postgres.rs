@@ -96,23 +96,33 @@ async fn drop_schema(pool: &PgPool, schema: &str) {
         }
     }
     let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-    if sqlx::query(&sql).execute(pool).await.is_err() {
-        // After a panic (the drop then runs under a lock timeout), a session of the test's
-        // own pool may still hold locks in the schema: a transaction the test left open,
-        // which its runtime, being torn down, never rolled back. The schema is the test's
-        // own, so are its sessions: they are ended, and the drop tried again.
+    let first = sqlx::query(&sql).execute(pool).await;
+    let locked =
+        matches!(&first, Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03"));
+    let outcome = if locked {
+        // After a panic (the drop then runs under a lock timeout: 55P03), a session of the
+        // test's own pool may still hold locks in the schema: a transaction the test left
+        // open, which its runtime, being torn down, never rolled back. The schema is the
+        // test's own, so are its sessions: they are ended, and the drop tried again.
         let _ = sqlx::query(
             "SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
              JOIN pg_class c ON c.oid = l.relation \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND l.pid <> pg_backend_pid()",
+             WHERE n.nspname = $1 AND l.pid <> pg_backend_pid() \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .bind(schema)
         .execute(pool)
         .await;
-        if let Err(e) = sqlx::query(&sql).execute(pool).await {
-            eprintln!("cleanup of schema {schema} failed: {e}");
-        }
+        sqlx::query(&sql)
+            .execute(pool)
+            .await
+            .map_err(|e| format!("{e} (after ending the sessions that held its locks)"))
+    } else {
+        first.map_err(|e| e.to_string())
+    };
+    if let Err(e) = outcome {
+        eprintln!("cleanup of schema {schema} failed: {e}");
     }
 }
 

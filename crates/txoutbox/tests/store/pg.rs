@@ -643,7 +643,7 @@ async fn purge_takes_old_published_rows_by_seq_and_steps_over_a_late_backlog() {
 /// A harness dropped without `cleanup` (its test panicked) drops its schema even when a
 /// transaction the test left open still holds a lock in it: the drop, under a lock timeout,
 /// ends the sessions holding locks in the test's own schema and tries again. Before, the
-/// schema was left behind.
+/// schema was left behind. (It waits out that lock timeout, 5 s: the drop must first fail.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_harness_drops_its_schema_past_a_transaction_left_open() {
     let db = PgHarness::new().await;
