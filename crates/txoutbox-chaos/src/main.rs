@@ -69,10 +69,10 @@ pub struct Args {
     pub mode: String,
     /// Faults to inject: a comma-separated list of kill, stop, cut, stall, slow, reset,
     /// pg-restart, broker-restart, publisher, failover, and with `--source wal` slot-loss; or
-    /// `all` (slot-loss included with `--source wal`), or `none`. With failover the run's PostgreSQL is a
-    /// primary and a synchronous physical standby: the fault kills the primary and promotes
-    /// the standby, and a new standby is made of the old node (another failover waits until
-    /// it is ready).
+    /// `all` (slot-loss included with `--source wal`), or `none`. With failover the run's
+    /// PostgreSQL is a primary and a synchronous physical standby: the fault kills the
+    /// primary and promotes the standby, and a new standby is made of the old node (another
+    /// failover waits until it is ready).
     #[arg(long, default_value = "all")]
     pub faults: String,
     /// Mean time between two faults (each gap is drawn from 0.5x to 1.5x of it).

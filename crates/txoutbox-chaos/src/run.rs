@@ -411,6 +411,46 @@ pub(crate) async fn supervise_until(
     }
 }
 
+/// The slot-loss fault, its statements on `primary` (a connection to the node the run knows
+/// is primary): the slot invalidated (every relay frozen meanwhile) or dropped.
+async fn slot_loss(
+    f: &mut Planned,
+    slots: &mut [RelaySlot],
+    pg: &mut Postgres,
+    primary: &PgPool,
+) -> anyhow::Result<()> {
+    if f.invalidate && pg.pair().is_some_and(|p| p.rebuilding()) {
+        // The standby's new slot, not streaming yet, would be invalidated too.
+        eprintln!("chaos: slot loss: a standby is being made; dropping the slot rather than invalidating it");
+        f.invalidate = false;
+    }
+    if f.invalidate {
+        // Every relay frozen, so that the reader cannot confirm past the WAL that
+        // the checkpoint removes.
+        for s in slots.iter() {
+            s.signal("STOP");
+        }
+        let stopped_at = SystemTime::now();
+        let lost = slot::invalidate_all(primary).await;
+        for s in slots.iter_mut() {
+            s.signal("CONT");
+            s.freezes.push((stopped_at, SystemTime::now()));
+        }
+        let lost = lost?;
+        if !lost.is_empty() {
+            eprintln!("chaos: slot loss: {lost:?} invalidated (wal_status = lost, max_slot_wal_keep_size) while every relay was frozen");
+            return Ok(());
+        }
+        eprintln!("chaos: slot loss: the checkpoint invalidated no slot; dropping it instead");
+        f.invalidate = false;
+    }
+    let dropped = slot::drop_all(primary).await?;
+    eprintln!(
+        "chaos: slot loss: dropped {dropped:?} (its reader's server process terminated first)"
+    );
+    Ok(())
+}
+
 async fn inject(
     f: &mut Planned,
     slots: &mut [RelaySlot],
@@ -539,36 +579,9 @@ async fn inject(
                 .connect(&pg.primary_url())
                 .await
                 .context("slot loss: connect to the primary")?;
-            let pool = &primary;
-            if f.invalidate && pg.pair().is_some_and(|p| p.rebuilding()) {
-                // The standby's new slot, not streaming yet, would be invalidated too.
-                eprintln!("chaos: slot loss: a standby is being made; dropping the slot rather than invalidating it");
-                f.invalidate = false;
-            }
-            if f.invalidate {
-                // Every relay frozen, so that the reader cannot confirm past the WAL that
-                // the checkpoint removes.
-                for s in slots.iter() {
-                    s.signal("STOP");
-                }
-                let stopped_at = SystemTime::now();
-                let lost = slot::invalidate_all(pool).await;
-                for s in slots.iter_mut() {
-                    s.signal("CONT");
-                    s.freezes.push((stopped_at, SystemTime::now()));
-                }
-                let lost = lost?;
-                if !lost.is_empty() {
-                    eprintln!("chaos: slot loss: {lost:?} invalidated (wal_status = lost, max_slot_wal_keep_size) while every relay was frozen");
-                    return Ok(());
-                }
-                eprintln!(
-                    "chaos: slot loss: the checkpoint invalidated no slot; dropping it instead"
-                );
-                f.invalidate = false;
-            }
-            let dropped = slot::drop_all(pool).await?;
-            eprintln!("chaos: slot loss: dropped {dropped:?} (its reader's server process terminated first)");
+            let lost = slot_loss(f, slots, pg, &primary).await;
+            primary.close().await;
+            lost?;
         }
         Kind::Failover => {
             if let Some(pair) = pg.pair() {
