@@ -1,5 +1,6 @@
 # Sourced by the measuring scripts (drain.sh, drain-db.sh, wake-db.sh, drain-otel.sh,
-# claim-bench/run.sh, pg-limits.sh, write-cost.sh): with BENCH_OUT=FILE set, the script's output also goes to
+# claim-bench/run.sh, pg-limits.sh, write-cost.sh, lease-hot.sh, bench-compare.sh,
+# ceiling-ratio.sh): with BENCH_OUT=FILE set, the script's output also goes to
 # FILE (docs/bench/*.txt), after a header saying how, when and where it was measured: the exact
 # command, the date (UTC), nproc, the PostgreSQL and MySQL/MariaDB server versions and the git
 # commit. Without BENCH_OUT nothing changes: the script prints its figures and writes no file.
@@ -14,9 +15,11 @@ bench_record() {
   root=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel 2>/dev/null || echo .)
   cmd=$(printf '%q ' "$@"); cmd=${cmd% }
   # The settings the scripts read from the environment, as a prefix of the command.
-  for var in ROUNDS RELAYS CLIENTS TXOUTBOX_BIN DATABASE_URL MYSQL_URL SKIP_A SKIP_B N; do
+  for var in ROUNDS RELAYS CLIENTS MODES PG_LIMITS TXOUTBOX_BIN DATABASE_URL MYSQL_URL SKIP_A SKIP_B N; do
     [ -z "${!var:-}" ] || cmd="$var=$(printf '%q' "${!var}") $cmd"
   done
+  # A password in a URL (user:password@) never goes into a file meant to be committed.
+  cmd=$(printf '%s' "$cmd" | sed -E 's#(://[^:/@[:space:]]*):[^@/[:space:]]*@#\1:***@#g')
   local pgurl=postgres://postgres@127.0.0.1:5432/test
   case ${DATABASE_URL:-} in postgres://* | postgresql://*) pgurl=$DATABASE_URL ;; esac
   pg=$(psql -qAtX "$pgurl" -c 'SHOW server_version' 2>/dev/null || echo unknown)

@@ -10,36 +10,45 @@
 #   scripts/ceiling-ratio.sh 7 --events 200000
 #   BENCH_OUT=docs/bench/ceiling-ratio.txt scripts/ceiling-ratio.sh 7
 # Arguments after ROUNDS go to every drain (the modes are this script's: MODES=ordered to run
-# one). Needs target/release/txoutbox and txoutbox-bench (cargo build --release -p txoutbox-cli
-# -p txoutbox-bench --all-features), pgbench and psql, and PostgreSQL at DATABASE_URL. The
-# ceiling's table lives in a database of its own (txo_ceiling), dropped at the end. About 40 s
-# a round on 2 cores. Without the reference it says so and skips, as pg-limits.sh does.
+# one; they take turns at running first after the ceiling). Needs target/release/txoutbox and
+# txoutbox-bench (cargo build --release -p txoutbox-cli -p txoutbox-bench --all-features),
+# pgbench, psql and python3, and PostgreSQL at DATABASE_URL (a postgres:// URL). The ceiling's
+# table lives in a database of its own on that server (txo_ceiling), dropped at the end. About
+# 10 s a round on 2 cores. Without the reference it says so and skips, as pg-limits.sh does.
 # BENCH_OUT=docs/bench/FILE also writes the result to FILE, with a header (scripts/bench-record.sh).
 set -euo pipefail
 . "$(dirname "$0")/bench-record.sh"
-bench_record "$0" "$@"
-cd "$(dirname "$0")/.."
-ref=$(dirname "${PG_LIMITS:-../shared/bench/pg-limits/run.sh}")
+usage="usage: scripts/ceiling-ratio.sh [ROUNDS (a positive number, default 5)] [txoutbox-bench drain arguments]"
+case ${1:-} in -h | --help) echo "$usage"; exit 0 ;; esac
+rounds=${1:-5}
+case $rounds in *[!0-9]* | '') echo "$usage" >&2; exit 2 ;; esac
+[ "$rounds" -gt 0 ] || { echo "$usage" >&2; exit 2; }
+# Every check before bench_record: a run that cannot measure must not rewrite BENCH_OUT.
+root=$(cd "$(dirname "$0")/.." && pwd)
+ref=$(dirname "${PG_LIMITS:-$root/../shared/bench/pg-limits/run.sh}")
 if [ ! -f "$ref/b1_big_update.sql" ]; then
   echo "ceiling-ratio: $ref/b1_big_update.sql not found: skipped (set PG_LIMITS to the reference run.sh)" >&2
   exit 0
 fi
-rounds=${1:-5}
-case $rounds in '' | *[!0-9]* | 0)
-  echo "usage: scripts/ceiling-ratio.sh [ROUNDS (a positive number)] [txoutbox-bench drain arguments]" >&2
-  exit 2 ;;
-esac
-[ $# -eq 0 ] || shift
-modes=${MODES:-ordered unordered}
-for bin in target/release/txoutbox target/release/txoutbox-bench; do
+for bin in "$root/target/release/txoutbox" "$root/target/release/txoutbox-bench"; do
   [ -x "$bin" ] || { echo "ceiling-ratio: $bin not built (cargo build --release -p txoutbox-cli -p txoutbox-bench --all-features)" >&2; exit 2; }
 done
+for tool in pgbench psql python3; do
+  command -v "$tool" > /dev/null || { echo "ceiling-ratio: needs $tool" >&2; exit 2; }
+done
 url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
-export DATABASE_URL=$url
 db=txo_ceiling
 # The ceiling's database on the same server as the drains: the URL with its database swapped.
-base=${url%%\?*}; query=${url#"$base"}
-ceiling_url="${base%/*}/$db$query"
+ceiling_url=$(python3 -c 'import sys, urllib.parse as u
+p = u.urlsplit(sys.argv[1])
+if p.scheme not in ("postgres", "postgresql") or not p.hostname:
+    sys.exit("ceiling-ratio: DATABASE_URL must be a postgres:// URL with a host")
+print(u.urlunsplit(p._replace(path="/" + sys.argv[2])))' "$url" "$db")
+bench_record "$0" "$@"
+cd "$root"
+[ $# -eq 0 ] || shift
+modes=(${MODES:-ordered unordered})
+export DATABASE_URL=$url
 PGOPTIONS="-c client_min_messages=warning" psql -qAtX "$url" -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
 work=$(mktemp -d -t ceiling-ratio.XXXXXX)
 trap 'rm -rf "$work"; psql -qAtX "$url" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
@@ -48,8 +57,9 @@ PGOPTIONS="-c client_min_messages=warning" psql -qX -v ON_ERROR_STOP=1 "$ceiling
 # rows/s of one run of the reference's bigint UPDATE, on a fresh fill.
 ceiling() {
   psql -qX -v ON_ERROR_STOP=1 -v tbl=ob_big -v n=200000 "$ceiling_url" -f "$ref/b_fill.sql" > /dev/null
-  pgbench -n -M prepared -c 1 -j 1 -t 200 -f "$ref/b1_big_update.sql" "$ceiling_url" 2>&1 |
-    awk '/^tps = / { printf "%.0f\n", $3 * 1000 }'
+  pgbench -n -M prepared -c 1 -j 1 -t 200 -f "$ref/b1_big_update.sql" "$ceiling_url" \
+    > "$work/pgbench.log" 2>&1 || { cat "$work/pgbench.log" >&2; return 1; }
+  awk '/^tps = / { printf "%.0f\n", $3 * 1000 }' "$work/pgbench.log"
 }
 
 # events/s of one drain in mode $1.
@@ -63,18 +73,27 @@ print(round(r["metrics"]["events_per_s"]["median"]))' "$work/drain.json"
 }
 
 printf '%-6s %10s' round ceiling
-for m in $modes; do printf ' %12s %7s' "$m" ratio; done
+for m in "${modes[@]}"; do printf ' %12s %7s' "$m" ratio; done
 echo
 for r in $(seq "$rounds"); do
   c=$(ceiling)
-  [ -n "$c" ] || { echo "ceiling-ratio: pgbench gave no rate" >&2; exit 1; }
+  [ -n "$c" ] || { echo "ceiling-ratio: pgbench gave no rate (see its output above)" >&2; exit 1; }
+  # The modes take turns at running first after the ceiling, round by round.
+  order=("${modes[@]}")
+  if [ $((r % 2)) -eq 0 ]; then
+    order=(); for ((i = ${#modes[@]} - 1; i >= 0; i--)); do order+=("${modes[i]}"); done
+  fi
+  declare -A got=()
+  for m in "${order[@]}"; do
+    got[$m]=$(drain "$m" "$@")
+    echo "$m ${got[$m]} $c" >> "$work/pairs"
+  done
   printf '%-6s %10s' "$r" "$c"
-  for m in $modes; do
-    d=$(drain "$m" "$@")
-    printf ' %12s %7s' "$d" "$(python3 -c "print(f'{$d / $c:.3f}')")"
-    echo "$m $d $c" >> "$work/pairs"
+  for m in "${modes[@]}"; do
+    printf ' %12s %7s' "${got[$m]}" "$(python3 -c "print(f'{${got[$m]} / $c:.3f}')")"
   done
   echo
+  unset got
 done
 python3 - "$work/pairs" <<'EOF'
 import statistics, sys

@@ -6,6 +6,9 @@
 # than the file's threshold over its stored value.
 #   scripts/cost-gate.sh                  # check (scripts/test.sh runs this after the tests)
 #   scripts/cost-gate.sh --write          # store this tree's counts as the new baseline
+# Round trips grow with a slower machine's longer drain (heartbeats and polls the clock paces):
+# after --write, consider keeping the larger of the old and new round trips, as the last store
+# did (docs/performance.md#the-counted-gate), so the next machine does not fail on its speed.
 # The WAL count is the server's: run it alone, not beside other tests.
 # Needs the services of scripts/services.sh (PostgreSQL with wal_level = logical).
 set -euo pipefail
