@@ -140,7 +140,7 @@ impl DrainConfig {
 }
 
 pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult> {
-    empty_stream(env, &cfg.publisher).await?;
+    empty_stream(&cfg.publisher).await?;
     let db = BenchDb::create(
         &env.pool,
         &env.registry,
@@ -155,62 +155,77 @@ pub async fn run_once(env: &Env, cfg: &DrainConfig) -> anyhow::Result<RunResult>
     Ok(r)
 }
 
-/// A `nats://` (or `tls://`) publisher's stream emptied before a run, so every run starts on
-/// an empty stream as the first did: one that kept every run's events would grow by each (the
-/// server's disk with it) and could slow the later runs. Only a stream this bench made: one
-/// missing when the bench first met it (the first run's relay creates it). A stream that was
-/// there before is someone's (perhaps a real relay's `OUTBOX`) and is never touched: the runs
-/// then add to it, and the bench says so once. Other publishers: nothing to do.
-async fn empty_stream(env: &Env, publisher: &str) -> anyhow::Result<()> {
+/// NATS stream name -> whether this bench made it (it was missing when the bench first looked,
+/// before anything connected a publisher, which creates a missing stream).
+static OURS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, bool>>> =
+    std::sync::OnceLock::new();
+
+/// The stream a `nats://` (or `tls://`) publisher URL publishes to: its name, and the stream
+/// if it exists.
+async fn find_stream(
+    publisher: &str,
+) -> anyhow::Result<(String, Option<async_nats::jetstream::stream::Stream>)> {
     use anyhow::Context as _;
     use async_nats::jetstream::context::GetStreamErrorKind;
     use async_nats::jetstream::ErrorCode;
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    // Stream name -> whether this bench made it, from the first time it met the stream.
-    static OURS: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+    let watch = txoutbox::publish::nats::watch(publisher)
+        .await
+        .context("look for the publisher's NATS stream")?;
+    let name = watch.stream;
+    let js = async_nats::jetstream::new(watch.client);
+    match js.get_stream(&name).await {
+        Ok(stream) => Ok((name, Some(stream))),
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+                Ok((name, None))
+            }
+            _ => Err(e).with_context(|| format!("find the NATS stream {name}")),
+        },
+    }
+}
+
+/// Whether this bench made stream `name`: what was noted the first time the bench met it, or
+/// now (`missing`: it is not there), saying so when it is someone's.
+fn ours(name: &str, missing: bool) -> bool {
+    let Ok(mut seen) = OURS.get_or_init(Default::default).lock() else {
+        return false;
+    };
+    *seen.entry(name.to_string()).or_insert_with(|| {
+        if !missing {
+            eprintln!(
+                "NATS stream {name} was there before the bench: not emptied between runs \
+                 (name a stream of the bench's own: ?stream=...&subject=...)"
+            );
+        }
+        missing
+    })
+}
+
+/// Before the bench connects a `nats://` (or `tls://`) publisher (which creates its stream when
+/// missing), note whether the stream is there already: only a stream the bench made is emptied
+/// between runs ([`empty_stream`]). Other publishers: nothing to do.
+/// A URL or a server that fails here is reported by the publisher's own check right after
+/// (a usage error for a bad URL); its stream, unnoted, then counts as someone's.
+pub async fn meet_stream(publisher: &str) {
+    if super::is_nats(publisher) {
+        if let Ok((name, found)) = find_stream(publisher).await {
+            ours(&name, found.is_none());
+        }
+    }
+}
+
+/// A `nats://` (or `tls://`) publisher's stream emptied before a run, so every run starts on
+/// an empty stream as the first did: one that kept every run's events would grow by each (the
+/// server's disk with it) and could slow the later runs. Only a stream this bench made (see
+/// [`meet_stream`]): one that was there before is someone's (perhaps a real relay's
+/// `OUTBOX`), and the runs add to it. Other publishers: nothing to do.
+async fn empty_stream(publisher: &str) -> anyhow::Result<()> {
+    use anyhow::Context as _;
     if !super::is_nats(publisher) {
         return Ok(());
     }
-    let watch = txoutbox::publish::nats::watch(publisher)
-        .await
-        .context("look for the NATS stream before a run")?;
-    let name = watch.stream;
-    let known = OURS
-        .get_or_init(Mutex::default)
-        .lock()
-        .map_err(|_| anyhow::anyhow!("the bench's list of NATS streams is poisoned"))?
-        .get(&name)
-        .copied();
-    let js = async_nats::jetstream::new(watch.client);
-    let found = match js.get_stream(&name).await {
-        Ok(stream) => Some(stream),
-        Err(e) => match e.kind() {
-            GetStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NOT_FOUND => {
-                None
-            }
-            _ => return Err(e).with_context(|| format!("find the NATS stream {name}")),
-        },
-    };
-    let ours = match known {
-        Some(ours) => ours,
-        None => {
-            let ours = found.is_none();
-            if !ours {
-                env.bar.suspend(|| {
-                    eprintln!(
-                        "NATS stream {name} was there before the bench: not emptied between \
-                         runs (name a stream of the bench's own: ?stream=...&subject=...)"
-                    )
-                });
-            }
-            if let Ok(mut seen) = OURS.get_or_init(Mutex::default).lock() {
-                seen.insert(name.clone(), ours);
-            }
-            ours
-        }
-    };
-    if let (true, Some(stream)) = (ours, found) {
+    let (name, found) = find_stream(publisher).await?;
+    if let (true, Some(stream)) = (ours(&name, found.is_none()), found) {
         stream
             .purge()
             .await

@@ -176,6 +176,8 @@ async fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|e| UsageError(format!("--publisher {p}: {e:#}")))?;
             continue;
         }
+        // Before the connection below creates a missing NATS stream: was it there?
+        drain::meet_stream(p).await;
         let publisher = open_publisher(p).await?;
         let _ = publisher.close().await;
     }
