@@ -39,8 +39,9 @@ pub struct BenchArgs {
     /// routes:PATH runs the relays with the `[[route]]` entries of the config file PATH
     /// (see --event-types to spread events over routes). For publish only,
     /// async-nats:nats://HOST:PORT?stream=NAME&subject=PREFIX sends the same messages with
-    /// async-nats alone, the reference for txoutbox's NATS publisher. drain empties a
-    /// nats:// publisher's stream before each run: give it a stream of its own
+    /// async-nats alone, the reference for txoutbox's NATS publisher. drain and scale empty a
+    /// nats:// publisher's stream before each run if the bench made it (it was missing when
+    /// the bench started); a stream that was there before is left alone
     #[arg(
         long = "publisher",
         value_name = "URL",
