@@ -43,7 +43,11 @@ pub async fn deliver(url: &str) -> uuid::Uuid {
 /// message sent through that URL, with its id in `Nats-Msg-Id`.
 pub async fn watched(url: &str, subjects: &[&str]) {
     use futures::StreamExt;
-    let (client, got) = match publish::nats::watch(url).await {
+    let publish::nats::Watch {
+        client,
+        subjects: got,
+        ..
+    } = match publish::nats::watch(url).await {
         Ok(w) => w,
         Err(e) => panic!("watch {url}: {e}"),
     };
