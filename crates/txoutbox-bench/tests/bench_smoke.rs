@@ -19,6 +19,27 @@ fn nats_url() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
+/// A NATS stream of the test's own (`prefix` and a random part) and a publisher URL that
+/// sends to it, on subjects of its own.
+fn nats_stream(prefix: &str) -> (String, String) {
+    let stream = unique(prefix).to_uppercase();
+    let url = format!(
+        "{}?stream={stream}&subject={stream}.{{event_type}}",
+        nats_url()
+    );
+    (stream, url)
+}
+
+/// How many messages `stream` holds; the stream is deleted.
+async fn messages_then_delete(stream: &str) -> u64 {
+    let client = async_nats::connect(nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(stream).await.unwrap();
+    let messages = s.info().await.unwrap().state.messages;
+    js.delete_stream(stream).await.unwrap();
+    messages
+}
+
 fn unique(prefix: &str) -> String {
     format!(
         "{prefix}_{}",
@@ -570,11 +591,7 @@ async fn another_database_is_a_usage_error_not_a_postgres_connection_error() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn publish_measures_each_broker_alone() {
-    let stream = unique("TXO_BENCH_PUB").to_uppercase();
-    let nats = format!(
-        "{}?stream={stream}&subject={stream}.{{event_type}}",
-        nats_url()
-    );
+    let (stream, nats) = nats_stream("TXO_BENCH_PUB");
     let report = ok_json(&[
         "publish",
         "--events",
@@ -594,21 +611,13 @@ async fn publish_measures_each_broker_alone() {
         assert!(median(r, "messages_per_s") > 0.0, "{r}");
     }
     // Every message reached the stream (JetStream acknowledged each one).
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(&stream).await.unwrap();
-    assert_eq!(s.info().await.unwrap().state.messages, 3000);
-    js.delete_stream(&stream).await.unwrap();
+    assert_eq!(messages_then_delete(&stream).await, 3000);
 }
 
 /// `latency` at 200 events/s for a second to a NATS stream of its own (`extra` after the
 /// sources): its rows, the stream deleted after.
 async fn latency_to_nats(sources: &str, extra: &[&str]) -> Vec<Value> {
-    let stream = unique("TXO_BENCH_LAT").to_uppercase();
-    let nats = format!(
-        "{}?stream={stream}&subject={stream}.{{event_type}}",
-        nats_url()
-    );
+    let (stream, nats) = nats_stream("TXO_BENCH_LAT");
     let mut args = vec![
         "latency",
         "--rate",
@@ -756,11 +765,7 @@ async fn a_bad_baseline_is_a_usage_error() {
 /// events it holds the last run's 500, not 1,000 (the stream would grow by every run).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drain_to_nats_starts_each_run_on_an_empty_stream() {
-    let stream = unique("TXO_BENCH_DRAIN").to_uppercase();
-    let nats = format!(
-        "{}?stream={stream}&subject={stream}.{{event_type}}",
-        nats_url()
-    );
+    let (stream, nats) = nats_stream("TXO_BENCH_DRAIN");
     let report = ok_json(&[
         "drain",
         "--events",
@@ -775,19 +780,14 @@ async fn a_drain_to_nats_starts_each_run_on_an_empty_stream() {
     let rows = section(&report, "drain");
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(median(&rows[0], "events_per_s") > 0.0, "{}", rows[0]);
-    let client = async_nats::connect(nats_url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(&stream).await.unwrap();
-    let messages = s.info().await.unwrap().state.messages;
-    js.delete_stream(&stream).await.unwrap();
-    assert_eq!(messages, 500);
+    assert_eq!(messages_then_delete(&stream).await, 500);
 }
 
 /// A stream that was there before the bench is someone's: a drain never empties it (the runs
 /// add to what it held), and says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drain_to_nats_leaves_a_stream_it_did_not_make_alone() {
-    let stream = unique("TXO_BENCH_THEIRS").to_uppercase();
+    let (stream, nats) = nats_stream("TXO_BENCH_THEIRS");
     let subject = format!("{stream}.>");
     let client = async_nats::connect(nats_url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
@@ -803,10 +803,6 @@ async fn a_drain_to_nats_leaves_a_stream_it_did_not_make_alone() {
         .unwrap()
         .await
         .unwrap();
-    let nats = format!(
-        "{}?stream={stream}&subject={stream}.{{event_type}}",
-        nats_url()
-    );
     let (out, _) = bench(&[
         "drain",
         "--events",
@@ -818,9 +814,7 @@ async fn a_drain_to_nats_leaves_a_stream_it_did_not_make_alone() {
         "--json",
     ])
     .await;
-    let mut s = js.get_stream(&stream).await.unwrap();
-    let messages = s.info().await.unwrap().state.messages;
-    js.delete_stream(&stream).await.unwrap();
+    let messages = messages_then_delete(&stream).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("was there before the bench"),
